@@ -1,0 +1,1 @@
+"""GPU notebook sessions in seconds, from warm GPU VM pools across regional clusters."""

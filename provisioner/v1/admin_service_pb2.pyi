@@ -1,0 +1,120 @@
+from provisioner.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ListClustersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListClustersResponse(_message.Message):
+    __slots__ = ("clusters",)
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedCompositeFieldContainer[_types_pb2.Cluster]
+    def __init__(self, clusters: _Optional[_Iterable[_Union[_types_pb2.Cluster, _Mapping]]] = ...) -> None: ...
+
+class ListPoolsRequest(_message.Message):
+    __slots__ = ("cluster",)
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    def __init__(self, cluster: _Optional[str] = ...) -> None: ...
+
+class ListPoolsResponse(_message.Message):
+    __slots__ = ("pools",)
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[_types_pb2.Pool]
+    def __init__(self, pools: _Optional[_Iterable[_Union[_types_pb2.Pool, _Mapping]]] = ...) -> None: ...
+
+class DrainClusterRequest(_message.Message):
+    __slots__ = ("cluster",)
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    def __init__(self, cluster: _Optional[str] = ...) -> None: ...
+
+class DrainClusterResponse(_message.Message):
+    __slots__ = ("cluster",)
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    cluster: _types_pb2.Cluster
+    def __init__(self, cluster: _Optional[_Union[_types_pb2.Cluster, _Mapping]] = ...) -> None: ...
+
+class UndrainClusterRequest(_message.Message):
+    __slots__ = ("cluster",)
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    def __init__(self, cluster: _Optional[str] = ...) -> None: ...
+
+class UndrainClusterResponse(_message.Message):
+    __slots__ = ("cluster",)
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    cluster: _types_pb2.Cluster
+    def __init__(self, cluster: _Optional[_Union[_types_pb2.Cluster, _Mapping]] = ...) -> None: ...
+
+class SetPoolPolicyRequest(_message.Message):
+    __slots__ = ("cluster", "pool", "policy")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    pool: str
+    policy: _types_pb2.PoolPolicy
+    def __init__(self, cluster: _Optional[str] = ..., pool: _Optional[str] = ..., policy: _Optional[_Union[_types_pb2.PoolPolicy, _Mapping]] = ...) -> None: ...
+
+class SetPoolPolicyResponse(_message.Message):
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: _types_pb2.Pool
+    def __init__(self, pool: _Optional[_Union[_types_pb2.Pool, _Mapping]] = ...) -> None: ...
+
+class PrewarmImageRequest(_message.Message):
+    __slots__ = ("cluster", "pool", "image", "count")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    pool: str
+    image: str
+    count: int
+    def __init__(self, cluster: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class PrewarmImageResponse(_message.Message):
+    __slots__ = ("vm_ids",)
+    VM_IDS_FIELD_NUMBER: _ClassVar[int]
+    vm_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, vm_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListVmsRequest(_message.Message):
+    __slots__ = ("cluster", "pool", "states")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    pool: str
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.VmState]
+    def __init__(self, cluster: _Optional[str] = ..., pool: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.VmState, str]]] = ...) -> None: ...
+
+class ListVmsResponse(_message.Message):
+    __slots__ = ("vms",)
+    VMS_FIELD_NUMBER: _ClassVar[int]
+    vms: _containers.RepeatedCompositeFieldContainer[_types_pb2.Vm]
+    def __init__(self, vms: _Optional[_Iterable[_Union[_types_pb2.Vm, _Mapping]]] = ...) -> None: ...
+
+class EvictVmRequest(_message.Message):
+    __slots__ = ("cluster", "vm_id", "reason")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    VM_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    vm_id: str
+    reason: str
+    def __init__(self, cluster: _Optional[str] = ..., vm_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class EvictVmResponse(_message.Message):
+    __slots__ = ("vm",)
+    VM_FIELD_NUMBER: _ClassVar[int]
+    vm: _types_pb2.Vm
+    def __init__(self, vm: _Optional[_Union[_types_pb2.Vm, _Mapping]] = ...) -> None: ...
