@@ -1,0 +1,64 @@
+"""The error taxonomy. Core code raises these; only the gRPC edge maps them to status codes.
+
+Each error says whether a retry can help (`retryable`) and which gRPC code it becomes (by name,
+so that this module does not import grpc).
+"""
+
+from __future__ import annotations
+
+
+class ProvisionerError(Exception):
+    grpc_code = "INTERNAL"
+    retryable = False
+    reason = "INTERNAL"
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+
+class InvalidArgument(ProvisionerError):
+    """The request is wrong and will stay wrong; `field` names the culprit."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    reason = "INVALID_ARGUMENT"
+
+
+class NotFound(ProvisionerError):
+    grpc_code = "NOT_FOUND"
+    reason = "NOT_FOUND"
+
+
+class FailedPrecondition(ProvisionerError):
+    """Valid request, wrong moment (e.g. the cluster is draining)."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    reason = "FAILED_PRECONDITION"
+
+
+class QuotaExceeded(ProvisionerError):
+    grpc_code = "RESOURCE_EXHAUSTED"
+    reason = "QUOTA_EXCEEDED"
+
+
+class NoCapacity(ProvisionerError):
+    """The cluster cannot take the session now; another cluster, or later, may."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    reason = "NO_CAPACITY"
+    retryable = True
+
+
+class Unavailable(ProvisionerError):
+    grpc_code = "UNAVAILABLE"
+    reason = "UNAVAILABLE"
+    retryable = True
+
+
+class IllegalTransition(ProvisionerError):
+    """A state machine was asked for an edge its table does not allow: a bug, never user input."""
+
+    grpc_code = "INTERNAL"
+    reason = "ILLEGAL_TRANSITION"
