@@ -1,0 +1,1 @@
+"""The gRPC edge: conversions between domain objects and protos, status mapping, servers."""

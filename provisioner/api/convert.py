@@ -1,0 +1,114 @@
+"""Domain objects to and from their protos. The only place that knows both shapes."""
+
+from __future__ import annotations
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from provisioner.errors import InvalidArgument
+from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.states import SessionState, StateChange, VmState
+from provisioner.v1 import types_pb2 as pb
+
+_KIND_TO_PB = {SessionKind.INTERACTIVE: pb.SESSION_KIND_INTERACTIVE, SessionKind.BATCH: pb.SESSION_KIND_BATCH}
+_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
+_START_TO_PB = {StartKind.WARM: pb.START_KIND_WARM, StartKind.PARTIAL: pb.START_KIND_PARTIAL,
+                StartKind.COLD: pb.START_KIND_COLD}
+
+
+def session_state_to_pb(state: SessionState | None) -> int:
+    return pb.SessionState.Value(f"SESSION_STATE_{state.name}") if state else pb.SESSION_STATE_UNSPECIFIED
+
+
+def session_state_from_pb(value: int) -> SessionState:
+    name = pb.SessionState.Name(value).removeprefix("SESSION_STATE_")
+    try:
+        return SessionState[name]
+    except KeyError:
+        raise InvalidArgument(f"unknown session state {value}", field="states") from None
+
+
+def vm_state_to_pb(state: VmState | None) -> int:
+    return pb.VmState.Value(f"VM_STATE_{state.name}") if state else pb.VM_STATE_UNSPECIFIED
+
+
+def vm_state_from_pb(value: int) -> VmState:
+    name = pb.VmState.Name(value).removeprefix("VM_STATE_")
+    try:
+        return VmState[name]
+    except KeyError:
+        raise InvalidArgument(f"unknown VM state {value}", field="states") from None
+
+
+def timestamp(seconds: float) -> Timestamp | None:
+    if not seconds:
+        return None
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def duration(seconds: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+def spec_from_pb(spec: pb.SessionSpec) -> SessionSpec:
+    """Checks what the proto types cannot; the cluster checks the rest against its config."""
+    if spec.kind not in (pb.SESSION_KIND_UNSPECIFIED, *_KIND_FROM_PB):
+        raise InvalidArgument(f"unknown session kind {spec.kind}", field="spec.kind")
+    if spec.HasField("max_runtime") and (spec.max_runtime.seconds < 0 or spec.max_runtime.nanos < 0):
+        raise InvalidArgument("max_runtime must not be negative", field="spec.max_runtime")
+    if not spec.image.strip():
+        raise InvalidArgument("image must not be empty (e.g. gpu:v154 or gpu:latest)", field="spec.image")
+    return SessionSpec(
+        request_id=spec.request_id,
+        user_id=spec.user_id,
+        accelerator=spec.accelerator,
+        image=spec.image,
+        kind=_KIND_FROM_PB.get(spec.kind, SessionKind.INTERACTIVE),
+        notebook_id=spec.notebook_id,
+        region_hint=spec.region_hint,
+        region_required=spec.region_required,
+        max_runtime_s=spec.max_runtime.ToNanoseconds() / 1e9 if spec.HasField("max_runtime") else 0.0,
+    )
+
+
+def spec_to_pb(spec: SessionSpec) -> pb.SessionSpec:
+    out = pb.SessionSpec(
+        request_id=spec.request_id, user_id=spec.user_id, notebook_id=spec.notebook_id,
+        kind=_KIND_TO_PB[spec.kind], accelerator=spec.accelerator, image=spec.image,
+        region_hint=spec.region_hint, region_required=spec.region_required,
+    )
+    if spec.max_runtime_s:
+        out.max_runtime.CopyFrom(duration(spec.max_runtime_s))
+    return out
+
+
+def _history(history: list[StateChange]) -> list[pb.StateChange]:
+    return [pb.StateChange(state=h.state, reason=h.reason, time=timestamp(h.time)) for h in history]
+
+
+def session_to_pb(s: Session) -> pb.Session:
+    out = pb.Session(
+        id=s.id, spec=spec_to_pb(s.spec), state=session_state_to_pb(s.state), reason=s.reason,
+        cluster=s.cluster, pool=s.pool, vm_id=s.vm_id, endpoint=s.endpoint, image=s.image,
+        start=_START_TO_PB.get(s.start, pb.START_KIND_UNSPECIFIED), queue_position=s.queue_position,
+        estimated_ready_time=timestamp(s.estimated_ready_at), create_time=timestamp(s.created_at),
+        ready_time=timestamp(s.ready_at), end_time=timestamp(s.ended_at),
+        last_activity_time=timestamp(s.last_activity_at), idle_timeout=duration(s.idle_timeout_s),
+        max_runtime=duration(s.max_runtime_s), history=_history(s.history), revision=s.revision,
+    )
+    if s.pull_bytes_total:
+        out.pull.CopyFrom(pb.PullProgress(bytes_total=s.pull_bytes_total, bytes_done=s.pull_bytes_done))
+    return out
+
+
+def vm_to_pb(vm: Vm, images: list[str]) -> pb.Vm:
+    return pb.Vm(
+        id=vm.id, cluster=vm.cluster, pool=vm.pool, zone=vm.zone, state=vm_state_to_pb(vm.state),
+        reason=vm.reason, images=images, cache_bytes=vm.cache.used_bytes, session_id=vm.session_id,
+        healthy=vm.healthy, health_detail=vm.health_detail, create_time=timestamp(vm.created_at),
+        history=_history(vm.history),
+    )

@@ -1,0 +1,54 @@
+"""A grpc.aio server with what every one of ours carries: tracing, health, reflection, and a
+graceful stop (stop accepting, let in-flight RPCs finish, then exit)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from provisioner import telemetry
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    def __init__(self, address: str, register: Callable[[grpc.aio.Server], Iterable[str]],
+                 tracer_provider=None):
+        self.server = grpc.aio.server(interceptors=telemetry.server_interceptors(tracer_provider))
+        self.services = list(register(self.server))
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {address}")
+        self.address = f"{address.rsplit(':', 1)[0]}:{self.port}"
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self._set_serving(health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Reports NOT_SERVING, refuses new RPCs, and gives in-flight ones `grace_s` to finish."""
+        await self._set_serving(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace_s)
+
+    async def _set_serving(self, status) -> None:
+        for name in ("", *self.services):
+            await self.health.set(name, status)
+
+
+def stop_event_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT, so the process can drain instead of dying mid-RPC."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -1,0 +1,88 @@
+"""Maps the error taxonomy to gRPC status with rich details, at the servicer edge only.
+
+Clients get google.rpc.ErrorInfo (reason, domain, field), BadRequest for invalid fields,
+RetryInfo when waiting can help, and QuotaFailure for quota errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from provisioner.errors import ProvisionerError
+
+DOMAIN = "provisioner.v1"
+log = logging.getLogger(__name__)
+
+
+class RemoteError(ProvisionerError):
+    """A status another service of ours returned, passed on to our caller unchanged."""
+
+    def __init__(self, err: grpc.aio.AioRpcError):
+        super().__init__(err.details() or "")
+        self.code = err.code()
+        self.status = rpc_status.from_call(err)
+        self.grpc_code = self.code.name
+        self.retryable = self.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                       grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def to_status(err: ProvisionerError) -> status_pb2.Status:
+    if isinstance(err, RemoteError) and err.status is not None:
+        return err.status
+    code = grpc.StatusCode[err.grpc_code]
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=err.message)
+    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN)
+    if err.field:
+        info.metadata["field"] = err.field
+    status.details.add().Pack(info)
+    if err.field and code is grpc.StatusCode.INVALID_ARGUMENT:
+        bad = error_details_pb2.BadRequest()
+        bad.field_violations.add(field=err.field, description=err.message)
+        status.details.add().Pack(bad)
+    if err.reason == "QUOTA_EXCEEDED":
+        quota = error_details_pb2.QuotaFailure()
+        quota.violations.add(subject=err.field or "user", description=err.message)
+        status.details.add().Pack(quota)
+    if err.retryable:
+        delay = Duration()
+        delay.FromMilliseconds(int((err.retry_after_s or 1.0) * 1000))
+        status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    return status
+
+
+async def abort(context: grpc.aio.ServicerContext, err: ProvisionerError) -> None:
+    status = rpc_status.to_status(to_status(err))
+    await context.abort(status.code, status.details, trailing_metadata=status.trailing_metadata)
+
+
+def unary(fn):
+    """Wraps a unary servicer method: ProvisionerError becomes a rich gRPC status."""
+
+    @functools.wraps(fn)
+    async def wrapper(self, request, context):
+        try:
+            return await fn(self, request, context)
+        except ProvisionerError as err:
+            await abort(context, err)
+
+    return wrapper
+
+
+def stream(fn):
+    """The same for a server-streaming method (an async generator)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self, request, context):
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except ProvisionerError as err:
+            await abort(context, err)
+
+    return wrapper

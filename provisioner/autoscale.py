@@ -1,0 +1,80 @@
+"""How many VMs a pool should have, and which to let go. Pure functions of a snapshot and `now`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from provisioner.model import Vm
+
+# A warm VM must have been idle this long before scale-down may take it (hysteresis).
+SCALE_DOWN_IDLE_S = 600.0
+# A zone that answered "stocked out" or "no quota" is skipped this long (as Karpenter does).
+STOCKOUT_MEMORY_S = 180.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    warm: int  # idle, ready to assign
+    starting: int  # creating or booting
+    assigned: int
+    recycling: int
+    queued: int
+    min_vms: int
+    max_vms: int
+    headroom_fraction: float
+    autoscaler: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePlan:
+    launch: int = 0
+    delete: int = 0
+
+
+def desired_vms(s: PoolSnapshot) -> int:
+    """Demand plus headroom, within [min, max]. `fixed` keeps min_vms."""
+    if s.autoscaler == "fixed":
+        return s.min_vms
+    demand = s.assigned + s.queued
+    # At least one warm VM above demand whenever headroom is wanted at all.
+    headroom = math.ceil(demand * s.headroom_fraction) if s.headroom_fraction > 0 else 0
+    if s.headroom_fraction > 0:
+        headroom = max(headroom, 1)
+    return max(s.min_vms, min(s.max_vms, demand + headroom))
+
+
+def plan_scale(s: PoolSnapshot, idle_long_enough: int) -> ScalePlan:
+    """Launch up to the target (VMs already starting count), delete surplus idle warm VMs.
+
+    `idle_long_enough` is how many warm VMs have been idle past SCALE_DOWN_IDLE_S.
+    """
+    have = s.warm + s.starting + s.assigned + s.recycling
+    want = desired_vms(s)
+    if have < want:
+        return ScalePlan(launch=min(want, s.max_vms) - have)
+    surplus = min(have - want, idle_long_enough)
+    return ScalePlan(delete=max(0, surplus))
+
+
+def pick_deletions(warm: Sequence[Vm], n: int, wanted_images: Mapping[str, float], images_of) -> list[Vm]:
+    """The n least valuable idle VMs: least demand for the images they hold, then longest idle."""
+
+    def value(vm: Vm) -> tuple:
+        return (sum(wanted_images.get(i, 0.0) for i in images_of(vm)), -vm.warm_since, vm.id)
+
+    return sorted(warm, key=value)[:n] if n > 0 else []
+
+
+def pick_zone(zones: Sequence[str], stocked_out_until: Mapping[str, float], vms_per_zone: Mapping[str, int],
+              now: float) -> str | None:
+    """The usable zone with the fewest of the pool's VMs (spreads risk); None if all stocked out."""
+    usable = [z for z in zones if stocked_out_until.get(z, 0.0) <= now]
+    if not usable:
+        return None
+    return min(usable, key=lambda z: (vms_per_zone.get(z, 0), zones.index(z)))
+
+
+def zones_available(zones: Iterable[str], stocked_out_until: Mapping[str, float], now: float) -> bool:
+    return any(stocked_out_until.get(z, 0.0) <= now for z in zones)

@@ -1,0 +1,53 @@
+"""The `provisioner` command: API client commands (session, admin) and the server commands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import grpc
+
+from provisioner.cli import client
+
+
+def _servers():
+    # The server commands live apart so that client use needs none of the server code.
+    try:
+        return importlib.import_module("provisioner.cli.servers")
+    except ModuleNotFoundError as e:
+        if e.name != "provisioner.cli.servers":
+            raise
+        return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="provisioner", description="GPU notebook sessions from warm GPU VM pools.")
+    client.add_trace_flag(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    client.register(sub)
+    servers = _servers()
+    if servers is not None:
+        servers.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one command; returns the exit code (1 on errors, 2 on usage errors, 130 on Ctrl-C)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits for --help (0) and usage errors (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    try:
+        return int(args.func(args) or 0)
+    except grpc.RpcError as e:
+        print(client.describe_rpc_error(e), file=sys.stderr)
+        return 1
+    except client.CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

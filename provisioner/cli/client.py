@@ -1,0 +1,518 @@
+"""`provisioner session ...` and `provisioner admin ...`: the public API from a terminal or a script.
+
+Human output goes to stdout as tables or `key: value` lines; progress and hints go to stderr, so
+`--json` output on stdout stays machine-readable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from provisioner.cli import render
+from provisioner.v1 import admin_service_pb2 as admin_pb
+from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
+from provisioner.v1 import session_service_pb2 as session_pb
+from provisioner.v1 import session_service_pb2_grpc as session_grpc
+from provisioner.v1 import types_pb2
+
+DEFAULT_FRONT = "127.0.0.1:50051"
+DEFAULT_TIMEOUT_S = 30.0
+TRACE_EXPORTERS = ("none", "console", "otlp", "file")
+WATCH_RESUMES = 5
+
+# Every call the CLI makes is safe to repeat (CreateSession is idempotent by request_id), so the
+# channel itself retries a front that is briefly unreachable.
+_SERVICE_CONFIG = json.dumps({
+    "methodConfig": [{
+        "name": [{"service": "provisioner.v1.SessionService"},
+                 {"service": "provisioner.v1.AdminService"}],
+        "retryPolicy": {
+            "maxAttempts": 3,
+            "initialBackoff": "0.2s",
+            "maxBackoff": "2s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }],
+})
+
+S = types_pb2.SessionState
+_ENDED = {S.SESSION_STATE_STOPPED, S.SESSION_STATE_FAILED}
+
+
+class CliError(Exception):
+    """A problem found by the CLI itself; `exit_code` 2 marks a usage error."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def describe_rpc_error(err: grpc.RpcError) -> str:
+    """One line: `error: CODE: message`, plus the offending field and retry delay if detailed."""
+    code = err.code() if hasattr(err, "code") else None
+    message = err.details() if hasattr(err, "details") else str(err)
+    extra = []
+    try:
+        status = rpc_status.from_call(err)
+    except (AttributeError, ValueError):  # no rich status, or one that disagrees with the call
+        status = None
+    for detail in status.details if status else []:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            for v in bad.field_violations:
+                why = f": {v.description}" if v.description and v.description not in message else ""
+                extra.append(f"field {v.field}{why}")
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            extra.append(f"retry in {render.format_duration(info.retry_delay.ToNanoseconds() / 1e9)}")
+    line = f"error: {code.name if code else 'UNKNOWN'}: {message}"
+    return f"{line} ({'; '.join(extra)})" if extra else line
+
+
+# --- arguments -----------------------------------------------------------------------------
+
+
+def _enum_arg(enum) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            return render.enum_value(enum, text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        seconds = render.parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive, got {text!r}")
+    return seconds
+
+
+def add_trace_flag(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a flag given at any level (top, group or command) survives the levels below it.
+    parser.add_argument(
+        "--traces", choices=TRACE_EXPORTERS, default=argparse.SUPPRESS,
+        help="trace exporter (default: $PROVISIONER_TRACES, else none)")
+
+
+def _client_flags() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--front", default=argparse.SUPPRESS,
+        help=f"front address (default: $PROVISIONER_FRONT, else {DEFAULT_FRONT})")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="machine-readable JSON on stdout")
+    common.add_argument("--timeout", type=_positive_float, default=argparse.SUPPRESS, metavar="SECONDS",
+                        help=f"deadline of each call (default {DEFAULT_TIMEOUT_S:g}; not for watches)")
+    add_trace_flag(common)
+    return common
+
+
+# --- running a command ---------------------------------------------------------------------
+
+
+class Client:
+    def __init__(self, channel: grpc.Channel, args: argparse.Namespace):
+        self.sessions = session_grpc.SessionServiceStub(channel)
+        self.admin = admin_grpc.AdminServiceStub(channel)
+        self.json = getattr(args, "json", False)
+        self.timeout = getattr(args, "timeout", DEFAULT_TIMEOUT_S)
+
+    def show(self, obj, text: str) -> None:
+        print(json.dumps(obj, indent=2) if self.json else text, flush=True)
+
+    def note(self, text: str) -> None:
+        if not self.json:
+            print(text, file=sys.stderr, flush=True)
+
+
+def front_address(args: argparse.Namespace) -> str:
+    return getattr(args, "front", None) or os.environ.get("PROVISIONER_FRONT") or DEFAULT_FRONT
+
+
+def trace_exporter(args: argparse.Namespace) -> str:
+    return getattr(args, "traces", None) or os.environ.get("PROVISIONER_TRACES") or "none"
+
+
+class Tracing:
+    """The CLI's tracer, if the telemetry module is installed; otherwise every method is a no-op."""
+
+    def __init__(self, exporter: str):
+        self.exporter = exporter
+        self.provider = None
+        try:
+            self._telemetry = importlib.import_module("provisioner.telemetry")
+        except ModuleNotFoundError as e:
+            if e.name != "provisioner.telemetry":
+                raise
+            return
+        self.provider = self._telemetry.setup_tracing("provisioner-cli", exporter=exporter)
+
+    def wrap(self, channel: grpc.Channel) -> grpc.Channel:
+        if self.provider is None:
+            return channel
+        # The sync interceptor only fits OpenTelemetry's own channel wrapper, not grpc's.
+        from opentelemetry.instrumentation.grpc import client_interceptor, grpcext
+
+        return grpcext.intercept_channel(channel, client_interceptor(tracer_provider=self.provider))
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        if self.provider is None:
+            yield
+            return
+        tracer = self.provider.get_tracer("provisioner.cli")
+        with tracer.start_as_current_span(name) as span:
+            try:
+                yield
+            finally:
+                if self.exporter != "none":  # so an operator can find the trace
+                    trace_id = format(span.get_span_context().trace_id, "032x")
+                    print(f"trace: {trace_id}", file=sys.stderr, flush=True)
+
+    def shutdown(self) -> None:
+        if self.provider is not None:
+            self._telemetry.shutdown_tracing(self.provider)
+
+
+def _run(name: str, handler: Callable[[Client, argparse.Namespace], int],
+         args: argparse.Namespace) -> int:
+    tracing = Tracing(trace_exporter(args))
+    try:
+        channel = grpc.insecure_channel(front_address(args), options=[
+            ("grpc.enable_retries", 1), ("grpc.service_config", _SERVICE_CONFIG)])
+        with tracing.wrap(channel) as channel, tracing.span(f"cli {name}"):
+            return handler(Client(channel, args), args)
+    finally:
+        tracing.shutdown()
+
+
+# --- session commands ----------------------------------------------------------------------
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _show_session(c: Client, s: types_pb2.Session) -> None:
+    c.show(render.session_to_json(s), render.session_detail(s, _now()))
+
+
+def watch(c: Client, session_id: str, after_revision: int = 0) -> Iterator[types_pb2.Session]:
+    """Every change of a session; resumes after the last revision seen if the stream breaks."""
+    last, resumes = after_revision, 0
+    while True:
+        req = session_pb.WatchSessionRequest(session_id=session_id, after_revision=last)
+        try:
+            for resp in c.sessions.WatchSession(req):
+                resumes = 0
+                s = resp.session
+                if last and s.revision and s.revision <= last:
+                    continue  # already seen before the stream was resumed
+                last = max(last, s.revision)
+                yield s
+            return
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or resumes >= WATCH_RESUMES:
+                raise
+            resumes += 1
+            c.note(f"watch interrupted ({e.details()}); resuming after revision {last}")
+            time.sleep(min(0.2 * 2**resumes, 5.0))
+
+
+def session_create(c: Client, args) -> int:
+    if args.require_region and not args.region:
+        raise CliError("--require-region needs --region", exit_code=2)
+    request_id = args.request_id or str(uuid.uuid4())
+    if not args.request_id:
+        c.note(f"request id: {request_id} (reuse it with --request-id to retry safely)")
+    spec = types_pb2.SessionSpec(
+        request_id=request_id, user_id=args.user, notebook_id=args.notebook or "",
+        kind=args.kind or 0, accelerator=args.accelerator, image=args.image,
+        region_hint=args.region or "", region_required=args.require_region)
+    if args.max_runtime is not None:
+        spec.max_runtime.FromTimedelta(timedelta(seconds=args.max_runtime))
+    s = c.sessions.CreateSession(session_pb.CreateSessionRequest(spec=spec),
+                                 timeout=c.timeout).session
+    if args.wait and s.state != S.SESSION_STATE_RUNNING and s.state not in _ENDED:
+        s = _wait_ready(c, s)
+    _show_session(c, s)
+    if args.wait:
+        return 0 if s.state == S.SESSION_STATE_RUNNING else 1
+    return 0
+
+
+def _wait_ready(c: Client, s: types_pb2.Session) -> types_pb2.Session:
+    """Follows the session until it runs or ends, reporting each change on stderr."""
+    shown = ""
+    for s in watch(c, s.id):
+        line = render.progress_line(s, _now())
+        if line != shown:
+            print(line, file=sys.stderr, flush=True)
+            shown = line
+        if s.state == S.SESSION_STATE_RUNNING or s.state in _ENDED:
+            break
+    return s
+
+
+def session_get(c: Client, args) -> int:
+    _show_session(c, c.sessions.GetSession(
+        session_pb.GetSessionRequest(session_id=args.session_id), timeout=c.timeout).session)
+    return 0
+
+
+def session_list(c: Client, args) -> int:
+    req = session_pb.ListSessionsRequest(user_id=args.user, states=args.state or [],
+                                         page_size=args.page_size or 0,
+                                         page_token=args.page_token or "")
+    sessions, seen = [], {req.page_token}
+    while True:
+        resp = c.sessions.ListSessions(req, timeout=c.timeout)
+        sessions.extend(resp.sessions)
+        if not args.all or not resp.next_page_token:
+            break
+        if resp.next_page_token in seen:  # a server bug must not loop forever
+            raise CliError(f"server repeated page token {resp.next_page_token!r}")
+        seen.add(resp.next_page_token)
+        req.page_token = resp.next_page_token
+    next_token = "" if args.all else resp.next_page_token
+    c.show({"sessions": [render.session_to_json(s) for s in sessions],
+            "next_page_token": next_token},
+           render.session_table(sessions, _now()))
+    if next_token:
+        c.note(f"more: --page-token {next_token} (or --all)")
+    return 0
+
+
+def session_watch(c: Client, args) -> int:
+    for s in watch(c, args.session_id, args.after_revision):
+        if c.json:
+            print(json.dumps(render.session_to_json(s)), flush=True)
+        else:
+            print(render.progress_line(s, _now()), flush=True)
+        if s.state in _ENDED:
+            return 1 if s.state == S.SESSION_STATE_FAILED else 0
+    return 0
+
+
+def session_touch(c: Client, args) -> int:
+    _show_session(c, c.sessions.TouchSession(
+        session_pb.TouchSessionRequest(session_id=args.session_id), timeout=c.timeout).session)
+    return 0
+
+
+def session_stop(c: Client, args) -> int:
+    req = session_pb.StopSessionRequest(session_id=args.session_id, reason=args.reason or "")
+    _show_session(c, c.sessions.StopSession(req, timeout=c.timeout).session)
+    return 0
+
+
+def session_quota(c: Client, args) -> int:
+    q = c.sessions.GetQuota(session_pb.GetQuotaRequest(user_id=args.user),
+                            timeout=c.timeout).quota
+    c.show(render.quota_to_json(q), render.quota_detail(q, _now()))
+    return 0
+
+
+# --- admin commands ------------------------------------------------------------------------
+
+
+def admin_clusters(c: Client, args) -> int:
+    clusters = c.admin.ListClusters(admin_pb.ListClustersRequest(), timeout=c.timeout).clusters
+    c.show({"clusters": [render.cluster_to_json(x) for x in clusters]},
+           render.cluster_table(clusters))
+    return 0
+
+
+def admin_pools(c: Client, args) -> int:
+    pools = c.admin.ListPools(admin_pb.ListPoolsRequest(cluster=args.cluster or ""),
+                              timeout=c.timeout).pools
+    c.show({"pools": [render.pool_to_json(p) for p in pools]}, render.pool_table(pools))
+    return 0
+
+
+def admin_drain(c: Client, args) -> int:
+    cluster = c.admin.DrainCluster(admin_pb.DrainClusterRequest(cluster=args.cluster),
+                                   timeout=c.timeout).cluster
+    c.show(render.cluster_to_json(cluster), render.cluster_detail(cluster))
+    return 0
+
+
+def admin_undrain(c: Client, args) -> int:
+    cluster = c.admin.UndrainCluster(admin_pb.UndrainClusterRequest(cluster=args.cluster),
+                                     timeout=c.timeout).cluster
+    c.show(render.cluster_to_json(cluster), render.cluster_detail(cluster))
+    return 0
+
+
+def admin_set_policy(c: Client, args) -> int:
+    # Only flags given are set: proto3 optional presence tells the server what to leave alone.
+    given = {"min_vms": args.min, "max_vms": args.max, "headroom_fraction": args.headroom,
+             "autoscaler": args.autoscaler, "recycle": args.recycle}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        raise CliError("nothing to set: give --min, --max, --headroom, --autoscaler or "
+                       "--recycle/--no-recycle", exit_code=2)
+    req = admin_pb.SetPoolPolicyRequest(cluster=args.cluster, pool=args.pool,
+                                        policy=types_pb2.PoolPolicy(**given))
+    pool = c.admin.SetPoolPolicy(req, timeout=c.timeout).pool
+    c.show(render.pool_to_json(pool), render.pool_detail(pool))
+    return 0
+
+
+def admin_prewarm(c: Client, args) -> int:
+    req = admin_pb.PrewarmImageRequest(cluster=args.cluster, pool=args.pool, image=args.image,
+                                       count=args.count)
+    vm_ids = list(c.admin.PrewarmImage(req, timeout=c.timeout).vm_ids)
+    text = (f"pulling {args.image} onto {len(vm_ids)} VM(s): {', '.join(vm_ids)}" if vm_ids
+            else f"no VM needs to pull {args.image}")
+    c.show({"vm_ids": vm_ids}, text)
+    return 0
+
+
+def admin_vms(c: Client, args) -> int:
+    req = admin_pb.ListVmsRequest(cluster=args.cluster or "", pool=args.pool or "",
+                                  states=args.state or [])
+    vms = c.admin.ListVms(req, timeout=c.timeout).vms
+    c.show({"vms": [render.vm_to_json(v) for v in vms]}, render.vm_table(vms, _now()))
+    return 0
+
+
+def admin_evict(c: Client, args) -> int:
+    req = admin_pb.EvictVmRequest(cluster=args.cluster, vm_id=args.vm_id, reason=args.reason or "")
+    vm = c.admin.EvictVm(req, timeout=c.timeout).vm
+    c.show(render.vm_to_json(vm), render.vm_detail(vm))
+    return 0
+
+
+# --- parser --------------------------------------------------------------------------------
+
+
+def _group(subparsers, group_name: str, common, help: str):
+    """A command group; returns add(name, handler, help) -> the command's parser."""
+    p = subparsers.add_parser(group_name, parents=[common], help=help, description=help)
+    group = p.add_subparsers(dest=f"{group_name}_command", metavar="COMMAND", required=True)
+
+    def add(name: str, handler, help: str) -> argparse.ArgumentParser:
+        cmd = group.add_parser(name, parents=[common], help=help, description=help)
+        full = f"{group_name} {name}"
+        cmd.set_defaults(func=lambda args: _run(full, handler, args))
+        return cmd
+
+    return add
+
+
+def register(subparsers) -> None:
+    """Adds the `session` and `admin` command groups."""
+    common = _client_flags()
+    session_states = ", ".join(render.enum_choices(types_pb2.SessionState))
+    vm_states = ", ".join(render.enum_choices(types_pb2.VmState))
+
+    add = _group(subparsers, "session", common, "notebook sessions (SessionService)")
+    p = add("create", session_create, "start a session")
+    p.add_argument("--user", required=True)
+    p.add_argument("--accelerator", required=True, help="pool shape, e.g. gpu-p100")
+    p.add_argument("--image", required=True, help="e.g. gpu:v154 or gpu:latest")
+    p.add_argument("--kind", type=_enum_arg(types_pb2.SessionKind), metavar="interactive|batch")
+    p.add_argument("--notebook")
+    p.add_argument("--region", help="preferred region")
+    p.add_argument("--require-region", action="store_true",
+                   help="only --region may serve the session")
+    p.add_argument("--max-runtime", type=_duration_arg, metavar="DURATION",
+                   help="e.g. 2h, 90m, 3600s")
+    p.add_argument("--request-id", help="idempotency key (default: a new uuid4)")
+    p.add_argument("--wait", action="store_true",
+                   help="show progress until running; exit 1 if it stops or fails instead")
+
+    p = add("get", session_get, "show a session")
+    p.add_argument("session_id", metavar="SESSION_ID")
+
+    p = add("list", session_list, "a user's sessions, newest first")
+    p.add_argument("--user", required=True)
+    p.add_argument("--state", type=_enum_arg(S), nargs="+", action="extend", metavar="STATE",
+                   help=f"only these states: {session_states}")
+    p.add_argument("--page-size", type=int)
+    p.add_argument("--page-token")
+    p.add_argument("--all", action="store_true", help="follow every page")
+
+    p = add("watch", session_watch,
+                 "print each change until the session stops or fails")
+    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument("--after-revision", type=int, default=0)
+
+    p = add("touch", session_touch, "record activity so it is not culled")
+    p.add_argument("session_id", metavar="SESSION_ID")
+
+    p = add("stop", session_stop, "stop a session")
+    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument("--reason")
+
+    p = add("quota", session_quota, "a user's GPU hours and session limits")
+    p.add_argument("--user", required=True)
+
+    add = _group(subparsers, "admin", common, "clusters, pools and VMs (AdminService)")
+    add("clusters", admin_clusters, "list clusters")
+    p = add("pools", admin_pools, "list pools")
+    p.add_argument("--cluster")
+    p = add("drain", admin_drain, "send no new sessions to a cluster")
+    p.add_argument("cluster", metavar="CLUSTER")
+    p = add("undrain", admin_undrain, "take new sessions again")
+    p.add_argument("cluster", metavar="CLUSTER")
+
+    p = add("set-policy", admin_set_policy,
+                 "change a pool's autoscaling policy; fields not given stay as they are")
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--pool", required=True)
+    p.add_argument("--min", type=int, help="minimum VMs")
+    p.add_argument("--max", type=int, help="maximum VMs")
+    p.add_argument("--headroom", type=float, help="warm VMs above demand, as a fraction")
+    p.add_argument("--autoscaler", choices=("fixed", "headroom", "predictive"))
+    p.add_argument("--recycle", action=argparse.BooleanOptionalAction,
+                   help="wipe VMs after a session and keep them warm, or delete them")
+
+    p = add("prewarm", admin_prewarm, "pull an image onto warm VMs ahead of demand")
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--pool", required=True)
+    p.add_argument("--image", required=True)
+    p.add_argument("--count", type=int, default=1, help="warm VMs that should hold it")
+
+    p = add("vms", admin_vms, "list VMs")
+    p.add_argument("--cluster")
+    p.add_argument("--pool")
+    p.add_argument("--state", type=_enum_arg(types_pb2.VmState), nargs="+", action="extend",
+                   metavar="STATE", help=f"only these states: {vm_states}")
+
+    p = add("evict", admin_evict, "take a VM out of service")
+    p.add_argument("--cluster", required=True)
+    p.add_argument("vm_id", metavar="VM_ID")
+    p.add_argument("--reason")

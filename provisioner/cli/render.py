@@ -1,0 +1,455 @@
+"""Turns API messages into JSON-ready dicts and aligned text tables.
+
+Pure functions: anything time-relative takes `now` (epoch seconds) from the caller.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from google.protobuf.message import Message
+
+from provisioner.v1 import types_pb2
+
+# --- enums ---------------------------------------------------------------------------------
+
+
+def _prefix(enum) -> str:
+    # Every enum's zero value is <PREFIX>UNSPECIFIED, so the prefix is found, not hard-coded.
+    return enum.Name(0).removesuffix("UNSPECIFIED")
+
+
+def enum_short(enum, value: int) -> str:
+    """SESSION_STATE_PULLING_IMAGE -> "pulling_image"; unspecified -> ""; unknown -> the number."""
+    if value == 0:
+        return ""
+    try:
+        name = enum.Name(value)
+    except ValueError:  # a newer server's value
+        return str(value)
+    return name.removeprefix(_prefix(enum)).lower()
+
+
+def enum_value(enum, text: str) -> int:
+    """The inverse of enum_short; also takes the full upper-case name."""
+    name = text.strip().upper().replace("-", "_")
+    for candidate in (_prefix(enum) + name, name):
+        try:
+            value = enum.Value(candidate)
+        except ValueError:
+            continue
+        if value != 0:
+            return value
+    choices = ", ".join(enum_choices(enum))
+    raise ValueError(f"unknown value {text!r}; expected one of: {choices}")
+
+
+def enum_choices(enum) -> list[str]:
+    return [enum_short(enum, v) for v in enum.values() if v != 0]
+
+
+# --- durations and sizes -------------------------------------------------------------------
+
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_DURATION_PART = re.compile(rf"({_NUMBER})([dhms])")
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in "2h", "90m", "3600s", "3600" (bare seconds), "1h30m" or "1.5h"."""
+    s = text.strip().lower()
+    if re.fullmatch(_NUMBER, s):
+        return float(s)
+    pos, total = 0, 0.0
+    for match in _DURATION_PART.finditer(s):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNIT_S[match.group(2)]
+        pos = match.end()
+    if not s or pos != len(s):
+        raise ValueError(f"invalid duration {text!r}; use e.g. 2h, 90m, 3600s or 3600")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """Two most significant units: 45s, 1m30s, 2h5m, 3d4h. Negative is shown as 0s."""
+    s = max(0, int(seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (s, "s")]
+    while len(parts) > 1 and parts[0][0] == 0:
+        parts.pop(0)
+    major, minor = parts[0], parts[1] if len(parts) > 1 else (0, "")
+    out = f"{major[0]}{major[1]}"
+    return out + f"{minor[0]}{minor[1]}" if minor[0] else out
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+# --- timestamps ----------------------------------------------------------------------------
+
+
+def _ts(msg: Message, field: str) -> str | None:
+    return getattr(msg, field).ToJsonString() if msg.HasField(field) else None
+
+
+def _seconds(msg: Message, field: str) -> float | None:
+    """A Duration in seconds, or a Timestamp in epoch seconds; None when unset."""
+    return getattr(msg, field).ToNanoseconds() / 1e9 if msg.HasField(field) else None
+
+
+_epoch = _seconds
+
+
+# --- messages -> dicts ---------------------------------------------------------------------
+
+
+def history_to_json(history: Iterable[types_pb2.StateChange]) -> list[dict]:
+    return [{"state": h.state, "reason": h.reason, "time": _ts(h, "time")} for h in history]
+
+
+def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
+    pull = None
+    if s.HasField("pull"):
+        pull = {"bytes_total": s.pull.bytes_total, "bytes_done": s.pull.bytes_done}
+    return {
+        "id": s.id,
+        "state": enum_short(types_pb2.SessionState, s.state),
+        "reason": s.reason,
+        "cluster": s.cluster,
+        "pool": s.pool,
+        "vm_id": s.vm_id,
+        "endpoint": s.endpoint,
+        "image": s.image,
+        "image_requested": s.spec.image,
+        "start": enum_short(types_pb2.StartKind, s.start),
+        "user": s.spec.user_id,
+        "notebook": s.spec.notebook_id,
+        "kind": enum_short(types_pb2.SessionKind, s.spec.kind),
+        "accelerator": s.spec.accelerator,
+        "queue_position": s.queue_position,
+        "estimated_ready_time": _ts(s, "estimated_ready_time"),
+        "create_time": _ts(s, "create_time"),
+        "ready_time": _ts(s, "ready_time"),
+        "end_time": _ts(s, "end_time"),
+        "last_activity_time": _ts(s, "last_activity_time"),
+        "idle_timeout_s": _seconds(s, "idle_timeout"),
+        "max_runtime_s": _seconds(s, "max_runtime"),
+        "request_id": s.spec.request_id,
+        "revision": s.revision,
+        "pull": pull,
+        "history": history_to_json(s.history),
+    }
+
+
+def policy_to_json(p: types_pb2.PoolPolicy) -> dict[str, Any]:
+    # Unset (proto3 optional) fields are null: "not configured here", not zero.
+    fields = ("min_vms", "max_vms", "headroom_fraction", "autoscaler", "recycle")
+    return {f: getattr(p, f) if p.HasField(f) else None for f in fields}
+
+
+def capacity_to_json(c: types_pb2.PoolCapacity) -> dict[str, Any]:
+    return {
+        "pool": c.pool,
+        "accelerator": c.accelerator,
+        "warm_by_image": [{"image": i.image, "count": i.count} for i in c.warm_by_image],
+        "warm": c.warm,
+        "booting": c.booting,
+        "assigned": c.assigned,
+        "queued": c.queued,
+        "unhealthy": c.unhealthy,
+        "min_vms": c.min_vms,
+        "max_vms": c.max_vms,
+        "cold_start_s": c.cold_start_s,
+        "stocked_out_zones": list(c.stocked_out_zones),
+    }
+
+
+def pool_to_json(p: types_pb2.Pool) -> dict[str, Any]:
+    return {
+        "cluster": p.cluster,
+        "name": p.name,
+        "accelerator": p.accelerator,
+        "machine_type": p.machine_type,
+        "zones": list(p.zones),
+        "hourly_price_usd": p.hourly_price_usd,
+        "policy": policy_to_json(p.policy) if p.HasField("policy") else None,
+        "capacity": capacity_to_json(p.capacity) if p.HasField("capacity") else None,
+    }
+
+
+def cluster_to_json(c: types_pb2.Cluster) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "region": c.region,
+        "address": c.address,
+        "healthy": c.healthy,
+        "draining": c.draining,
+        "pools": [pool_to_json(p) for p in c.pools],
+    }
+
+
+def vm_to_json(v: types_pb2.Vm) -> dict[str, Any]:
+    return {
+        "id": v.id,
+        "cluster": v.cluster,
+        "pool": v.pool,
+        "zone": v.zone,
+        "state": enum_short(types_pb2.VmState, v.state),
+        "reason": v.reason,
+        "images": list(v.images),
+        "cache_bytes": v.cache_bytes,
+        "session_id": v.session_id,
+        "healthy": v.healthy,
+        "health_detail": v.health_detail,
+        "create_time": _ts(v, "create_time"),
+        "history": history_to_json(v.history),
+    }
+
+
+def quota_to_json(q: types_pb2.Quota) -> dict[str, Any]:
+    return {
+        "user": q.user_id,
+        "gpu_hours_limit": q.gpu_hours_limit,
+        "gpu_hours_used": q.gpu_hours_used,
+        "reset_time": _ts(q, "reset_time"),
+        "max_active_sessions": q.max_active_sessions,
+        "active_sessions": q.active_sessions,
+    }
+
+
+# --- text ----------------------------------------------------------------------------------
+
+
+def table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> str:
+    """Left-aligned columns, two spaces apart, no trailing blanks."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells
+    )
+
+
+def kv(pairs: Iterable[tuple[str, Any]]) -> str:
+    """`key: value` lines with values aligned; empty values are left out."""
+    kept = [(k, str(v)) for k, v in pairs if v not in (None, "")]
+    width = max((len(k) for k, _ in kept), default=0) + 1
+    return "\n".join(f"{(k + ':').ljust(width)} {v}" for k, v in kept)
+
+
+_PENDING = {
+    types_pb2.SESSION_STATE_QUEUED,
+    types_pb2.SESSION_STATE_PROVISIONING,
+    types_pb2.SESSION_STATE_PULLING_IMAGE,
+}
+
+
+def _age(then: float | None, now: float) -> str:
+    return "" if then is None else format_duration(now - then)
+
+
+def session_timing(s: types_pb2.Session, now: float) -> str:
+    """AGE/READY-IN: "in 1m30s" while waiting with an estimate, else time since ready/created."""
+    eta = _epoch(s, "estimated_ready_time")
+    if s.state in _PENDING and eta is not None:
+        return f"in {format_duration(eta - now)}"
+    if s.state == types_pb2.SESSION_STATE_RUNNING and s.HasField("ready_time"):
+        return _age(_epoch(s, "ready_time"), now)
+    return _age(_epoch(s, "create_time"), now)
+
+
+def pull_percent(s: types_pb2.Session) -> int | None:
+    if not s.HasField("pull") or s.pull.bytes_total <= 0:
+        return None
+    return min(100, int(100 * s.pull.bytes_done / s.pull.bytes_total))
+
+
+SESSION_HEADERS = ("ID", "STATE", "CLUSTER", "IMAGE", "START", "AGE/READY-IN", "REASON")
+
+
+def session_table(sessions: Iterable[types_pb2.Session], now: float) -> str:
+    rows = [
+        (
+            s.id,
+            enum_short(types_pb2.SessionState, s.state) or "-",
+            s.cluster or "-",
+            s.image or s.spec.image or "-",
+            enum_short(types_pb2.StartKind, s.start) or "-",
+            session_timing(s, now) or "-",
+            s.reason,
+        )
+        for s in sessions
+    ]
+    return table(rows, SESSION_HEADERS)
+
+
+def session_detail(s: types_pb2.Session, now: float) -> str:
+    image = s.image or s.spec.image
+    if s.image and s.spec.image and s.image != s.spec.image:
+        image = f"{s.image} (asked for {s.spec.image})"
+    pct = pull_percent(s)
+    pull = f"{pct}% of {format_bytes(s.pull.bytes_total)}" if pct is not None else ""
+    eta = _epoch(s, "estimated_ready_time")
+    ready_in = format_duration(eta - now) if eta is not None and s.state in _PENDING else ""
+
+    def when(field: str) -> str | None:
+        t = _epoch(s, field)
+        return None if t is None else f"{_ts(s, field)} ({format_duration(now - t)} ago)"
+
+    return kv([
+        ("id", s.id),
+        ("state", enum_short(types_pb2.SessionState, s.state)),
+        ("reason", s.reason),
+        ("user", s.spec.user_id),
+        ("kind", enum_short(types_pb2.SessionKind, s.spec.kind)),
+        ("notebook", s.spec.notebook_id),
+        ("cluster", s.cluster),
+        ("pool", s.pool),
+        ("vm", s.vm_id),
+        ("image", image),
+        ("start", enum_short(types_pb2.StartKind, s.start)),
+        ("endpoint", s.endpoint),
+        ("queue position", s.queue_position or ""),
+        ("pull", pull),
+        ("ready in", ready_in),
+        ("created", when("create_time")),
+        ("ready", when("ready_time")),
+        ("ended", when("end_time")),
+        ("request id", s.spec.request_id),
+        ("revision", s.revision),
+    ])
+
+
+def progress_line(s: types_pb2.Session, now: float) -> str:
+    """One line per watched change: state, queue position, pull percent, time to ready."""
+    parts = [s.id, enum_short(types_pb2.SessionState, s.state) or "unknown"]
+    if s.queue_position:
+        parts.append(f"queue #{s.queue_position}")
+    pct = pull_percent(s)
+    if pct is not None and s.state == types_pb2.SESSION_STATE_PULLING_IMAGE:
+        parts.append(f"pull {pct}% of {format_bytes(s.pull.bytes_total)}")
+    eta = _epoch(s, "estimated_ready_time")
+    if s.state in _PENDING and eta is not None:
+        parts.append(f"ready in ~{format_duration(eta - now)}")
+    if s.state == types_pb2.SESSION_STATE_RUNNING:
+        start = enum_short(types_pb2.StartKind, s.start)
+        if start:
+            parts.append(f"({start} start)")
+        if s.endpoint:
+            parts.append(s.endpoint)
+    line = " ".join(parts)
+    return f"{line}: {s.reason}" if s.reason else line
+
+
+def cluster_table(clusters: Iterable[types_pb2.Cluster]) -> str:
+    rows = [
+        (c.name, c.region, c.address, _yes(c.healthy), _yes(c.draining), len(c.pools))
+        for c in clusters
+    ]
+    return table(rows, ("NAME", "REGION", "ADDRESS", "HEALTHY", "DRAINING", "POOLS"))
+
+
+def cluster_detail(c: types_pb2.Cluster) -> str:
+    return kv([
+        ("cluster", c.name),
+        ("region", c.region),
+        ("address", c.address),
+        ("healthy", _yes(c.healthy)),
+        ("draining", _yes(c.draining)),
+        ("pools", ", ".join(p.name for p in c.pools)),
+    ])
+
+
+def _policy_value(p: types_pb2.PoolPolicy, field: str) -> str:
+    return "" if not p.HasField(field) else str(getattr(p, field))
+
+
+def pool_table(pools: Iterable[types_pb2.Pool]) -> str:
+    rows = []
+    for p in pools:
+        c, pol = p.capacity, p.policy
+        rows.append((
+            p.cluster, p.name, p.accelerator, c.warm, c.booting, c.assigned, c.queued,
+            _policy_value(pol, "min_vms") or c.min_vms, _policy_value(pol, "max_vms") or c.max_vms,
+            _policy_value(pol, "autoscaler") or "-", _policy_value(pol, "headroom_fraction") or "-",
+        ))
+    return table(rows, ("CLUSTER", "POOL", "ACCELERATOR", "WARM", "BOOTING", "ASSIGNED", "QUEUED",
+                        "MIN", "MAX", "AUTOSCALER", "HEADROOM"))
+
+
+def pool_detail(p: types_pb2.Pool) -> str:
+    pol, c = p.policy, p.capacity
+    recycle = "" if not pol.HasField("recycle") else _yes(pol.recycle)
+    warm_images = ", ".join(f"{i.image}={i.count}" for i in c.warm_by_image)
+    return kv([
+        ("cluster", p.cluster),
+        ("pool", p.name),
+        ("accelerator", p.accelerator),
+        ("machine type", p.machine_type),
+        ("zones", ", ".join(p.zones)),
+        ("min vms", _policy_value(pol, "min_vms")),
+        ("max vms", _policy_value(pol, "max_vms")),
+        ("headroom", _policy_value(pol, "headroom_fraction")),
+        ("autoscaler", _policy_value(pol, "autoscaler")),
+        ("recycle", recycle),
+        ("warm", c.warm if p.HasField("capacity") else ""),
+        ("warm by image", warm_images),
+        ("booting", c.booting if p.HasField("capacity") else ""),
+        ("assigned", c.assigned if p.HasField("capacity") else ""),
+        ("queued", c.queued if p.HasField("capacity") else ""),
+        ("stocked-out zones", ", ".join(c.stocked_out_zones)),
+    ])
+
+
+def vm_table(vms: Iterable[types_pb2.Vm], now: float) -> str:
+    rows = [
+        (
+            v.id, v.cluster, v.pool, v.zone, enum_short(types_pb2.VmState, v.state) or "-",
+            v.session_id or "-", ",".join(v.images) or "-",
+            _yes(v.healthy), _age(_epoch(v, "create_time"), now) or "-",
+        )
+        for v in vms
+    ]
+    return table(rows, ("ID", "CLUSTER", "POOL", "ZONE", "STATE", "SESSION", "IMAGES", "HEALTHY",
+                        "AGE"))
+
+
+def vm_detail(v: types_pb2.Vm) -> str:
+    return kv([
+        ("id", v.id),
+        ("cluster", v.cluster),
+        ("pool", v.pool),
+        ("zone", v.zone),
+        ("state", enum_short(types_pb2.VmState, v.state)),
+        ("reason", v.reason),
+        ("session", v.session_id),
+        ("images", ", ".join(v.images)),
+        ("cache", format_bytes(v.cache_bytes) if v.cache_bytes else ""),
+        ("healthy", _yes(v.healthy)),
+        ("health detail", v.health_detail),
+        ("created", _ts(v, "create_time")),
+    ])
+
+
+def quota_detail(q: types_pb2.Quota, now: float) -> str:
+    pct = f" ({100 * q.gpu_hours_used / q.gpu_hours_limit:.0f}%)" if q.gpu_hours_limit else ""
+    reset = _epoch(q, "reset_time")
+    return kv([
+        ("user", q.user_id),
+        ("gpu hours", f"{q.gpu_hours_used:.1f} / {q.gpu_hours_limit:.1f}{pct}"),
+        ("active sessions", f"{q.active_sessions} / {q.max_active_sessions}"),
+        ("resets", None if reset is None
+         else f"{_ts(q, 'reset_time')} (in {format_duration(reset - now)})"),
+    ])
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"

@@ -1,0 +1,119 @@
+"""The cloud interface the cluster provisioner drives.
+
+Small and idempotent: a VM is named by our own id (also its request id), so a create retried
+after a timeout finds the VM it already made. Errors come back as data (CloudFailure), never as
+SDK exceptions; "not found" on delete is success.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Protocol, Sequence
+
+from provisioner.images import Layer
+
+# Labels every VM carries, so a restarted cluster can match VMs to its records and find leaks.
+LABEL_CLUSTER = "provisioner-cluster"
+LABEL_POOL = "provisioner-pool"
+LABEL_REQUEST = "provisioner-request"
+LABEL_SESSION = "provisioner-session"
+
+FailureCode = Literal[
+    "stockout",  # the zone has no GPUs of this shape now (ZONE_RESOURCE_POOL_EXHAUSTED)
+    "quota",  # the project's quota for this GPU in this region is used up
+    "rate_limited",  # 429: back off and retry
+    "unavailable",  # 5xx or connection failure: retry
+    "not_found",
+    "invalid",  # our request is wrong: do not retry
+    "internal",
+]
+
+RETRYABLE_CODES = frozenset({"rate_limited", "unavailable"})
+# Codes after which the zone, not the request, is the problem: try another zone.
+ZONE_CODES = frozenset({"stockout", "quota"})
+
+
+@dataclass(frozen=True, slots=True)
+class CloudFailure:
+    code: FailureCode
+    message: str
+    zone: str = ""
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE_CODES
+
+    @property
+    def zone_exhausted(self) -> bool:
+        return self.code in ZONE_CODES
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    vm_id: str
+    cluster: str
+    pool: str
+    zone: str
+    machine_type: str
+    accelerator: str
+    accelerator_count: int
+    labels: dict[str, str] = field(default_factory=dict)
+    # Image versions the VM should pull as it boots (prewarming).
+    images: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CloudVm:
+    vm_id: str
+    zone: str
+    status: Literal["provisioning", "running", "stopping", "terminated"]
+    labels: dict[str, str] = field(default_factory=dict)
+    # Where a notebook kernel on this VM is reached.
+    endpoint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    healthy: bool
+    gpu_temperature_c: float = 0.0
+    hardware_errors: int = 0
+    detail: str = ""
+
+
+ProgressCallback = Callable[[int], None]
+
+
+class CloudBackend(Protocol):
+    """One cluster's view of its cloud. Every method is safe to retry."""
+
+    name: str
+
+    async def create(self, spec: LaunchSpec) -> CloudVm | CloudFailure:
+        """Creates the VM (returns once the cloud has it, still booting)."""
+        ...
+
+    async def wait_ready(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        """Returns when the VM has booted and its agent answers."""
+        ...
+
+    async def pull(
+        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None
+    ) -> CloudFailure | None:
+        """Pulls image layers onto the VM's disk; on_progress gets cumulative bytes."""
+        ...
+
+    async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
+        """Erases user data (home, processes, GPU memory) and keeps the image cache."""
+        ...
+
+    async def delete(self, vm_id: str, zone: str) -> CloudFailure | None:
+        """Deletes the VM; a VM that is already gone counts as deleted."""
+        ...
+
+    async def list_vms(self, cluster: str) -> list[CloudVm]:
+        """Every VM labelled as belonging to this cluster."""
+        ...
+
+    async def health(self, vm_id: str, zone: str) -> HealthReport: ...
+
+    async def close(self) -> None: ...

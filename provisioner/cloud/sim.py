@@ -1,0 +1,380 @@
+"""The simulated cloud: the embedded default backend, so everything runs on a laptop.
+
+Two parts. `SimPhysics` is pure and seeded: how long things take and whether a launch fails.
+The trace-driven simulator uses it directly, without asyncio. `SimCloud` is the async
+CloudBackend over a Clock: an in-memory inventory, latencies from the physics, stockouts, and
+faults injected by tests and demos.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import zlib
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, Sequence
+
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+
+from provisioner.clock import Clock
+from provisioner.cloud.base import (
+    LABEL_CLUSTER,
+    CloudFailure,
+    CloudVm,
+    HealthReport,
+    LaunchSpec,
+    ProgressCallback,
+)
+from provisioner.errors import (
+    InvalidArgument,
+    NoCapacity,
+    NotFound,
+    ProvisionerError,
+    QuotaExceeded,
+    Unavailable,
+)
+from provisioner.images import Layer
+
+_tracer = trace.get_tracer(__name__)
+
+OPS = frozenset({"create", "wait_ready", "pull", "wipe", "delete", "list_vms"})
+_CODES = frozenset({"stockout", "quota", "rate_limited", "unavailable", "not_found", "invalid", "internal"})
+_SPAN_NAMES = {op: f"sim.{op}" for op in OPS | {"health"}}
+
+# A pull reports progress at most this often (sim seconds) and at most this many times.
+PULL_STEP_S = 15.0
+PULL_MAX_STEPS = 20
+
+
+class SimConfigLike(Protocol):
+    """What the sim needs from its config (config.SimCloudConfig has these fields)."""
+
+    boot_s: float
+    boot_jitter_s: float
+    pull_bytes_per_s: float
+    wipe_s: float
+    delete_s: float
+    stocked_out_zones: list[str]
+    launch_failure_rate: float
+    seed: int
+
+
+class SimPhysics:
+    """Durations and launch outcomes; deterministic for a given seed and call sequence."""
+
+    CREATE_S = 3.0  # the insert operation, before the VM starts booting
+    CREATE_JITTER_S = 1.0
+
+    def __init__(self, config: SimConfigLike):
+        self.config = config
+        self.rng = random.Random(config.seed)
+        # Mutable: stockouts come and go during a run.
+        self.stocked_out: set[str] = set(config.stocked_out_zones)
+
+    def create_s(self) -> float:
+        return self.CREATE_S + self.rng.uniform(-self.CREATE_JITTER_S, self.CREATE_JITTER_S)
+
+    def boot_s(self) -> float:
+        j = self.config.boot_jitter_s
+        return max(0.0, self.config.boot_s + (self.rng.uniform(-j, j) if j else 0.0))
+
+    def pull_s(self, nbytes: int) -> float:
+        return nbytes / self.config.pull_bytes_per_s if nbytes > 0 else 0.0
+
+    def wipe_s(self) -> float:
+        return self.config.wipe_s
+
+    def delete_s(self) -> float:
+        return self.config.delete_s
+
+    def launch_outcome(self, zone: str) -> CloudFailure | None:
+        if zone in self.stocked_out:
+            return CloudFailure("stockout", f"zone {zone} has no GPUs of this shape (ZONE_RESOURCE_POOL_EXHAUSTED)", zone)
+        rate = self.config.launch_failure_rate
+        # Draw only when failures are on, so turning them off does not shift other durations.
+        if rate > 0 and self.rng.random() < rate:
+            return CloudFailure("unavailable", f"simulated launch failure in {zone}", zone)
+        return None
+
+    @staticmethod
+    def gpu_temperature_c(vm_id: str) -> float:
+        # Stable per VM and independent of the rng, so health checks do not shift durations.
+        return 45.0 + (zlib.crc32(vm_id.encode()) % 2500) / 100.0
+
+
+class SimCall(NamedTuple):
+    op: str
+    vm_id: str
+    zone: str
+
+
+@dataclass(slots=True)
+class _Vm:
+    vm_id: str
+    zone: str
+    cluster: str
+    labels: dict[str, str]
+    endpoint: str
+    ready_at: float  # boot runs whether or not anyone waits for it
+    status: str = "provisioning"
+    health: HealthReport | None = None  # set by mark_unhealthy
+
+    def snapshot(self) -> CloudVm:
+        return CloudVm(self.vm_id, self.zone, self.status, dict(self.labels), self.endpoint)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class _Fault:
+    code: str
+    remaining: int
+    zone: str | None
+
+
+# list_vms returns a list, not a failure, so its injected faults are raised as typed errors.
+_RAISE_AS: dict[str, type[ProvisionerError]] = {
+    "stockout": NoCapacity,
+    "quota": QuotaExceeded,
+    "rate_limited": Unavailable,
+    "unavailable": Unavailable,
+    "not_found": NotFound,
+    "invalid": InvalidArgument,
+    "internal": ProvisionerError,
+}
+
+_DEFAULT: Any = object()
+_NO_SPAN = contextlib.nullcontext()
+
+
+class SimCloud:
+    """In-process CloudBackend. All waiting goes through the clock, so a ManualClock drives it."""
+
+    name = "sim"
+
+    def __init__(
+        self,
+        config: SimConfigLike,
+        clock: Clock,
+        *,
+        physics: SimPhysics | None = None,
+        tracer: trace.Tracer | None = _DEFAULT,
+        record_calls: bool = True,
+    ):
+        self.clock = clock
+        self.physics = physics or SimPhysics(config)
+        self._tracer = _tracer if tracer is _DEFAULT else tracer  # None: no spans
+        self._record = record_calls
+        self.calls: list[SimCall] = []
+        self._vms: dict[str, _Vm] = {}
+        self._faults: dict[str, list[_Fault]] = {}
+
+    # -- fault injection and inspection --------------------------------------------------------
+
+    def set_stockout(self, zone: str, on: bool = True) -> None:
+        (self.physics.stocked_out.add if on else self.physics.stocked_out.discard)(zone)
+
+    def inject(self, op: str, code: str, count: int = 1, zone: str | None = None) -> None:
+        """The next `count` calls of `op` (in `zone`, if given) fail with `code`."""
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; one of {sorted(OPS)}")
+        if code not in _CODES:
+            raise ValueError(f"unknown failure code {code!r}; one of {sorted(_CODES)}")
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        self._faults.setdefault(op, []).append(_Fault(code, count, zone))
+
+    def mark_unhealthy(self, vm_id: str, detail: str, hardware_errors: int = 1, temperature_c: float = 95.0) -> None:
+        self._vms[vm_id].health = HealthReport(False, temperature_c, hardware_errors, detail)
+
+    def kill(self, vm_id: str) -> bool:
+        """The VM vanishes as if preempted or deleted outside us; False if there was none."""
+        return self._vms.pop(vm_id, None) is not None
+
+    @property
+    def vms(self) -> dict[str, CloudVm]:
+        return {vid: vm.snapshot() for vid, vm in self._vms.items()}
+
+    # -- CloudBackend --------------------------------------------------------------------------
+
+    async def create(self, spec: LaunchSpec) -> CloudVm | CloudFailure:
+        with self._enter("create", spec.vm_id, spec.zone) as span:
+            return self._end(span, await self._create(spec))
+
+    async def wait_ready(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        with self._enter("wait_ready", vm_id, zone) as span:
+            return self._end(span, await self._wait_ready(vm_id, zone))
+
+    async def pull(
+        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None
+    ) -> CloudFailure | None:
+        with self._enter("pull", vm_id, zone) as span:
+            return self._end(span, await self._pull(vm_id, zone, layers, on_progress, span))
+
+    async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
+        with self._enter("wipe", vm_id, zone) as span:
+            return self._end(span, await self._wipe(vm_id, zone))
+
+    async def delete(self, vm_id: str, zone: str) -> CloudFailure | None:
+        with self._enter("delete", vm_id, zone) as span:
+            return self._end(span, await self._delete(vm_id, zone))
+
+    async def list_vms(self, cluster: str) -> list[CloudVm]:
+        with self._enter("list_vms", "", "") as span:
+            if span is not None:
+                span.set_attribute("provisioner.cluster", cluster)
+            fault = self._fault("list_vms", "")
+            if fault is not None:
+                raise _RAISE_AS[fault.code](fault.message)
+            return [vm.snapshot() for vm in self._vms.values() if vm.cluster == cluster]
+
+    async def health(self, vm_id: str, zone: str) -> HealthReport:
+        with self._enter("health", vm_id, zone):
+            vm = self._find(vm_id, zone)
+            if vm is None:
+                return HealthReport(False, detail=f"vm {vm_id} not found in {zone}")
+            return vm.health or HealthReport(True, self.physics.gpu_temperature_c(vm_id))
+
+    async def close(self) -> None:
+        return None
+
+    # -- operations ----------------------------------------------------------------------------
+
+    async def _create(self, spec: LaunchSpec) -> CloudVm | CloudFailure:
+        fault = self._fault("create", spec.zone)
+        if fault is not None:
+            return fault
+        vm = self._vms.get(spec.vm_id)
+        if vm is not None:  # a retried create finds the VM it already made
+            return vm.snapshot()
+        failure = self.physics.launch_outcome(spec.zone)
+        if failure is not None:
+            return failure
+        create_s = self.physics.create_s()
+        now = self.clock.now()
+        cluster = spec.labels.get(LABEL_CLUSTER, spec.cluster)
+        # The cloud holds the VM from the moment it accepts the insert: a caller that gives up
+        # mid-create still leaves a VM behind, as a real cloud would.
+        vm = _Vm(
+            spec.vm_id,
+            spec.zone,
+            cluster,
+            dict(spec.labels),
+            f"sim://{spec.cluster}/{spec.vm_id}",
+            ready_at=now + create_s + self.physics.boot_s(),
+        )
+        self._vms[spec.vm_id] = vm
+        await self.clock.sleep(create_s)
+        if self._vms.get(spec.vm_id) is not vm:
+            return CloudFailure("not_found", f"vm {spec.vm_id} vanished while being created", spec.zone)
+        return vm.snapshot()
+
+    async def _wait_ready(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        fault = self._fault("wait_ready", zone)
+        if fault is not None:
+            return fault
+        vm = self._find(vm_id, zone)
+        if vm is None:
+            return _not_found(vm_id, zone)
+        wait = vm.ready_at - self.clock.now()
+        if wait > 0:
+            await self.clock.sleep(wait)
+            if self._vms.get(vm_id) is not vm:
+                return _not_found(vm_id, zone, "while booting")
+        if vm.status == "provisioning":
+            vm.status = "running"
+        return vm.snapshot()
+
+    async def _pull(
+        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None, span: Any
+    ) -> CloudFailure | None:
+        fault = self._fault("pull", zone)
+        if fault is not None:
+            return fault
+        vm = self._find(vm_id, zone)
+        if vm is None:
+            return _not_found(vm_id, zone)
+        total = sum(layer.size_bytes for layer in layers)
+        if span is not None:
+            span.set_attribute("provisioner.pull_bytes", total)
+        if total <= 0:
+            return None
+        duration = self.physics.pull_s(total)
+        steps = max(1, min(PULL_MAX_STEPS, math.ceil(duration / PULL_STEP_S)))
+        step_s = duration / steps
+        for i in range(1, steps + 1):
+            await self.clock.sleep(step_s)
+            if self._vms.get(vm_id) is not vm:
+                return _not_found(vm_id, zone, "during the pull")
+            if on_progress is not None:
+                on_progress(total if i == steps else total * i // steps)
+        return None
+
+    async def _wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
+        fault = self._fault("wipe", zone)
+        if fault is not None:
+            return fault
+        vm = self._find(vm_id, zone)
+        if vm is None:
+            return _not_found(vm_id, zone)
+        await self.clock.sleep(self.physics.wipe_s())
+        if self._vms.get(vm_id) is not vm:
+            return _not_found(vm_id, zone, "during the wipe")
+        return None
+
+    async def _delete(self, vm_id: str, zone: str) -> CloudFailure | None:
+        fault = self._fault("delete", zone)
+        if fault is not None:
+            return fault
+        vm = self._find(vm_id, zone)
+        if vm is None:
+            return None  # already gone counts as deleted
+        vm.status = "stopping"
+        await self.clock.sleep(self.physics.delete_s())
+        if self._vms.get(vm_id) is vm:
+            del self._vms[vm_id]
+        return None
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _find(self, vm_id: str, zone: str) -> _Vm | None:
+        vm = self._vms.get(vm_id)
+        # As in a real cloud, a VM asked for in the wrong zone is not found.
+        return vm if vm is not None and vm.zone == zone else None
+
+    def _fault(self, op: str, zone: str) -> CloudFailure | None:
+        if not self._faults:
+            return None
+        pending = self._faults.get(op)
+        if not pending:
+            return None
+        for i, f in enumerate(pending):
+            if f.zone is None or f.zone == zone:
+                f.remaining -= 1
+                if f.remaining <= 0:
+                    del pending[i]
+                    if not pending:
+                        del self._faults[op]
+                return CloudFailure(f.code, f"injected {f.code} fault on {op}", zone)  # type: ignore[arg-type]
+        return None
+
+    def _enter(self, op: str, vm_id: str, zone: str) -> Any:
+        if self._record:
+            self.calls.append(SimCall(op, vm_id, zone))
+        if self._tracer is None:
+            return _NO_SPAN
+        attrs = {"cloud.provider": "sim", "cloud.zone": zone}
+        if vm_id:
+            attrs["provisioner.vm_id"] = vm_id
+        return self._tracer.start_as_current_span(_SPAN_NAMES[op], attributes=attrs)
+
+    @staticmethod
+    def _end(span: Any, result: Any) -> Any:
+        if span is not None and isinstance(result, CloudFailure) and span.is_recording():
+            span.set_attribute("cloud.failure_code", result.code)
+            span.set_status(StatusCode.ERROR, result.message)
+        return result
+
+
+def _not_found(vm_id: str, zone: str, when: str = "") -> CloudFailure:
+    return CloudFailure("not_found", f"vm {vm_id} not found in {zone}" + (f" ({when})" if when else ""), zone)

@@ -1,0 +1,1 @@
+"""A regional cluster provisioner: the pure core, its async shell and its gRPC services."""

@@ -1,0 +1,661 @@
+"""One cluster's logic: sessions, VMs, queue, culling, autoscaling. No I/O, no clock, no asyncio.
+
+The core is fed events (a request, "VM booted", "pull done", a tick) with the time they happen,
+and answers with commands for the cloud (launch, pull, wipe, delete). A thin shell carries the
+commands out and feeds the results back: the live cluster service does it with real RPCs and a
+cloud backend, the simulator with a virtual clock. Both run exactly this code.
+
+After each event the shell takes `take_commands()` and `take_changes()` (the sessions and VMs to
+persist and to tell watchers about) before acting.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from provisioner.assignment import choose_vm, queue_order
+from provisioner.autoscale import (
+    SCALE_DOWN_IDLE_S,
+    STOCKOUT_MEMORY_S,
+    PoolSnapshot,
+    pick_deletions,
+    pick_zone,
+    plan_scale,
+    zones_available,
+)
+from provisioner.cloud.base import CloudFailure, HealthReport
+from provisioner.config import ClusterConfig, PoolConfig, SessionsConfig
+from provisioner.errors import FailedPrecondition, InvalidArgument, NotFound
+from provisioner.images import ImageCatalog, Layer, LayerCache
+from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.states import SessionState, VmState
+from provisioner.validation import validate_spec
+
+S, V = SessionState, VmState
+
+# Demand counts per image decay with this half-life, so the warm mix follows recent requests.
+DEMAND_HALF_LIFE_S = 6 * 3600.0
+# Seconds from "create" to the cloud having the VM, added to boot time in estimates.
+CREATE_ESTIMATE_S = 5.0
+
+
+# Commands for the cloud. `session_id` links the work to the request's trace.
+@dataclass(frozen=True, slots=True)
+class Launch:
+    vm_id: str
+    pool: str
+    zone: str
+    images: tuple[str, ...] = ()
+    session_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pull:
+    vm_id: str
+    zone: str
+    image: str
+    layers: tuple[Layer, ...]
+    session_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Wipe:
+    vm_id: str
+    zone: str
+    session_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    vm_id: str
+    zone: str
+    session_id: str = ""
+
+
+Command = Launch | Pull | Wipe | Delete
+
+
+class IdSource:
+    """Session and VM ids. Seeded, so a replay names things the same way."""
+
+    def __init__(self, cluster: str, seed: int | None = None):
+        self.cluster = cluster
+        self._rng = random.Random(seed)
+
+    def _suffix(self) -> str:
+        return f"{self._rng.getrandbits(40):010x}"
+
+    def session(self) -> str:
+        # The id names its home cluster, so the front routes Get/Stop/Watch without a lookup.
+        return f"{self.cluster}.s-{self._suffix()}"
+
+    def vm(self, pool: str) -> str:
+        # GCE instance names: lowercase letters, digits and dashes, at most 63 characters.
+        return f"{self.cluster}-{pool}-{self._suffix()}"[:63]
+
+
+def cluster_of(session_id: str) -> str:
+    return session_id.split(".", 1)[0] if "." in session_id else ""
+
+
+@dataclass
+class PoolPolicy:
+    min_vms: int
+    max_vms: int
+    headroom_fraction: float
+    autoscaler: str
+    recycle: bool
+
+    @classmethod
+    def of(cls, p: PoolConfig) -> PoolPolicy:
+        return cls(p.min_vms, p.max_vms, p.headroom_fraction, p.autoscaler, p.recycle)
+
+
+@dataclass
+class PoolState:
+    config: PoolConfig
+    policy: PoolPolicy
+    vms: set[str] = field(default_factory=set)  # every VM of the pool not yet deleted
+    queue: set[str] = field(default_factory=set)  # queued session ids
+    stocked_out_until: dict[str, float] = field(default_factory=dict)
+    demand: dict[str, float] = field(default_factory=dict)  # decaying request counts by image
+    demand_at: float = 0.0
+
+
+class ClusterCore:
+    def __init__(self, cluster: ClusterConfig, catalog: ImageCatalog, sessions: SessionsConfig,
+                 ids: IdSource | None = None):
+        self.config = cluster
+        self.name = cluster.name
+        self.catalog = catalog
+        self.sessions_config = sessions
+        self.ids = ids or IdSource(cluster.name)
+        self.pools = {p.name: PoolState(p, PoolPolicy.of(p)) for p in cluster.pools}
+        self.sessions: dict[str, Session] = {}
+        self.by_request: dict[str, str] = {}
+        self.vms: dict[str, Vm] = {}
+        self.draining = False
+        self._commands: list[Command] = []
+        # Image a pool-filling VM pulls once booted (demand-weighted at launch time).
+        self._prewarm_target: dict[str, str] = {}
+        self._changed_sessions: dict[str, Session] = {}
+        self._changed_vms: dict[str, Vm] = {}
+
+    def restore(self, sessions: list[Session], vms: list[Vm], now: float) -> None:
+        """Rebuilds state from the store and re-issues the cloud work that was under way.
+
+        Every command is idempotent (VMs are named by our id), so repeating one that had
+        finished before the crash is harmless.
+        """
+        for vm in vms:
+            if vm.pool not in self.pools:
+                continue
+            self.vms[vm.id] = vm
+            self.pools[vm.pool].vms.add(vm.id)
+        for s in sessions:
+            self.sessions[s.id] = s
+            self.by_request[s.spec.request_id] = s.id
+            if s.state is S.QUEUED:
+                self.pools[s.pool].queue.add(s.id)
+        for vm in self.vms.values():
+            if vm.state in (V.CREATING, V.BOOTING):
+                self._commands.append(Launch(vm.id, vm.pool, vm.zone, (), vm.reserved_for))
+            elif vm.state is V.RECYCLING:
+                self._commands.append(Wipe(vm.id, vm.zone, vm.session_id))
+            elif vm.state is V.DELETING:
+                self._commands.append(Delete(vm.id, vm.zone, vm.session_id))
+            elif vm.pulling:
+                missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
+                self._commands.append(Pull(vm.id, vm.zone, vm.pulling, missing, vm.session_id))
+
+    # ---- outputs -------------------------------------------------------------------------
+
+    def take_commands(self) -> list[Command]:
+        out, self._commands = self._commands, []
+        return out
+
+    def take_changes(self) -> tuple[list[Session], list[Vm]]:
+        s, v = list(self._changed_sessions.values()), list(self._changed_vms.values())
+        self._changed_sessions, self._changed_vms = {}, {}
+        return s, v
+
+    def _session_changed(self, s: Session) -> None:
+        s.revision += 1
+        self._changed_sessions[s.id] = s
+
+    def _vm_changed(self, vm: Vm) -> None:
+        vm.revision += 1
+        self._changed_vms[vm.id] = vm
+
+    def _set_session(self, s: Session, state: SessionState, reason: str, now: float) -> None:
+        s.to(state, reason, now)
+        self._session_changed(s)
+
+    def _set_vm(self, vm: Vm, state: VmState, reason: str, now: float) -> None:
+        vm.to(state, reason, now)
+        self._vm_changed(vm)
+        if state is V.DELETED:
+            self.pools[vm.pool].vms.discard(vm.id)
+            del self.vms[vm.id]
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def validate(self, spec: SessionSpec) -> str:
+        """Checks a request against this cluster; returns the resolved image version."""
+        return validate_spec(spec, self.pools, self.catalog, self.sessions_config.max_runtime_limit_s)
+
+    def allocate(self, spec: SessionSpec, now: float, trace_context: dict[str, str] | None = None) -> Session:
+        """Creates the session (idempotent by request id) and places it at once if it can."""
+        if existing := self.by_request.get(spec.request_id):
+            return self.sessions[existing]
+        image = self.validate(spec)
+        if self.draining:
+            raise FailedPrecondition(f"cluster {self.name} is draining")
+        if spec.max_runtime_s:
+            max_runtime = spec.max_runtime_s
+        elif spec.kind is SessionKind.BATCH:
+            max_runtime = self.sessions_config.batch_max_runtime_s
+        else:
+            max_runtime = self.sessions_config.max_runtime_limit_s
+        s = Session(
+            id=self.ids.session(), spec=spec, cluster=self.name, pool=spec.accelerator, image=image,
+            created_at=now, last_activity_at=now, idle_timeout_s=self.sessions_config.idle_timeout_s,
+            max_runtime_s=max_runtime, trace_context=dict(trace_context or {}),
+        )
+        self.sessions[s.id] = s
+        self.by_request[spec.request_id] = s.id
+        pool = self.pools[s.pool]
+        self._count_demand(pool, image, now)
+        if not self._place(s, now):
+            self._enqueue(s, "waiting for capacity: the pool is at its maximum or stocked out", now)
+        return s
+
+    def get(self, session_id: str) -> Session:
+        if s := self.sessions.get(session_id):
+            return s
+        raise NotFound(f"session {session_id} not found", field="session_id")
+
+    def get_by_request(self, request_id: str) -> Session:
+        if sid := self.by_request.get(request_id):
+            return self.sessions[sid]
+        raise NotFound(f"no session for request {request_id}", field="request_id")
+
+    def touch(self, session_id: str, now: float) -> Session:
+        s = self.get(session_id)
+        if not s.terminal:
+            s.last_activity_at = now
+            self._session_changed(s)
+        return s
+
+    def stop(self, session_id: str, reason: str, now: float) -> Session:
+        """Idempotent: a session already stopping or ended is returned as it is."""
+        s = self.get(session_id)
+        if s.terminal or s.state is S.STOPPING:
+            return s
+        reason = reason or "stopped by the user"
+        if s.state is S.QUEUED:
+            self.pools[s.pool].queue.discard(s.id)
+            self._end(s, S.STOPPED, reason, now)
+            self._renumber_queue(self.pools[s.pool], now)
+        elif s.state is S.PROVISIONING:
+            vm = self.vms.get(s.vm_id)
+            if vm is not None:
+                vm.reserved_for = ""  # the VM joins the pool when it boots
+                self._vm_changed(vm)
+            s.vm_id = ""
+            self._end(s, S.STOPPED, reason, now)
+        else:
+            self._set_session(s, S.STOPPING, reason, now)
+            self._release(self.vms[s.vm_id], now)
+        return s
+
+    def _end(self, s: Session, state: SessionState, reason: str, now: float) -> None:
+        s.ended_at = now
+        self._set_session(s, state, reason, now)
+
+    # ---- placement -----------------------------------------------------------------------
+
+    def _idle_warm(self, pool: PoolState) -> list[Vm]:
+        return [vm for vid in pool.vms if (vm := self.vms[vid]).state is V.WARM
+                and not vm.pulling and vm.healthy]
+
+    def _place(self, s: Session, now: float) -> bool:
+        """Gives the session a warm VM or launches one; False when it must wait."""
+        pool = self.pools[s.pool]
+        choice = choose_vm(s.image, self._idle_warm(pool), self.catalog)
+        if choice.vm_id:
+            vm = self.vms[choice.vm_id]
+            self._assign(s, vm, choice.start, now)
+            return True
+        if not self._can_launch(pool, now):
+            return False
+        vm = self._launch(pool, now, images=(s.image,), reserved_for=s)
+        if vm is None:
+            return False
+        s.vm_id = vm.id
+        s.start = StartKind.COLD
+        s.estimated_ready_at = now + self._cold_start_s(s.image)
+        self._set_session(s, S.PROVISIONING, f"creating VM {vm.id} in {vm.zone}", now)
+        return True
+
+    def _assign(self, s: Session, vm: Vm, start: StartKind, now: float) -> None:
+        vm.session_id, vm.reserved_for = s.id, ""
+        self._set_vm(vm, V.ASSIGNED, f"assigned to session {s.id}", now)
+        s.vm_id, s.endpoint = vm.id, vm.endpoint
+        if s.start is None:
+            s.start = start
+        missing = tuple(vm.cache.missing(s.image, self.catalog))
+        if missing:
+            total = sum(layer.size_bytes for layer in missing)
+            s.pull_bytes_total, s.pull_bytes_done = total, 0
+            s.estimated_ready_at = now + total / self._bandwidth()
+            vm.pulling = s.image
+            self._set_session(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on {vm.id}", now)
+            self._commands.append(Pull(vm.id, vm.zone, s.image, missing, s.id))
+        else:
+            vm.cache.touch(s.image, self.catalog, now)
+            self._running(s, vm, now)
+
+    def _running(self, s: Session, vm: Vm, now: float) -> None:
+        s.ready_at = s.last_activity_at = s.estimated_ready_at = now
+        s.endpoint = vm.endpoint
+        how = {StartKind.WARM: "warm VM with the image", StartKind.PARTIAL: "warm VM after a partial pull",
+               StartKind.COLD: "new VM"}[s.start or StartKind.COLD]
+        self._set_session(s, S.RUNNING, f"running on {how} {vm.id}", now)
+
+    def _enqueue(self, s: Session, reason: str, now: float) -> None:
+        pool = self.pools[s.pool]
+        pool.queue.add(s.id)
+        s.vm_id = ""
+        s.estimated_ready_at = now + self._cold_start_s(s.image)
+        self._set_session(s, S.QUEUED, reason, now)
+        self._renumber_queue(pool, now)
+
+    def _renumber_queue(self, pool: PoolState, now: float) -> None:
+        for pos, s in enumerate(queue_order([self.sessions[i] for i in pool.queue]), start=1):
+            if s.queue_position != pos:
+                s.queue_position = pos
+                self._session_changed(s)
+
+    def _dispatch_queue(self, pool: PoolState, now: float) -> None:
+        if not pool.queue:
+            return
+        for s in queue_order([self.sessions[i] for i in pool.queue]):
+            if not self._place(s, now):
+                break
+            pool.queue.discard(s.id)
+        self._renumber_queue(pool, now)
+
+    # ---- VMs -----------------------------------------------------------------------------
+
+    def _pool_total(self, pool: PoolState) -> int:
+        return sum(1 for vid in pool.vms if self.vms[vid].state in
+                   (V.CREATING, V.BOOTING, V.WARM, V.ASSIGNED, V.RECYCLING))
+
+    def _can_launch(self, pool: PoolState, now: float) -> bool:
+        return (self._pool_total(pool) < pool.policy.max_vms
+                and zones_available(pool.config.zones, pool.stocked_out_until, now))
+
+    def _launch(self, pool: PoolState, now: float, images: tuple[str, ...] = (),
+                reserved_for: Session | None = None) -> Vm | None:
+        per_zone: dict[str, int] = defaultdict(int)
+        for vid in pool.vms:
+            per_zone[self.vms[vid].zone] += 1
+        zone = pick_zone(pool.config.zones, pool.stocked_out_until, per_zone, now)
+        if zone is None:
+            return None
+        vm = Vm(id=self.ids.vm(pool.config.name), cluster=self.name, pool=pool.config.name, zone=zone,
+                cache=LayerCache(pool.config.disk_cache_bytes), created_at=now,
+                reserved_for=reserved_for.id if reserved_for else "")
+        self.vms[vm.id] = vm
+        pool.vms.add(vm.id)
+        why = f"cold start for {reserved_for.id}" if reserved_for else "filling the warm pool"
+        self._set_vm(vm, V.CREATING, why, now)
+        self._commands.append(Launch(vm.id, pool.config.name, zone, images, reserved_for.id if reserved_for else ""))
+        return vm
+
+    def _release(self, vm: Vm, now: float) -> None:
+        """After a session: wipe and keep, or delete, per pool policy. Never reuse unwiped."""
+        pool = self.pools[vm.pool]
+        if pool.policy.recycle and vm.healthy:
+            self._set_vm(vm, V.RECYCLING, f"wiping after session {vm.session_id}", now)
+            self._commands.append(Wipe(vm.id, vm.zone, vm.session_id))
+        else:
+            why = "unhealthy" if not vm.healthy else "pool deletes VMs after use"
+            self._delete(vm, why, now)
+
+    def _delete(self, vm: Vm, reason: str, now: float) -> None:
+        self._set_vm(vm, V.DELETING, reason, now)
+        self._commands.append(Delete(vm.id, vm.zone, vm.session_id))
+
+    def vm_created(self, vm_id: str, endpoint: str, now: float) -> None:
+        vm = self.vms[vm_id]
+        vm.endpoint = endpoint
+        self._set_vm(vm, V.BOOTING, "the cloud accepted the create; booting", now)
+
+    def vm_ready(self, vm_id: str, now: float) -> None:
+        vm = self.vms[vm_id]
+        self._set_vm(vm, V.WARM, "booted", now)
+        s = self.sessions.get(vm.reserved_for)
+        image = self._prewarm_target.pop(vm.id, "")
+        if s is not None and s.state is S.PROVISIONING and s.vm_id == vm.id:
+            self._assign(s, vm, StartKind.COLD, now)
+            return
+        vm.reserved_for = ""
+        self._after_vm_freed(vm, now)
+        if vm.state is V.WARM:
+            self._prewarm(vm, image or self.catalog.latest, now)
+
+    def launch_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
+        """The create or the boot failed. Remember a stocked-out zone; requeue the session."""
+        vm = self.vms[vm_id]
+        pool = self.pools[vm.pool]
+        self._prewarm_target.pop(vm_id, None)
+        if failure.zone_exhausted:
+            pool.stocked_out_until[vm.zone] = now + STOCKOUT_MEMORY_S
+        created = vm.state is V.BOOTING
+        self._set_vm(vm, V.FAILED, f"{failure.code}: {failure.message}", now)
+        if created:  # something may be left in the cloud
+            self._delete(vm, "clean up after a failed boot", now)
+        else:
+            self._set_vm(vm, V.DELETED, "nothing was created", now)
+        s = self.sessions.get(vm.reserved_for)
+        if s is not None and s.state is S.PROVISIONING and s.vm_id == vm_id:
+            if not self._place(s, now):
+                self._enqueue(s, f"VM creation failed in {vm.zone} ({failure.code}); waiting for capacity", now)
+
+    def pull_progress(self, vm_id: str, bytes_done: int, now: float) -> None:
+        vm = self.vms.get(vm_id)
+        s = self.sessions.get(vm.session_id) if vm else None
+        if s is not None and s.state is S.PULLING_IMAGE:
+            s.pull_bytes_done = bytes_done
+            remaining = max(0, s.pull_bytes_total - bytes_done)
+            s.estimated_ready_at = now + remaining / self._bandwidth()
+            self._session_changed(s)
+
+    def pull_done(self, vm_id: str, image: str, now: float) -> None:
+        vm = self.vms.get(vm_id)
+        if vm is None:
+            return
+        vm.cache.add(image, self.catalog, now)
+        vm.pulling = ""
+        self._vm_changed(vm)
+        s = self.sessions.get(vm.session_id)
+        if vm.state is V.ASSIGNED and s is not None and s.state is S.PULLING_IMAGE:
+            s.pull_bytes_done = s.pull_bytes_total
+            self._running(s, vm, now)
+        elif vm.state is V.WARM:
+            self._after_vm_freed(vm, now)
+
+    def pull_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
+        vm = self.vms.get(vm_id)
+        if vm is None:
+            return
+        vm.pulling = ""
+        s = self.sessions.get(vm.session_id)
+        if vm.state in (V.WARM, V.ASSIGNED):
+            vm.session_id = ""
+            self._delete(vm, f"pull failed: {failure.code}: {failure.message}", now)
+        if s is not None and s.state is S.PULLING_IMAGE:
+            s.pull_bytes_total = s.pull_bytes_done = 0
+            if not self._place(s, now):
+                self._enqueue(s, "the image pull failed; waiting for another VM", now)
+
+    def wipe_done(self, vm_id: str, now: float) -> None:
+        vm = self.vms[vm_id]
+        s = self.sessions.get(vm.session_id)
+        vm.session_id = ""
+        self._set_vm(vm, V.WARM, "wiped", now)
+        if s is not None and s.state is S.STOPPING:
+            self._end(s, S.STOPPED, s.reason, now)
+        self._after_vm_freed(vm, now)
+
+    def wipe_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
+        vm = self.vms[vm_id]
+        s = self.sessions.get(vm.session_id)
+        self._delete(vm, f"wipe failed ({failure.code}); never reused unwiped", now)
+        if s is not None and s.state is S.STOPPING:
+            self._end(s, S.STOPPED, s.reason, now)
+
+    def vm_deleted(self, vm_id: str, now: float) -> None:
+        vm = self.vms.get(vm_id)
+        if vm is None:
+            return
+        s = self.sessions.get(vm.session_id)
+        if s is not None and s.state is S.STOPPING:
+            self._end(s, S.STOPPED, s.reason, now)
+        self._set_vm(vm, V.DELETED, "deleted", now)
+
+    def delete_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
+        vm = self.vms.get(vm_id)
+        if vm is not None and vm.state is V.DELETING:
+            self._set_vm(vm, V.FAILED, f"delete failed: {failure.code}: {failure.message}", now)
+
+    def vm_health(self, vm_id: str, report: HealthReport, now: float) -> None:
+        """An unhealthy warm VM leaves the warm set; a session on one is told and ends."""
+        vm = self.vms.get(vm_id)
+        if vm is None or report.healthy or not vm.healthy:
+            return
+        vm.healthy, vm.health_detail = False, report.detail
+        self._vm_changed(vm)
+        if vm.state is V.WARM and not vm.pulling:
+            self._delete(vm, f"unhealthy: {report.detail}", now)
+        elif vm.state is V.ASSIGNED:
+            s = self.sessions[vm.session_id]
+            self._end(s, S.FAILED, f"the VM became unhealthy: {report.detail}", now)
+            self._delete(vm, f"unhealthy: {report.detail}", now)
+
+    def _after_vm_freed(self, vm: Vm, now: float) -> None:
+        """A VM became idle and warm: queued sessions come first."""
+        if vm.state is V.WARM and not vm.healthy:
+            self._delete(vm, f"unhealthy: {vm.health_detail}", now)
+            return
+        self._dispatch_queue(self.pools[vm.pool], now)
+
+    # ---- periodic work -------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        self._cull(now)
+        for pool in self.pools.values():
+            self._dispatch_queue(pool, now)
+            self._autoscale(pool, now)
+
+    def _cull(self, now: float) -> None:
+        for s in list(self.sessions.values()):
+            if s.state is not S.RUNNING:
+                continue
+            if s.spec.kind is SessionKind.INTERACTIVE and now - s.last_activity_at >= s.idle_timeout_s:
+                self.stop(s.id, f"idle for {_minutes(s.idle_timeout_s)}", now)
+            elif s.max_runtime_s and now - s.ready_at >= s.max_runtime_s:
+                self.stop(s.id, f"reached its max runtime of {_minutes(s.max_runtime_s)}", now)
+
+    def snapshot(self, pool: PoolState) -> PoolSnapshot:
+        counts: dict[VmState, int] = defaultdict(int)
+        for vid in pool.vms:
+            counts[self.vms[vid].state] += 1
+        p = pool.policy
+        return PoolSnapshot(
+            warm=counts[V.WARM], starting=counts[V.CREATING] + counts[V.BOOTING], assigned=counts[V.ASSIGNED],
+            recycling=counts[V.RECYCLING], queued=len(pool.queue), min_vms=p.min_vms, max_vms=p.max_vms,
+            headroom_fraction=p.headroom_fraction, autoscaler=p.autoscaler,
+        )
+
+    def _autoscale(self, pool: PoolState, now: float) -> None:
+        idle = [vm for vm in self._idle_warm(pool) if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
+        plan = plan_scale(self.snapshot(pool), len(idle))
+        for image in self._prewarm_choices(pool, plan.launch, now):
+            vm = self._launch(pool, now, images=(image,))
+            if vm is None:
+                break
+            self._prewarm_target[vm.id] = image
+        demand = self._decayed_demand(pool, now)
+        for vm in pick_deletions(idle, plan.delete, demand, lambda v: v.cache.images(self.catalog)):
+            self._delete(vm, "scale-down: surplus warm VM", now)
+
+    def _prewarm_choices(self, pool: PoolState, n: int, now: float) -> list[str]:
+        """Images for n new warm VMs, in proportion to recent demand (latest when none yet)."""
+        if n <= 0:
+            return []
+        demand = self._decayed_demand(pool, now)
+        if not demand:
+            return [self.catalog.latest] * n
+        ranked = sorted(demand.items(), key=lambda kv: (-kv[1], kv[0]))
+        total = sum(demand.values())
+        out: list[str] = []
+        for image, weight in ranked:
+            out += [image] * max(1, round(n * weight / total))
+        return out[:n]
+
+    def _count_demand(self, pool: PoolState, image: str, now: float) -> None:
+        demand = self._decayed_demand(pool, now)
+        demand[image] = demand.get(image, 0.0) + 1.0
+
+    def _decayed_demand(self, pool: PoolState, now: float) -> dict[str, float]:
+        if now > pool.demand_at:
+            factor = 0.5 ** ((now - pool.demand_at) / DEMAND_HALF_LIFE_S)
+            pool.demand = {i: c * factor for i, c in pool.demand.items() if c * factor > 0.01}
+            pool.demand_at = now
+        return pool.demand
+
+    def _prewarm(self, vm: Vm, image: str, now: float) -> None:
+        """Pulls an image onto an idle warm VM ahead of demand."""
+        if vm.state is not V.WARM or vm.pulling or vm.session_id:
+            return
+        missing = tuple(vm.cache.missing(image, self.catalog))
+        if missing:
+            vm.pulling = image
+            self._vm_changed(vm)
+            self._commands.append(Pull(vm.id, vm.zone, image, missing))
+
+    # ---- operators -----------------------------------------------------------------------
+
+    def set_draining(self, draining: bool) -> None:
+        self.draining = draining
+
+    def pool(self, name: str) -> PoolState:
+        if name not in self.pools:
+            raise NotFound(f"cluster {self.name} has no pool {name!r}", field="pool")
+        return self.pools[name]
+
+    def set_policy(self, name: str, now: float, **changes) -> PoolPolicy:
+        pool = self.pool(name)
+        merged = {**vars(pool.policy), **{k: v for k, v in changes.items() if v is not None}}
+        if merged["min_vms"] < 0 or merged["max_vms"] < merged["min_vms"]:
+            raise InvalidArgument("need 0 <= min_vms <= max_vms", field="policy")
+        if merged["headroom_fraction"] < 0:
+            raise InvalidArgument("headroom_fraction must not be negative", field="policy.headroom_fraction")
+        if merged["autoscaler"] not in ("fixed", "headroom", "predictive"):
+            raise InvalidArgument("autoscaler must be fixed, headroom or predictive", field="policy.autoscaler")
+        pool.policy = PoolPolicy(**merged)
+        return pool.policy
+
+    def prewarm(self, name: str, image: str, count: int, now: float) -> list[str]:
+        """Pulls `image` onto up to `count` idle warm VMs (those missing the fewest bytes)."""
+        pool = self.pool(name)
+        version = self.catalog.resolve(image)
+        have = sum(1 for vm in self._idle_warm(pool) if vm.cache.has_image(version, self.catalog))
+        candidates = sorted((vm for vm in self._idle_warm(pool) if not vm.cache.has_image(version, self.catalog)),
+                            key=lambda vm: (self.catalog.missing_bytes(version, vm.cache.layer_ids), vm.id))
+        chosen = candidates[:max(0, count - have)]
+        for vm in chosen:
+            self._prewarm(vm, version, now)
+        self._count_demand(pool, version, now)
+        return [vm.id for vm in chosen]
+
+    def evict(self, vm_id: str, reason: str, now: float) -> Vm:
+        vm = self.vms.get(vm_id)
+        if vm is None:
+            raise NotFound(f"VM {vm_id} not found in cluster {self.name}", field="vm_id")
+        reason = reason or "evicted by an operator"
+        if vm.state is V.ASSIGNED:
+            s = self.sessions[vm.session_id]
+            if not s.terminal:
+                self._end(s, S.FAILED, f"VM evicted: {reason}", now)
+            self._delete(vm, f"evicted: {reason}", now)
+        elif vm.state in (V.WARM, V.FAILED):
+            self._delete(vm, f"evicted: {reason}", now)
+        else:
+            raise FailedPrecondition(f"VM {vm_id} is {vm.state}; evict it once it is warm or assigned",
+                                     field="vm_id")
+        return vm
+
+    # ---- estimates ----------------------------------------------------------------------
+
+    def _bandwidth(self) -> float:
+        return self.config.sim.pull_bytes_per_s
+
+    def _cold_start_s(self, image: str) -> float:
+        return CREATE_ESTIMATE_S + self.config.sim.boot_s + self.catalog.size_bytes(image) / self._bandwidth()
+
+    def cold_start_s(self) -> float:
+        return self._cold_start_s(self.catalog.latest)
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.0f}h"

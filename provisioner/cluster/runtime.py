@@ -1,0 +1,234 @@
+"""The live shell around ClusterCore: persists its changes, runs its commands on the cloud backend,
+feeds the results back, ticks it, and tells watchers. No gRPC here.
+
+Order after every event: write the changes (one transaction), wake watchers, then start the
+cloud work. So nothing is acknowledged or acted on before it is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import AsyncIterator, Awaitable, Callable
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+
+from provisioner import telemetry
+from provisioner.clock import Clock
+from provisioner.cloud.base import (
+    LABEL_CLUSTER,
+    LABEL_POOL,
+    LABEL_REQUEST,
+    LABEL_SESSION,
+    CloudBackend,
+    CloudFailure,
+    LaunchSpec,
+)
+from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, Wipe
+from provisioner.model import Session, SessionSpec, Vm
+from provisioner.states import VmState
+from provisioner.store import SqliteStore
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+HEALTH_CHECK_S = 60.0
+
+
+class ClusterRuntime:
+    def __init__(self, core: ClusterCore, backend: CloudBackend, clock: Clock, store: SqliteStore | None = None):
+        self.core = core
+        self.backend = backend
+        self.clock = clock
+        self.store = store
+        self._tasks: set[asyncio.Task] = set()
+        self._loops: list[asyncio.Task] = []
+        self._watchers: dict[str, set[asyncio.Queue]] = {}
+        self._capacity_changed = asyncio.Event()
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.store is not None:
+            name = self.core.name
+            self.core.restore(self.store.load_sessions(name), self.store.load_vms(name), self.clock.now())
+        self._apply()
+        self._loops = [
+            asyncio.create_task(self._supervise("tick", self.core.config.tick_s, self._tick)),
+            asyncio.create_task(self._supervise("health", HEALTH_CHECK_S, self._check_health)),
+        ]
+
+    async def close(self) -> None:
+        for task in [*self._loops, *self._tasks]:
+            task.cancel()
+        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+        for queues in self._watchers.values():
+            for q in queues:
+                q.put_nowait(None)
+        await self.backend.close()
+
+    async def _supervise(self, name: str, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
+        """Runs `step` every period; an escaped exception is logged and the loop goes on.
+
+        Steps never overlap: the next one starts a full period after the last one ended.
+        """
+        while True:
+            await self.clock.sleep(period_s)
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s loop of cluster %s failed; continuing", name, self.core.name)
+
+    async def _tick(self) -> None:
+        self.core.tick(self.clock.now())
+        self._apply()
+
+    async def _check_health(self) -> None:
+        for vm in list(self.core.vms.values()):
+            if vm.state in (VmState.WARM, VmState.ASSIGNED) and vm.healthy:
+                report = await self.backend.health(vm.id, vm.zone)
+                self.core.vm_health(vm.id, report, self.clock.now())
+        self._apply()
+
+    # ---- requests (called by the gRPC services) -------------------------------------------
+
+    def allocate(self, spec: SessionSpec) -> Session:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        s = self.core.allocate(spec, self.clock.now(), carrier)
+        self._apply()
+        return s
+
+    def touch(self, session_id: str) -> Session:
+        s = self.core.touch(session_id, self.clock.now())
+        self._apply()
+        return s
+
+    def stop(self, session_id: str, reason: str) -> Session:
+        s = self.core.stop(session_id, reason, self.clock.now())
+        self._apply()
+        return s
+
+    def admin(self, action: Callable[[float], object]) -> object:
+        """Runs an operator action on the core (given `now`) and applies what it changed."""
+        out = action(self.clock.now())
+        self._apply()
+        return out
+
+    async def watch(self, session_id: str, after_revision: int = 0) -> AsyncIterator[Session]:
+        """The session now (if newer than after_revision), then each change, until it ends."""
+        current = self.core.get(session_id)
+        queue: asyncio.Queue[Session | None] = asyncio.Queue()
+        self._watchers.setdefault(session_id, set()).add(queue)
+        try:
+            if current.revision > after_revision:
+                after_revision = current.revision
+                yield _snapshot(current)
+            if current.terminal:
+                return
+            while (s := await queue.get()) is not None:
+                if s.revision > after_revision:
+                    after_revision = s.revision
+                    yield s
+                if s.terminal:
+                    return
+        finally:
+            self._watchers[session_id].discard(queue)
+            if not self._watchers[session_id]:
+                del self._watchers[session_id]
+
+    async def capacity_changed(self) -> None:
+        await self._capacity_changed.wait()
+        self._capacity_changed.clear()
+
+    # ---- applying the core's output ------------------------------------------------------
+
+    def _apply(self) -> None:
+        sessions, vms = self.core.take_changes()
+        if self.store is not None:
+            self.store.save(sessions, vms)
+        for s in sessions:
+            for q in self._watchers.get(s.id, ()):
+                q.put_nowait(_snapshot(s))
+        if sessions or vms:
+            self._capacity_changed.set()
+        for cmd in self.core.take_commands():
+            task = asyncio.create_task(self._run(cmd))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, cmd: Command) -> None:
+        """Carries out one command inside the trace of the session it serves."""
+        session = self.core.sessions.get(cmd.session_id) if cmd.session_id else None
+        parent = propagate.extract(session.trace_context) if session else otel_context.Context()
+        name = f"cluster.{type(cmd).__name__.lower()}"
+        attrs = {telemetry.ATTR_CLUSTER: self.core.name, telemetry.ATTR_VM_ID: cmd.vm_id}
+        if session is not None:
+            attrs |= {telemetry.ATTR_SESSION_ID: session.id, telemetry.ATTR_POOL: session.pool,
+                      telemetry.ATTR_IMAGE: session.image}
+        with tracer.start_as_current_span(name, context=parent, attributes=attrs):
+            try:
+                match cmd:
+                    case Launch():
+                        await self._launch(cmd)
+                    case Pull():
+                        await self._pull(cmd)
+                    case Wipe():
+                        result = await self.backend.wipe(cmd.vm_id, cmd.zone)
+                        self._feed(self.core.wipe_failed if result else self.core.wipe_done, cmd.vm_id, result)
+                    case Delete():
+                        result = await self.backend.delete(cmd.vm_id, cmd.zone)
+                        self._feed(self.core.delete_failed if result else self.core.vm_deleted, cmd.vm_id, result)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("command %s failed in cluster %s", cmd, self.core.name)
+
+    def _feed(self, event: Callable, vm_id: str, failure: CloudFailure | None, *args) -> None:
+        if failure is None:
+            event(vm_id, *args, self.clock.now())
+        else:
+            event(vm_id, failure, self.clock.now())
+        self._apply()
+
+    async def _launch(self, cmd: Launch) -> None:
+        pool = self.core.pools[cmd.pool].config
+        labels = {LABEL_CLUSTER: self.core.name, LABEL_POOL: cmd.pool, LABEL_REQUEST: cmd.vm_id}
+        if cmd.session_id:
+            labels[LABEL_SESSION] = cmd.session_id.replace(".", "_")
+        spec = LaunchSpec(vm_id=cmd.vm_id, cluster=self.core.name, pool=cmd.pool, zone=cmd.zone,
+                          machine_type=pool.machine_type, accelerator=pool.accelerator,
+                          accelerator_count=pool.accelerator_count, labels=labels, images=cmd.images)
+        created = await self.backend.create(spec)
+        if isinstance(created, CloudFailure):
+            self._feed(self.core.launch_failed, cmd.vm_id, created)
+            return
+        if self.core.vms[cmd.vm_id].state is VmState.CREATING:
+            self.core.vm_created(cmd.vm_id, created.endpoint, self.clock.now())
+            self._apply()
+        ready = await self.backend.wait_ready(cmd.vm_id, cmd.zone)
+        self._feed(self.core.launch_failed if isinstance(ready, CloudFailure) else self.core.vm_ready,
+                   cmd.vm_id, ready if isinstance(ready, CloudFailure) else None)
+
+    async def _pull(self, cmd: Pull) -> None:
+        def progress(done: int) -> None:
+            self.core.pull_progress(cmd.vm_id, done, self.clock.now())
+            self._apply()
+
+        result = await self.backend.pull(cmd.vm_id, cmd.zone, cmd.layers, progress)
+        if result is None:
+            self._feed(self.core.pull_done, cmd.vm_id, None, cmd.image)
+        else:
+            self._feed(self.core.pull_failed, cmd.vm_id, result)
+
+    def vms(self) -> list[Vm]:
+        return list(self.core.vms.values())
+
+
+def _snapshot(s: Session) -> Session:
+    """A copy that later changes do not reach (watchers may read it after the next event)."""
+    return dataclasses.replace(s, history=list(s.history))

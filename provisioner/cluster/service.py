@@ -1,0 +1,231 @@
+"""The cluster's gRPC services: ClusterService for the front, AdminService for its own pools."""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+
+from provisioner import telemetry
+from provisioner.api import convert
+from provisioner.api.status import stream, unary
+from provisioner.cluster.core import PoolState
+from provisioner.cluster.runtime import ClusterRuntime
+from provisioner.errors import InvalidArgument, NotFound
+from provisioner.model import Session
+from provisioner.states import VmState
+from provisioner.v1 import admin_service_pb2 as admin_pb
+from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
+from provisioner.v1 import cluster_service_pb2 as cluster_pb
+from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
+from provisioner.v1 import types_pb2 as pb
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+DEFAULT_CAPACITY_INTERVAL_S = 1.0
+
+
+def page(items: list, page_size: int, page_token: str) -> tuple[list, str]:
+    """Offset pagination over an already ordered list; the token is the next offset."""
+    if page_size < 0:
+        raise InvalidArgument("page_size must not be negative", field="page_size")
+    size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+    try:
+        start = int(page_token) if page_token else 0
+    except ValueError:
+        raise InvalidArgument("malformed page_token", field="page_token") from None
+    end = start + size
+    return items[start:end], (str(end) if end < len(items) else "")
+
+
+def filter_sessions(sessions, user_id: str, states: list[int]) -> list[Session]:
+    wanted = {convert.session_state_from_pb(s) for s in states}
+    out = [s for s in sessions if (not user_id or s.spec.user_id == user_id) and (not wanted or s.state in wanted)]
+    out.sort(key=lambda s: (-s.created_at, s.id))
+    return out
+
+
+def _annotate(session: Session) -> None:
+    span = trace.get_current_span()
+    span.set_attributes({
+        telemetry.ATTR_SESSION_ID: session.id, telemetry.ATTR_CLUSTER: session.cluster,
+        telemetry.ATTR_POOL: session.pool, telemetry.ATTR_IMAGE: session.image,
+        telemetry.ATTR_START: session.start.value if session.start else "",
+        telemetry.ATTR_REQUEST_ID: session.spec.request_id,
+    })
+
+
+class ClusterServicer(cluster_grpc.ClusterServiceServicer):
+    def __init__(self, runtime: ClusterRuntime):
+        self.rt = runtime
+
+    @unary
+    async def Allocate(self, request, context):
+        session = self.rt.allocate(convert.spec_from_pb(request.spec))
+        _annotate(session)
+        return cluster_pb.AllocateResponse(session=convert.session_to_pb(session))
+
+    @unary
+    async def Get(self, request, context):
+        core = self.rt.core
+        match request.WhichOneof("key"):
+            case "session_id":
+                session = core.get(request.session_id)
+            case "request_id":
+                session = core.get_by_request(request.request_id)
+            case _:
+                raise InvalidArgument("give session_id or request_id", field="key")
+        return cluster_pb.GetResponse(session=convert.session_to_pb(session))
+
+    @unary
+    async def List(self, request, context):
+        sessions = filter_sessions(self.rt.core.sessions.values(), request.user_id, list(request.states))
+        items, token = page(sessions, request.page_size, request.page_token)
+        return cluster_pb.ListResponse(sessions=[convert.session_to_pb(s) for s in items], next_page_token=token)
+
+    @unary
+    async def Touch(self, request, context):
+        return cluster_pb.TouchResponse(session=convert.session_to_pb(self.rt.touch(request.session_id)))
+
+    @unary
+    async def Stop(self, request, context):
+        session = self.rt.stop(request.session_id, request.reason)
+        _annotate(session)
+        return cluster_pb.StopResponse(session=convert.session_to_pb(session))
+
+    @stream
+    async def Watch(self, request, context):
+        async for session in self.rt.watch(request.session_id, request.after_revision):
+            yield cluster_pb.WatchResponse(session=convert.session_to_pb(session))
+
+    @stream
+    async def WatchCapacity(self, request, context):
+        interval = request.min_interval_s or DEFAULT_CAPACITY_INTERVAL_S
+        while True:
+            yield cluster_pb.WatchCapacityResponse(capacity=capacity_pb(self.rt))
+            await self.rt.clock.sleep(interval)
+            await self.rt.capacity_changed()
+
+
+def pool_capacity_pb(rt: ClusterRuntime, pool: PoolState) -> pb.PoolCapacity:
+    core = rt.core
+    snap = core.snapshot(pool)
+    by_image: dict[str, int] = {}
+    unhealthy = 0
+    for vid in pool.vms:
+        vm = core.vms[vid]
+        unhealthy += not vm.healthy
+        if vm.state is VmState.WARM and not vm.pulling and vm.healthy:
+            for image in vm.cache.images(core.catalog):
+                by_image[image] = by_image.get(image, 0) + 1
+    now = rt.clock.now()
+    return pb.PoolCapacity(
+        pool=pool.config.name, accelerator=pool.config.accelerator,
+        warm_by_image=[pb.ImageCount(image=i, count=c) for i, c in sorted(by_image.items())],
+        warm=snap.warm, booting=snap.starting, assigned=snap.assigned, queued=snap.queued, unhealthy=unhealthy,
+        min_vms=pool.policy.min_vms, max_vms=pool.policy.max_vms, cold_start_s=core.cold_start_s(),
+        stocked_out_zones=sorted(z for z, until in pool.stocked_out_until.items() if until > now),
+    )
+
+
+def capacity_pb(rt: ClusterRuntime) -> pb.ClusterCapacity:
+    return pb.ClusterCapacity(
+        cluster=rt.core.name, region=rt.core.config.region, healthy=True, draining=rt.core.draining,
+        pools=[pool_capacity_pb(rt, p) for p in rt.core.pools.values()],
+        time=convert.timestamp(rt.clock.now()),
+    )
+
+
+def pool_pb(rt: ClusterRuntime, pool: PoolState) -> pb.Pool:
+    c, p = pool.config, pool.policy
+    return pb.Pool(
+        cluster=rt.core.name, name=c.name, accelerator=c.accelerator, machine_type=c.machine_type,
+        zones=list(c.zones), hourly_price_usd=c.hourly_price_usd,
+        policy=pb.PoolPolicy(min_vms=p.min_vms, max_vms=p.max_vms, headroom_fraction=p.headroom_fraction,
+                             autoscaler=p.autoscaler, recycle=p.recycle),
+        capacity=pool_capacity_pb(rt, pool),
+    )
+
+
+def cluster_pb_of(rt: ClusterRuntime, address: str) -> pb.Cluster:
+    core = rt.core
+    return pb.Cluster(name=core.name, region=core.config.region, address=address, healthy=True,
+                      draining=core.draining, pools=[pool_pb(rt, p) for p in core.pools.values()])
+
+
+class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
+    """Operator actions on this cluster. Requests naming another cluster are refused."""
+
+    def __init__(self, runtime: ClusterRuntime, address: str):
+        self.rt = runtime
+        self.address = address
+
+    def _check(self, cluster: str) -> None:
+        if cluster and cluster != self.rt.core.name:
+            raise NotFound(f"this is cluster {self.rt.core.name}, not {cluster}", field="cluster")
+
+    @unary
+    async def ListClusters(self, request, context):
+        return admin_pb.ListClustersResponse(clusters=[cluster_pb_of(self.rt, self.address)])
+
+    @unary
+    async def ListPools(self, request, context):
+        self._check(request.cluster)
+        return admin_pb.ListPoolsResponse(pools=[pool_pb(self.rt, p) for p in self.rt.core.pools.values()])
+
+    @unary
+    async def DrainCluster(self, request, context):
+        self._check(request.cluster)
+        self.rt.admin(lambda now: self.rt.core.set_draining(True))
+        return admin_pb.DrainClusterResponse(cluster=cluster_pb_of(self.rt, self.address))
+
+    @unary
+    async def UndrainCluster(self, request, context):
+        self._check(request.cluster)
+        self.rt.admin(lambda now: self.rt.core.set_draining(False))
+        return admin_pb.UndrainClusterResponse(cluster=cluster_pb_of(self.rt, self.address))
+
+    @unary
+    async def SetPoolPolicy(self, request, context):
+        self._check(request.cluster)
+        p = request.policy
+        changes = {f: getattr(p, f) for f in ("min_vms", "max_vms", "headroom_fraction", "autoscaler", "recycle")
+                   if p.HasField(f)}
+        self.rt.admin(lambda now: self.rt.core.set_policy(request.pool, now, **changes))
+        return admin_pb.SetPoolPolicyResponse(pool=pool_pb(self.rt, self.rt.core.pool(request.pool)))
+
+    @unary
+    async def PrewarmImage(self, request, context):
+        self._check(request.cluster)
+        if request.count < 0:
+            raise InvalidArgument("count must not be negative", field="count")
+        count = request.count or 1
+        vm_ids = self.rt.admin(lambda now: self.rt.core.prewarm(request.pool, request.image, count, now))
+        return admin_pb.PrewarmImageResponse(vm_ids=vm_ids)
+
+    @unary
+    async def ListVms(self, request, context):
+        self._check(request.cluster)
+        if request.pool:
+            self.rt.core.pool(request.pool)
+        states = {convert.vm_state_from_pb(s) for s in request.states}
+        vms = sorted((vm for vm in self.rt.vms() if (not request.pool or vm.pool == request.pool)
+                      and (not states or vm.state in states)), key=lambda vm: (vm.pool, vm.id))
+        catalog = self.rt.core.catalog
+        return admin_pb.ListVmsResponse(vms=[convert.vm_to_pb(vm, vm.cache.images(catalog)) for vm in vms])
+
+    @unary
+    async def EvictVm(self, request, context):
+        self._check(request.cluster)
+        vm = self.rt.admin(lambda now: self.rt.core.evict(request.vm_id, request.reason, now))
+        return admin_pb.EvictVmResponse(vm=convert.vm_to_pb(vm, vm.cache.images(self.rt.core.catalog)))
+
+
+SERVICE_NAMES = (
+    cluster_pb.DESCRIPTOR.services_by_name["ClusterService"].full_name,
+    admin_pb.DESCRIPTOR.services_by_name["AdminService"].full_name,
+)
+
+
+def register(server, runtime: ClusterRuntime, address: str):
+    cluster_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(runtime), server)
+    admin_grpc.add_AdminServiceServicer_to_server(ClusterAdminServicer(runtime, address), server)
+    return SERVICE_NAMES

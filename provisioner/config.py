@@ -1,0 +1,384 @@
+"""The fleet, declared in clusters/: one validated model per file, errors naming file and field.
+
+clusters/fleet.yaml    FleetSettings: front address, session limits, quotas, routing
+clusters/images.yaml   ImageCatalogConfig: layers and versions (oldest first)
+clusters/<name>.yaml   ClusterConfig: one regional cluster, its cloud backend and pools
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
+                      PositiveFloat, ValidationError, model_validator)
+
+from provisioner.images import LATEST, ImageCatalog, parse_ref
+
+FLEET_FILE = "fleet.yaml"
+IMAGES_FILE = "images.yaml"
+GB = 1_000_000_000  # disk and image sizes are decimal, as clouds bill them
+
+
+class ConfigError(Exception):
+    """A config file is wrong. `field` is a dotted path inside the file, e.g. `pools[1].max_vms`."""
+
+    def __init__(self, file: str | Path, field: str, reason: str,
+                 more: tuple[tuple[str, str], ...] = ()):
+        self.file = str(file)
+        self.field = field
+        self.reason = reason
+        self.errors = ((field, reason),) + tuple(more)  # every problem found, first one first
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return "\n".join(f"{self.file}: {f}: {r}" for f, r in self.errors)
+
+
+class _At(ValueError):
+    """Raised by validators to point below their own level (pydantic keeps it in the error ctx)."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(reason)
+        self.path = path
+
+
+# ---- field types -------------------------------------------------------------------------
+
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})$")
+# Names end up in VM names and session ids (`<cluster>.<id>`): DNS labels, no dots.
+_NAME = r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$"
+
+
+def _host_port(v: str) -> str:
+    m = _HOST_PORT.match(v)
+    if not m or not 1 <= int(m.group(3)) <= 65535:
+        raise ValueError(f"expected host:port with a port in 1..65535, got {v!r}")
+    return v
+
+
+Address = Annotated[str, AfterValidator(_host_port)]
+Name = Annotated[str, Field(pattern=_NAME)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- clusters/<name>.yaml ----------------------------------------------------------------
+
+class SimCloudConfig(_Model):
+    """Physics of the simulated cloud (used when backend.kind is sim, and for estimates)."""
+
+    boot_s: NonNegativeFloat = 90.0
+    boot_jitter_s: NonNegativeFloat = 10.0
+    pull_bytes_per_s: PositiveFloat = 41_666_667.0  # 25 GB in ~10 minutes
+    wipe_s: NonNegativeFloat = 20.0
+    delete_s: NonNegativeFloat = 30.0
+    stocked_out_zones: tuple[str, ...] = ()
+    launch_failure_rate: Probability = 0.0
+    seed: int = 0
+
+
+class BackendConfig(_Model):
+    kind: Literal["sim", "gce", "gke"] = "sim"
+    project: str | None = None
+    endpoint: str | None = None  # API endpoint override, for emulators and fake servers
+    gke_cluster: str | None = None
+
+
+class PoolConfig(_Model):
+    name: Name
+    accelerator: str = Field(min_length=1)  # GCE accelerator type, e.g. nvidia-tesla-t4
+    accelerator_count: int = Field(ge=1)
+    machine_type: str = Field(min_length=1)
+    zones: tuple[str, ...] = Field(min_length=1)
+    min_vms: NonNegativeInt
+    max_vms: NonNegativeInt
+    headroom_fraction: NonNegativeFloat
+    autoscaler: Literal["fixed", "headroom", "predictive"] = "headroom"
+    recycle: bool = True  # after a session: wipe and return warm (true) or delete (false)
+    hourly_price_usd: NonNegativeFloat
+    disk_cache_gb: PositiveFloat = 100.0
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolConfig:
+        if self.min_vms > self.max_vms:
+            raise _At("max_vms", f"must be >= min_vms ({self.min_vms}), got {self.max_vms}")
+        for i, z in enumerate(self.zones):
+            if z in self.zones[:i]:
+                raise _At(f"zones[{i}]", f"zone {z!r} listed twice")
+        return self
+
+    @property
+    def disk_cache_bytes(self) -> int:
+        return int(self.disk_cache_gb * GB)
+
+
+class ClusterConfig(_Model):
+    name: Name
+    region: str = Field(pattern=r"^[a-z]+-[a-z]+[0-9]+$")
+    address: Address
+    backend: BackendConfig = BackendConfig()
+    sim: SimCloudConfig = SimCloudConfig()
+    tick_s: PositiveFloat = 5.0  # control loop period
+    pools: tuple[PoolConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        prefix = self.region + "-"
+        seen: set[str] = set()
+        for i, p in enumerate(self.pools):
+            if p.name in seen:
+                raise _At(f"pools[{i}].name", f"duplicate pool name {p.name!r}")
+            seen.add(p.name)
+            for j, z in enumerate(p.zones):
+                if not z.startswith(prefix):
+                    raise _At(f"pools[{i}].zones[{j}]", f"zone {z!r} is not in region {self.region}")
+        for j, z in enumerate(self.sim.stocked_out_zones):
+            if not z.startswith(prefix):
+                raise _At(f"sim.stocked_out_zones[{j}]", f"zone {z!r} is not in region {self.region}")
+        return self
+
+    def pool(self, name: str) -> PoolConfig:
+        """A pool by name (sessions ask for `gpu-p100`, not for the accelerator type)."""
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(f"cluster {self.name} has no pool {name!r}; pools: {', '.join(self.pool_names)}")
+
+    @property
+    def pool_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.pools)
+
+
+# ---- clusters/fleet.yaml -----------------------------------------------------------------
+
+class FrontConfig(_Model):
+    address: Address = "127.0.0.1:50051"
+
+
+class SessionsConfig(_Model):
+    idle_timeout_s: PositiveFloat = 3600.0  # interactive sessions with no activity end
+    batch_max_runtime_s: PositiveFloat = 43200.0
+    max_runtime_limit_s: PositiveFloat = 86400.0  # the most any request may ask for
+
+    @model_validator(mode="after")
+    def _check(self) -> SessionsConfig:
+        if self.batch_max_runtime_s > self.max_runtime_limit_s:
+            raise _At("batch_max_runtime_s", f"must be <= max_runtime_limit_s ({self.max_runtime_limit_s})")
+        return self
+
+
+class QuotaConfig(_Model):
+    gpu_hours_per_week: NonNegativeFloat = 30.0
+    max_active_sessions_per_user: NonNegativeInt = 4
+
+
+class RegionsConfig(_Model):
+    inter_region_penalty_s: NonNegativeFloat = 30.0  # added to a remote cluster's time-to-ready
+
+
+class FleetSettings(_Model):
+    front: FrontConfig = FrontConfig()
+    sessions: SessionsConfig = SessionsConfig()
+    quotas: QuotaConfig = QuotaConfig()
+    regions: RegionsConfig = RegionsConfig()
+
+
+# ---- clusters/images.yaml ----------------------------------------------------------------
+
+class LayerConfig(_Model):
+    size_bytes: int = Field(ge=1)
+
+
+class ImageCatalogConfig(_Model):
+    latest: str
+    layers: dict[str, LayerConfig] = Field(min_length=1)
+    versions: dict[str, tuple[str, ...]] = Field(min_length=1)  # oldest first, layers bottom first
+
+    @model_validator(mode="after")
+    def _check(self) -> ImageCatalogConfig:
+        for v, ids in self.versions.items():
+            parsed = parse_ref(v)
+            if ":" not in v or parsed is None or parsed[1] == LATEST:
+                raise _At(f"versions.{v}", "expected name:version, e.g. gpu:v154")
+            if not ids:
+                raise _At(f"versions.{v}", "a version needs at least one layer")
+            for j, lid in enumerate(ids):
+                if lid not in self.layers:
+                    raise _At(f"versions.{v}[{j}]", f"unknown layer {lid!r}")
+                if lid in ids[:j]:
+                    raise _At(f"versions.{v}[{j}]", f"layer {lid!r} listed twice")
+        if self.latest not in self.versions:
+            raise _At("latest", f"{self.latest!r} is not one of the versions")
+        return self
+
+    def catalog(self) -> ImageCatalog:
+        return ImageCatalog({k: layer.size_bytes for k, layer in self.layers.items()}, self.versions, self.latest)
+
+
+# ---- the whole fleet ---------------------------------------------------------------------
+
+class FleetConfig(_Model):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    clusters: tuple[ClusterConfig, ...] = Field(min_length=1)
+    settings: FleetSettings = FleetSettings()
+    catalog: ImageCatalog
+
+    @model_validator(mode="after")
+    def _check(self) -> FleetConfig:
+        names: set[str] = set()
+        addresses = {self.settings.front.address: "settings.front.address"}
+        biggest = max(self.catalog.size_bytes(v) for v in self.catalog.versions())
+        for i, c in enumerate(self.clusters):
+            if c.name in names:
+                raise _At(f"clusters[{i}].name", f"duplicate cluster name {c.name!r}")
+            names.add(c.name)
+            if c.address in addresses:
+                raise _At(f"clusters[{i}].address", f"{c.address} is already used by {addresses[c.address]}")
+            addresses[c.address] = f"cluster {c.name}"
+            for j, p in enumerate(c.pools):
+                # A disk that cannot hold one whole image would pull on every session.
+                if p.disk_cache_bytes < biggest:
+                    raise _At(f"clusters[{i}].pools[{j}].disk_cache_gb",
+                              f"{p.disk_cache_gb} GB cannot hold the largest image ({biggest / GB:.1f} GB)")
+        return self
+
+    def cluster(self, name: str) -> ClusterConfig:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(f"no cluster {name!r} in the fleet; clusters: {', '.join(self.cluster_names)}")
+
+    @property
+    def cluster_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.clusters)
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+def default_clusters_dir() -> Path:
+    """The source tree's clusters/ (the package is installed editable, next to it)."""
+    return Path(__file__).resolve().parent.parent / "clusters"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys, which plain YAML silently lets the last one win."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(path, "<file>", "file not found") from None
+    except OSError as e:
+        raise ConfigError(path, "<file>", f"cannot read: {e.strerror or e}") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(path, "<yaml>", f"{where}{e.problem or e.context or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(path, "<yaml>", str(e)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, "<root>", f"expected a mapping, got {type(data).__name__}")
+    return data
+
+
+def _join(base: str, rest: str) -> str:
+    if not base:
+        return rest
+    if not rest:
+        return base
+    return base + rest if rest.startswith("[") else f"{base}.{rest}"
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out = _join(out, f"[{part}]" if isinstance(part, int) else str(part))
+    return out
+
+
+def _problems(e: ValidationError) -> list[tuple[str, str]]:
+    """(field, reason) for each pydantic error, in terms a config author reads."""
+    out = []
+    for err in e.errors():
+        field = _dotted(err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, _At):
+            field, reason = _join(field, cause.path), str(cause)
+        elif err["type"] == "extra_forbidden":
+            reason = "unknown field"
+        elif err["type"] == "missing":
+            reason = "required field is missing"
+        else:
+            reason = err["msg"].removeprefix("Value error, ")
+            if not isinstance(err.get("input"), (dict, list, tuple)):
+                reason += f" (got {err.get('input')!r})"
+        out.append((field or "<root>", reason))
+    return out
+
+
+def _validate(model: type[_Model], data: dict, path: Path):
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        (field, reason), *more = _problems(e)
+        raise ConfigError(path, field, reason, tuple(more)) from None
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    path = Path(path)
+    return _validate(ClusterConfig, _read_yaml(path), path)
+
+
+def load_settings(path: str | Path) -> FleetSettings:
+    path = Path(path)
+    return _validate(FleetSettings, _read_yaml(path), path)
+
+
+def load_catalog(path: str | Path) -> ImageCatalog:
+    path = Path(path)
+    return _validate(ImageCatalogConfig, _read_yaml(path), path).catalog()
+
+
+def load_fleet(directory: str | Path | None = None) -> FleetConfig:
+    """fleet.yaml, images.yaml, and every other *.yaml in `directory` as one cluster each."""
+    directory = Path(directory) if directory is not None else default_clusters_dir()
+    if not directory.is_dir():
+        raise ConfigError(directory, "<directory>", "not a directory (or missing)")
+    settings = load_settings(directory / FLEET_FILE)
+    catalog = load_catalog(directory / IMAGES_FILE)
+    files = sorted(p for p in directory.glob("*.yaml") if p.name not in (FLEET_FILE, IMAGES_FILE))
+    if not files:
+        raise ConfigError(directory, "<directory>", "no cluster files (*.yaml besides fleet.yaml and images.yaml)")
+    clusters = tuple(load_cluster(p) for p in files)
+    try:
+        return FleetConfig(clusters=clusters, settings=settings, catalog=catalog)
+    except ValidationError as e:
+        # Cross-file problems: point at the file the offending part came from.
+        (field, reason), *_ = _problems(e)
+        m = re.match(r"^clusters\[(\d+)\]\.(.*)$", field)
+        if m:
+            raise ConfigError(files[int(m.group(1))], m.group(2), reason) from None
+        if field.startswith("settings."):
+            raise ConfigError(directory / FLEET_FILE, field.removeprefix("settings."), reason) from None
+        raise ConfigError(directory, field, reason) from None

@@ -1,0 +1,1 @@
+"""The front: the public API, routing across clusters, idempotent creation."""

@@ -1,0 +1,82 @@
+"""Where a new session should go. A pure function of the request and the clusters' capacity.
+
+Clusters are ranked by expected seconds until the session runs: a warm VM with the exact image,
+then a partial pull, then a cold start, then a queue; a cluster outside the user's home region
+pays a fixed penalty; ties go to the less loaded cluster, then to the name. The front tries the
+candidates one at a time in this order (ordered spillover, never a fan-out to every cluster).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# A rough share of a full pull that a partial pull costs (consecutive versions share most layers).
+PARTIAL_PULL_SHARE = 0.2
+# Seconds to hand over a warm VM that already holds the image.
+WARM_START_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    warm_by_image: dict[str, int]
+    warm: int
+    booting: int
+    assigned: int
+    queued: int
+    max_vms: int
+    cold_start_s: float
+
+    @property
+    def room(self) -> int:
+        return self.max_vms - (self.warm + self.booting + self.assigned)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    name: str
+    region: str
+    healthy: bool
+    draining: bool
+    pools: dict[str, PoolView] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    cluster: str
+    expected_s: float
+    how: str  # warm, partial, cold, queue
+    region_penalty_s: float
+    load: float
+
+    @property
+    def score(self) -> tuple:
+        return (self.expected_s + self.region_penalty_s, self.load, self.cluster)
+
+
+def expected_start(pool: PoolView, image: str) -> tuple[float, str]:
+    if pool.warm_by_image.get(image, 0) > 0:
+        return WARM_START_S, "warm"
+    if pool.warm > 0:
+        return pool.cold_start_s * PARTIAL_PULL_SHARE, "partial"
+    if pool.room > 0:
+        return pool.cold_start_s, "cold"
+    # Queued: wait behind those already queued for VMs to come free.
+    return pool.cold_start_s * (2 + pool.queued), "queue"
+
+
+def rank(clusters: list[ClusterView], accelerator: str, image: str, region_hint: str,
+         region_required: bool, inter_region_penalty_s: float) -> list[Candidate]:
+    """Usable clusters, best first. A drained or unhealthy cluster is never a candidate."""
+    out = []
+    for c in clusters:
+        if not c.healthy or c.draining or accelerator not in c.pools:
+            continue
+        if region_required and c.region != region_hint:
+            continue
+        pool = c.pools[accelerator]
+        seconds, how = expected_start(pool, image)
+        penalty = inter_region_penalty_s if region_hint and c.region != region_hint else 0.0
+        load = (pool.assigned + pool.queued) / max(1, pool.max_vms)
+        out.append(Candidate(c.name, seconds, how, penalty, load))
+    out.sort(key=lambda cand: cand.score)
+    return out

@@ -1,0 +1,306 @@
+"""The front's public services: SessionService for clients, AdminService for operators.
+
+A new session goes to the best-ranked cluster; if that cluster refuses, the next one is tried
+within the caller's deadline. Everything about an existing session goes straight to the cluster
+its id names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import grpc
+from opentelemetry import trace
+
+from provisioner import telemetry
+from provisioner.api import convert
+from provisioner.api.status import RemoteError, stream, unary
+from provisioner.cluster.core import cluster_of
+from provisioner.cluster.service import page
+from provisioner.config import FleetConfig
+from provisioner.errors import InvalidArgument, NotFound, Unavailable
+from provisioner.front.clusters import ClusterClient
+from provisioner.front.router import rank
+from provisioner.store import SqliteStore
+from provisioner.validation import validate_spec
+from provisioner.v1 import admin_service_pb2 as admin_pb
+from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
+from provisioner.v1 import cluster_service_pb2 as cluster_pb
+from provisioner.v1 import session_service_pb2 as session_pb
+from provisioner.v1 import session_service_pb2_grpc as session_grpc
+from provisioner.v1 import types_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# Longest single attempt at one cluster, so a stuck cluster leaves time to try another.
+ATTEMPT_TIMEOUT_S = 5.0
+DEFAULT_DEADLINE_S = 30.0
+# Codes after which another cluster may well succeed.
+SPILL_CODES = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
+               grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DEADLINE_EXCEEDED}
+LIVE_STATES = [pb.SESSION_STATE_QUEUED, pb.SESSION_STATE_PROVISIONING, pb.SESSION_STATE_PULLING_IMAGE,
+               pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_STOPPING]
+WEEK_S = 7 * 24 * 3600.0
+
+
+class Fleet:
+    """The clusters the front knows, by name."""
+
+    def __init__(self, clients: list[ClusterClient]):
+        self.clients = {c.name: c for c in clients}
+
+    def get(self, name: str, field: str = "cluster") -> ClusterClient:
+        if name not in self.clients:
+            raise NotFound(f"no cluster named {name!r}", field=field)
+        return self.clients[name]
+
+    def for_session(self, session_id: str) -> ClusterClient:
+        name = cluster_of(session_id)
+        if name not in self.clients:
+            raise NotFound(f"session {session_id!r} not found (no cluster {name!r})", field="session_id")
+        return self.clients[name]
+
+    async def wait_until_ready(self, timeout_s: float) -> None:
+        """Waits (wall time) for every cluster's first capacity report, or the timeout."""
+        async def first(c: ClusterClient):
+            await c.updated.wait()
+        await asyncio.wait([asyncio.create_task(first(c)) for c in self.clients.values()], timeout=timeout_s)
+
+
+async def call(rpc, request, timeout: float | None = None):
+    """One RPC to a cluster; its error status goes back to our caller unchanged."""
+    try:
+        return await rpc(request, timeout=timeout)
+    except grpc.aio.AioRpcError as err:
+        raise RemoteError(err) from None
+
+
+def _remaining(context) -> float:
+    left = context.time_remaining()
+    return DEFAULT_DEADLINE_S if left is None else left
+
+
+class SessionServicer(session_grpc.SessionServiceServicer):
+    def __init__(self, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock):
+        self.config = config
+        self.fleet = fleet
+        self.store = store
+        self.clock = clock
+        self.pools = {p.name for c in config.clusters for p in c.pools}
+        self.limits = config.settings
+
+    @unary
+    async def CreateSession(self, request, context):
+        span = trace.get_current_span()
+        if not request.spec.request_id:
+            request.spec.request_id = str(uuid.uuid4())
+        spec = convert.spec_from_pb(request.spec)
+        image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
+        span.set_attributes({telemetry.ATTR_REQUEST_ID: spec.request_id, telemetry.ATTR_USER: spec.user_id,
+                             telemetry.ATTR_IMAGE: image, telemetry.ATTR_POOL: spec.accelerator})
+        if known := self.store.session_for_request(spec.request_id):
+            span.add_event("duplicate request", {"session.id": known})
+            resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
+            return session_pb.CreateSessionResponse(session=resp.session)
+        candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
+                          spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
+        for cand in candidates:
+            span.add_event("candidate", {"cluster": cand.cluster, "expected_s": cand.expected_s, "how": cand.how,
+                                         "region_penalty_s": cand.region_penalty_s, "load": cand.load})
+        if not candidates:
+            where = f" in {spec.region_hint}" if spec.region_required else ""
+            raise Unavailable(f"no healthy cluster{where} can take {spec.accelerator} sessions now")
+        last: Exception | None = None
+        for cand in candidates:
+            client = self.fleet.clients[cand.cluster]
+            timeout = min(ATTEMPT_TIMEOUT_S, _remaining(context))
+            if timeout <= 0:
+                break
+            span.add_event("attempt", {"cluster": cand.cluster})
+            try:
+                resp = await call(client.sessions.Allocate, cluster_pb.AllocateRequest(spec=request.spec), timeout)
+            except RemoteError as err:
+                if err.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    # The cluster may have committed before the deadline hit: ask before moving on.
+                    resp = await self._find(client, spec.request_id)
+                    if resp is None:
+                        last = err
+                        continue
+                elif err.code in SPILL_CODES:
+                    span.add_event("refused", {"cluster": cand.cluster, "code": err.code.name})
+                    last = err
+                    continue
+                else:
+                    raise
+            winner = self.store.remember_request(spec.request_id, resp.session.id, cand.cluster, self.clock.now())
+            span.set_attributes({telemetry.ATTR_SESSION_ID: winner, telemetry.ATTR_CLUSTER: cand.cluster})
+            return session_pb.CreateSessionResponse(session=resp.session)
+        if isinstance(last, RemoteError):
+            raise last
+        raise Unavailable("every candidate cluster refused the session")
+
+    async def _find(self, client: ClusterClient, request_id: str):
+        try:
+            return await call(client.sessions.Get, cluster_pb.GetRequest(request_id=request_id), ATTEMPT_TIMEOUT_S)
+        except RemoteError:
+            return None
+
+    @unary
+    async def GetSession(self, request, context):
+        resp = await call(self.fleet.for_session(request.session_id).sessions.Get,
+                          cluster_pb.GetRequest(session_id=request.session_id))
+        return session_pb.GetSessionResponse(session=resp.session)
+
+    async def _user_sessions(self, user_id: str, states) -> list[pb.Session]:
+        async def one(c: ClusterClient):
+            out, token = [], ""
+            while True:
+                resp = await call(c.sessions.List, cluster_pb.ListRequest(
+                    user_id=user_id, states=states, page_size=500, page_token=token))
+                out += resp.sessions
+                if not (token := resp.next_page_token):
+                    return out
+
+        live = [c for c in self.fleet.clients.values() if c.healthy]
+        results = await asyncio.gather(*(one(c) for c in live))
+        sessions = [s for r in results for s in r]
+        sessions.sort(key=lambda s: (-s.create_time.ToNanoseconds(), s.id))
+        return sessions
+
+    @unary
+    async def ListSessions(self, request, context):
+        if not request.user_id:
+            raise InvalidArgument("user_id must not be empty", field="user_id")
+        sessions = await self._user_sessions(request.user_id, list(request.states))
+        items, token = page(sessions, request.page_size, request.page_token)
+        return session_pb.ListSessionsResponse(sessions=items, next_page_token=token)
+
+    @stream
+    async def WatchSession(self, request, context):
+        client = self.fleet.for_session(request.session_id)
+        try:
+            async for resp in client.sessions.Watch(cluster_pb.WatchRequest(
+                    session_id=request.session_id, after_revision=request.after_revision)):
+                yield session_pb.WatchSessionResponse(session=resp.session)
+        except grpc.aio.AioRpcError as err:
+            raise RemoteError(err) from None
+
+    @unary
+    async def TouchSession(self, request, context):
+        resp = await call(self.fleet.for_session(request.session_id).sessions.Touch,
+                          cluster_pb.TouchRequest(session_id=request.session_id))
+        return session_pb.TouchSessionResponse(session=resp.session)
+
+    @unary
+    async def StopSession(self, request, context):
+        resp = await call(self.fleet.for_session(request.session_id).sessions.Stop,
+                          cluster_pb.StopRequest(session_id=request.session_id, reason=request.reason))
+        return session_pb.StopSessionResponse(session=resp.session)
+
+    @unary
+    async def GetQuota(self, request, context):
+        if not request.user_id:
+            raise InvalidArgument("user_id must not be empty", field="user_id")
+        now = self.clock.now()
+        week_start = now - (now % WEEK_S)
+        sessions = await self._user_sessions(request.user_id, [])
+        used_s = 0.0
+        for s in sessions:
+            ready = s.ready_time.ToNanoseconds() / 1e9
+            if not ready:
+                continue
+            end = s.end_time.ToNanoseconds() / 1e9 or now
+            used_s += max(0.0, end - max(ready, week_start))
+        q = self.limits.quotas
+        return session_pb.GetQuotaResponse(quota=pb.Quota(
+            user_id=request.user_id, gpu_hours_limit=q.gpu_hours_per_week, gpu_hours_used=used_s / 3600,
+            reset_time=convert.timestamp(week_start + WEEK_S), max_active_sessions=q.max_active_sessions_per_user,
+            active_sessions=sum(1 for s in sessions if s.state in LIVE_STATES)))
+
+
+class FrontAdminServicer(admin_grpc.AdminServiceServicer):
+    """Fleet-wide operator view; per-cluster actions are forwarded to the cluster."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+
+    def _targets(self, cluster: str) -> list[ClusterClient]:
+        return [self.fleet.get(cluster)] if cluster else [c for c in self.fleet.clients.values() if c.healthy]
+
+    @unary
+    async def ListClusters(self, request, context):
+        async def one(c: ClusterClient) -> pb.Cluster:
+            out = pb.Cluster(name=c.name, region=c.region, address=c.address, healthy=c.healthy,
+                             draining=bool(c.capacity and c.capacity.draining))
+            if c.healthy:
+                try:
+                    resp = await call(c.admin.ListPools, admin_pb.ListPoolsRequest(cluster=c.name), ATTEMPT_TIMEOUT_S)
+                    out.pools.extend(resp.pools)
+                except RemoteError:
+                    out.healthy = False
+            return out
+
+        clusters = await asyncio.gather(*(one(c) for c in self.fleet.clients.values()))
+        return admin_pb.ListClustersResponse(clusters=clusters)
+
+    @unary
+    async def ListPools(self, request, context):
+        results = await asyncio.gather(*(call(c.admin.ListPools, admin_pb.ListPoolsRequest(cluster=c.name))
+                                         for c in self._targets(request.cluster)))
+        return admin_pb.ListPoolsResponse(pools=[p for r in results for p in r.pools])
+
+    @unary
+    async def DrainCluster(self, request, context):
+        client = self.fleet.get(request.cluster)
+        resp = await call(client.admin.DrainCluster, request)
+        await self._refresh(client)
+        return resp
+
+    @unary
+    async def UndrainCluster(self, request, context):
+        client = self.fleet.get(request.cluster)
+        resp = await call(client.admin.UndrainCluster, request)
+        await self._refresh(client)
+        return resp
+
+    async def _refresh(self, client: ClusterClient) -> None:
+        """Lets the capacity stream carry the drain flag before we answer (bounded wait)."""
+        client.updated.clear()
+        try:
+            await asyncio.wait_for(client.updated.wait(), timeout=2.0)
+        except asyncio.TimeoutError:
+            pass
+
+    @unary
+    async def SetPoolPolicy(self, request, context):
+        return await call(self.fleet.get(request.cluster).admin.SetPoolPolicy, request)
+
+    @unary
+    async def PrewarmImage(self, request, context):
+        return await call(self.fleet.get(request.cluster).admin.PrewarmImage, request)
+
+    @unary
+    async def ListVms(self, request, context):
+        results = await asyncio.gather(*(
+            call(c.admin.ListVms, admin_pb.ListVmsRequest(cluster=c.name, pool=request.pool, states=request.states))
+            for c in self._targets(request.cluster)))
+        return admin_pb.ListVmsResponse(vms=[vm for r in results for vm in r.vms])
+
+    @unary
+    async def EvictVm(self, request, context):
+        return await call(self.fleet.get(request.cluster).admin.EvictVm, request)
+
+
+SERVICE_NAMES = (
+    session_pb.DESCRIPTOR.services_by_name["SessionService"].full_name,
+    admin_pb.DESCRIPTOR.services_by_name["AdminService"].full_name,
+)
+
+
+def register(server, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock):
+    session_grpc.add_SessionServiceServicer_to_server(SessionServicer(config, fleet, store, clock), server)
+    admin_grpc.add_AdminServiceServicer_to_server(FrontAdminServicer(fleet), server)
+    return SERVICE_NAMES

@@ -1,0 +1,242 @@
+"""Images, their layers, and a VM disk's layer cache. Pure domain: no I/O.
+
+An image version (`gpu:v154`) is an ordered stack of layers; consecutive versions share most of
+them, so a VM that holds v154 pulls only a few GB to serve v155. Both classes sit in the hot
+loops of the simulator, so per-version facts are computed once, up front.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Collection, Iterable, KeysView, Mapping, Sequence
+
+from provisioner.errors import InvalidArgument
+
+LATEST = "latest"
+# name:tag, lower-case name as in container registries; the tag is the immutable version.
+_REF = re.compile(r"^([a-z0-9][a-z0-9._/-]*):([A-Za-z0-9_][A-Za-z0-9._-]{0,127})$")
+
+
+def parse_ref(ref: str) -> tuple[str, str] | None:
+    """(name, tag) of a well-formed reference, else None. A bare name means `name:latest`."""
+    if ":" not in ref:
+        ref = f"{ref}:{LATEST}"
+    m = _REF.match(ref)
+    return (m.group(1), m.group(2)) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    id: str
+    size_bytes: int
+
+
+class ImageCatalog:
+    """Every known image version and its layers. `versions` is given oldest first."""
+
+    def __init__(self, layers: Mapping[str, int], versions: Mapping[str, Sequence[str]], latest: str):
+        for lid, size in layers.items():
+            if not isinstance(size, int) or size < 0:
+                raise ValueError(f"layer {lid!r}: size_bytes must be a non-negative int, got {size!r}")
+        if not versions:
+            raise ValueError("the catalog has no versions")
+        for version, ids in versions.items():
+            parsed = parse_ref(version)
+            if parsed is None or ":" not in version or parsed[1] == LATEST:
+                raise ValueError(f"version {version!r} is not of the form name:version")
+            unknown = [i for i in ids if i not in layers]
+            if unknown:
+                raise ValueError(f"version {version!r} uses unknown layers {unknown}")
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"version {version!r} lists a layer twice")
+        if latest not in versions:
+            raise ValueError(f"latest {latest!r} is not a catalog version")
+
+        self.latest = latest
+        self.layer_sizes: dict[str, int] = dict(layers)
+        self._versions: tuple[str, ...] = tuple(versions)
+        self._layers = {v: tuple(Layer(i, layers[i]) for i in ids) for v, ids in versions.items()}
+        self._pairs = {v: tuple((i, layers[i]) for i in ids) for v, ids in versions.items()}
+        self._ids = {v: frozenset(ids) for v, ids in versions.items()}
+        self._sizes = {v: sum(layers[i] for i in ids) for v, ids in versions.items()}
+        # `name:latest` for each image name: the configured latest for its name, else the newest.
+        self._latest_of: dict[str, str] = {}
+        for v in self._versions:
+            self._latest_of[v.split(":", 1)[0]] = v
+        self._latest_of[latest.split(":", 1)[0]] = latest
+
+    def __contains__(self, version: object) -> bool:
+        return version in self._ids
+
+    def __len__(self) -> int:
+        return len(self._versions)
+
+    def __repr__(self) -> str:
+        return f"ImageCatalog({len(self._versions)} versions, {len(self.layer_sizes)} layers, latest={self.latest})"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._latest_of)
+
+    def resolve(self, ref: str) -> str:
+        """The immutable version a reference means now; `latest` is resolved here, once."""
+        if ref in self._ids:
+            return ref
+        parsed = parse_ref(ref) if isinstance(ref, str) else None
+        if parsed is None:
+            raise InvalidArgument(f"malformed image reference {ref!r}: expected name:version, "
+                                  f"e.g. {self.latest}", field="image")
+        name, tag = parsed
+        if name not in self._latest_of:
+            raise InvalidArgument(f"unknown image {name!r}; known images: {', '.join(self.names)}",
+                                  field="image")
+        if tag == LATEST:
+            return self._latest_of[name]
+        known = [v for v in self._versions if v.startswith(name + ":")]
+        raise InvalidArgument(f"unknown image version {name}:{tag}; known: {known[0]} .. {known[-1]}",
+                              field="image")
+
+    def versions(self) -> tuple[str, ...]:
+        """Oldest to newest."""
+        return self._versions
+
+    def newest(self, n: int) -> tuple[str, ...]:
+        """The n newest versions, newest first."""
+        return self._versions[::-1][:max(0, n)]
+
+    def layers(self, version: str) -> tuple[Layer, ...]:
+        """Bottom layer first."""
+        try:
+            return self._layers[version]
+        except KeyError:
+            raise self._unknown(version) from None
+
+    def layer_ids(self, version: str) -> frozenset[str]:
+        try:
+            return self._ids[version]
+        except KeyError:
+            raise self._unknown(version) from None
+
+    def size_bytes(self, version: str) -> int:
+        try:
+            return self._sizes[version]
+        except KeyError:
+            raise self._unknown(version) from None
+
+    def missing_bytes(self, version: str, cached_layer_ids: Collection[str]) -> int:
+        """Bytes to pull for `version` onto a disk holding `cached_layer_ids`."""
+        try:
+            pairs = self._pairs[version]
+        except KeyError:
+            raise self._unknown(version) from None
+        if not cached_layer_ids:
+            return self._sizes[version]
+        return sum(size for lid, size in pairs if lid not in cached_layer_ids)
+
+    def _unknown(self, version: str) -> InvalidArgument:
+        return InvalidArgument(f"unknown image version {version!r} (resolve references first)", field="image")
+
+
+class LayerCache:
+    """The layers on one VM's disk, bounded by capacity, evicting the least recently used.
+
+    Eviction never removes a layer of the version being added, so a version bigger than the
+    disk stays whole (over capacity) rather than being half-evicted. Ties in last use go to the
+    lowest layer id, so the same operations always leave the same cache.
+    """
+
+    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used")
+
+    def __init__(self, capacity_bytes: int):
+        if capacity_bytes < 0:
+            raise ValueError("capacity_bytes must not be negative")
+        self.capacity_bytes = int(capacity_bytes)
+        self._size: dict[str, int] = {}
+        self._used_at: dict[str, float] = {}
+        self._used = 0
+
+    @property
+    def layer_ids(self) -> KeysView[str]:
+        """A live, read-only view (no copy: it is read in hot loops)."""
+        return self._size.keys()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LayerCache):
+            return NotImplemented
+        return (self.capacity_bytes, self._size, self._used_at) == (other.capacity_bytes, other._size, other._used_at)
+
+    __hash__ = None  # mutable
+
+    def __repr__(self) -> str:
+        return f"LayerCache({len(self._size)} layers, {self._used}/{self.capacity_bytes} bytes)"
+
+    def has_image(self, version: str, catalog: ImageCatalog) -> bool:
+        size = self._size
+        return all(lid in size for lid in catalog.layer_ids(version))
+
+    def missing(self, version: str, catalog: ImageCatalog) -> list[Layer]:
+        size = self._size
+        return [layer for layer in catalog.layers(version) if layer.id not in size]
+
+    def images(self, catalog: ImageCatalog) -> list[str]:
+        """Versions wholly on disk, oldest first."""
+        size = self._size
+        return [v for v in catalog.versions() if all(lid in size for lid in catalog.layer_ids(v))]
+
+    def add(self, version: str, catalog: ImageCatalog, now: float) -> list[str]:
+        """Records a pulled version; returns the evicted layer ids."""
+        return self.add_layers(catalog.layers(version), now, keep=catalog.layer_ids(version))
+
+    def add_layers(self, layers: Iterable[Layer], now: float, keep: Collection[str] = ()) -> list[str]:
+        """Adds and touches `layers`, then evicts LRU layers outside `layers` and `keep` until the
+        cache fits. Returns the evicted layer ids, in eviction order."""
+        added = set(keep)
+        for layer in layers:
+            if layer.id not in self._size:
+                self._size[layer.id] = layer.size_bytes
+                self._used += layer.size_bytes
+            self._used_at[layer.id] = now
+            added.add(layer.id)
+        evicted: list[str] = []
+        if self._used > self.capacity_bytes:
+            victims = sorted((t, lid) for lid, t in self._used_at.items() if lid not in added)
+            for _, lid in victims:
+                if self._used <= self.capacity_bytes:
+                    break
+                self._used -= self._size.pop(lid)
+                del self._used_at[lid]
+                evicted.append(lid)
+        return evicted
+
+    def touch(self, version: str, catalog: ImageCatalog, now: float) -> None:
+        """Marks the version's cached layers as used (a session started on it)."""
+        used_at = self._used_at
+        for lid in catalog.layer_ids(version):
+            if lid in used_at:
+                used_at[lid] = now
+
+    def clear(self) -> None:
+        self._size.clear()
+        self._used_at.clear()
+        self._used = 0
+
+    def to_dict(self) -> dict:
+        return {"capacity_bytes": self.capacity_bytes,
+                "layers": [[lid, self._size[lid], self._used_at[lid]] for lid in sorted(self._size)]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> LayerCache:
+        cache = cls(d["capacity_bytes"])
+        for lid, size, used_at in d.get("layers", ()):
+            cache._size[lid] = size
+            cache._used_at[lid] = used_at
+            cache._used += size
+        return cache

@@ -1,0 +1,148 @@
+"""Sessions and VMs as the cluster core keeps them. Plain data plus guarded state changes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+from provisioner.images import LayerCache
+from provisioner.states import (
+    SESSION_TRANSITIONS,
+    VM_TRANSITIONS,
+    SessionState,
+    StateChange,
+    VmState,
+    check_transition,
+)
+
+
+class SessionKind(StrEnum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class StartKind(StrEnum):
+    WARM = "warm"
+    PARTIAL = "partial"
+    COLD = "cold"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """A validated request. `image` is as asked ("gpu:latest"); the session records the version."""
+
+    request_id: str
+    user_id: str
+    accelerator: str
+    image: str
+    kind: SessionKind = SessionKind.INTERACTIVE
+    notebook_id: str = ""
+    region_hint: str = ""
+    region_required: bool = False
+    max_runtime_s: float = 0.0  # 0: the cluster default
+
+
+@dataclass(slots=True)
+class Session:
+    id: str
+    spec: SessionSpec
+    cluster: str
+    pool: str
+    image: str  # the resolved, pinned version
+    created_at: float
+    idle_timeout_s: float
+    max_runtime_s: float
+    state: SessionState | None = None
+    reason: str = ""
+    start: StartKind | None = None
+    vm_id: str = ""
+    endpoint: str = ""
+    queue_position: int = 0
+    estimated_ready_at: float = 0.0
+    pull_bytes_total: int = 0
+    pull_bytes_done: int = 0
+    ready_at: float = 0.0
+    ended_at: float = 0.0
+    last_activity_at: float = 0.0
+    history: list[StateChange] = field(default_factory=list)
+    revision: int = 0
+    # W3C trace context of the request that created it, so later work joins the same trace.
+    trace_context: dict[str, str] = field(default_factory=dict)
+
+    def to(self, state: SessionState, reason: str, now: float) -> None:
+        check_transition(SESSION_TRANSITIONS, "session", self.id, self.state, state)
+        self.state = state
+        self.reason = reason
+        self.history.append(StateChange(state.value, reason, now))
+        if state is not SessionState.QUEUED:
+            self.queue_position = 0
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in (SessionState.STOPPED, SessionState.FAILED)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["history"] = [[h.state, h.reason, h.time] for h in self.history]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Session:
+        d = dict(d)
+        spec = dict(d.pop("spec"))
+        spec["kind"] = SessionKind(spec["kind"])
+        d["spec"] = SessionSpec(**spec)
+        d["state"] = SessionState(d["state"]) if d["state"] else None
+        d["start"] = StartKind(d["start"]) if d["start"] else None
+        d["history"] = [StateChange(*h) for h in d["history"]]
+        return cls(**d)
+
+
+@dataclass(slots=True)
+class Vm:
+    id: str
+    cluster: str
+    pool: str
+    zone: str
+    cache: LayerCache
+    created_at: float
+    state: VmState | None = None
+    reason: str = ""
+    session_id: str = ""
+    # A session waiting for this VM while it is created (cold start).
+    reserved_for: str = ""
+    endpoint: str = ""
+    healthy: bool = True
+    health_detail: str = ""
+    # Image version being pulled onto the VM, if any.
+    pulling: str = ""
+    warm_since: float = 0.0
+    history: list[StateChange] = field(default_factory=list)
+    revision: int = 0
+
+    def to(self, state: VmState, reason: str, now: float) -> None:
+        check_transition(VM_TRANSITIONS, "vm", self.id, self.state, state)
+        self.state = state
+        self.reason = reason
+        self.history.append(StateChange(state.value, reason, now))
+        if state is VmState.WARM:
+            self.warm_since = now
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id, "cluster": self.cluster, "pool": self.pool, "zone": self.zone,
+            "cache": self.cache.to_dict(), "created_at": self.created_at,
+            "state": self.state.value if self.state else None, "reason": self.reason,
+            "session_id": self.session_id, "reserved_for": self.reserved_for,
+            "endpoint": self.endpoint, "healthy": self.healthy, "health_detail": self.health_detail,
+            "pulling": self.pulling, "warm_since": self.warm_since,
+            "history": [[h.state, h.reason, h.time] for h in self.history], "revision": self.revision,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Vm:
+        d = dict(d)
+        d["cache"] = LayerCache.from_dict(d["cache"])
+        d["state"] = VmState(d["state"]) if d["state"] else None
+        d["history"] = [StateChange(*h) for h in d["history"]]
+        return cls(**d)

@@ -1,0 +1,129 @@
+"""Starting the processes: one cluster, the front, or the whole local fleet in one process.
+
+This is the process edge: the only place that picks the real clock, opens the store files and
+builds cloud backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provisioner.api.server import Server
+from provisioner.clock import Clock
+from provisioner.cloud.base import CloudBackend
+from provisioner.cluster import service as cluster_service
+from provisioner.cluster.core import ClusterCore, IdSource
+from provisioner.cluster.runtime import ClusterRuntime
+from provisioner.config import ClusterConfig, FleetConfig
+from provisioner.front import service as front_service
+from provisioner.front.clusters import ClusterClient
+from provisioner.front.service import Fleet
+from provisioner.store import SqliteStore
+
+log = logging.getLogger(__name__)
+
+
+def make_backend(cluster: ClusterConfig, clock: Clock) -> CloudBackend:
+    kind = cluster.backend.kind
+    if kind == "sim":
+        from provisioner.cloud.sim import SimCloud
+
+        return SimCloud(cluster.sim, clock)
+    raise NotImplementedError(
+        f"cluster {cluster.name}: backend {kind!r} is not available in this release; use kind: sim")
+
+
+@dataclass
+class ClusterProcess:
+    config: ClusterConfig
+    runtime: ClusterRuntime
+    server: Server
+    store: SqliteStore
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.server.stop(grace_s)
+        await self.runtime.close()
+        self.store.close()
+
+
+async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: Path, *,
+                        address: str | None = None, backend: CloudBackend | None = None,
+                        tracer_provider=None) -> ClusterProcess:
+    cfg = fleet.cluster(name)
+    store = SqliteStore(Path(data_dir) / f"cluster-{name}.db")
+    core = ClusterCore(cfg, fleet.catalog, fleet.settings.sessions, IdSource(name))
+    runtime = ClusterRuntime(core, backend or make_backend(cfg, clock), clock, store)
+    await runtime.start()
+    server = Server(address or cfg.address,
+                    lambda s: cluster_service.register(s, runtime, address or cfg.address), tracer_provider)
+    await server.start()
+    log.info("cluster %s listening on %s", name, server.address)
+    return ClusterProcess(cfg, runtime, server, store)
+
+
+@dataclass
+class FrontProcess:
+    fleet: Fleet
+    server: Server
+    store: SqliteStore
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.server.stop(grace_s)
+        for client in self.fleet.clients.values():
+            await client.close()
+        self.store.close()
+
+
+async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, address: str | None = None,
+                      cluster_addresses: dict[str, str] | None = None, tracer_provider=None) -> FrontProcess:
+    addresses = {c.name: c.address for c in fleet_cfg.clusters} | (cluster_addresses or {})
+    clients = [ClusterClient(c.name, c.region, addresses[c.name], clock, tracer_provider) for c in fleet_cfg.clusters]
+    fleet = Fleet(clients)
+    for c in clients:
+        c.start()
+    store = SqliteStore(Path(data_dir) / "front.db")
+    address = address or fleet_cfg.settings.front.address
+    server = Server(address, lambda s: front_service.register(s, fleet_cfg, fleet, store, clock), tracer_provider)
+    await server.start()
+    log.info("front listening on %s", server.address)
+    return FrontProcess(fleet, server, store)
+
+
+@dataclass
+class LocalFleet:
+    front: FrontProcess
+    clusters: list[ClusterProcess] = field(default_factory=list)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.front.stop(grace_s)
+        await asyncio.gather(*(c.stop(grace_s) for c in self.clusters))
+
+
+async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, front_address: str | None = None,
+                            cluster_port_base: int | None = None, tracer_provider=None) -> LocalFleet:
+    """Every cluster of the fleet plus the front, in this process, on loopback.
+
+    `cluster_port_base` overrides the configured cluster addresses (0: any free ports).
+    """
+    clusters = []
+    for i, c in enumerate(fleet_cfg.clusters):
+        address = None if cluster_port_base is None else \
+            f"127.0.0.1:{cluster_port_base + i if cluster_port_base else 0}"
+        clusters.append(await start_cluster(fleet_cfg, c.name, clock, data_dir, address=address,
+                                            tracer_provider=tracer_provider))
+    front = await start_front(fleet_cfg, clock, data_dir, address=front_address,
+                              cluster_addresses={p.config.name: p.address for p in clusters},
+                              tracer_provider=tracer_provider)
+    await front.fleet.wait_until_ready(timeout_s=10.0)
+    return LocalFleet(front, clusters)

@@ -1,0 +1,134 @@
+"""The VM and session state machines: every allowed edge in one table, with why it exists.
+
+An edge missing from a table is a bug, and taking it raises IllegalTransition. Objects keep their
+status history (state, reason, time), which the API returns and operators read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from provisioner.errors import IllegalTransition
+
+
+class VmState(StrEnum):
+    CREATING = "creating"
+    BOOTING = "booting"
+    WARM = "warm"
+    ASSIGNED = "assigned"
+    RECYCLING = "recycling"
+    DELETING = "deleting"
+    DELETED = "deleted"
+    FAILED = "failed"
+
+
+class SessionState(StrEnum):
+    QUEUED = "queued"
+    PROVISIONING = "provisioning"
+    PULLING_IMAGE = "pulling_image"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+V = VmState
+VM_TRANSITIONS: dict[VmState | None, dict[VmState, str]] = {
+    None: {
+        V.CREATING: "record written before the cloud is asked for the VM",
+        V.WARM: "a VM found in the cloud that carries our labels was adopted",
+    },
+    V.CREATING: {
+        V.BOOTING: "the cloud accepted the create; the VM is starting",
+        V.DELETING: "the pool no longer wants the VM it asked for",
+        V.FAILED: "the create failed (stockout, quota, error)",
+    },
+    V.BOOTING: {
+        V.WARM: "booted and its agent answers",
+        V.DELETING: "shrinking, or it never became healthy",
+        V.FAILED: "the VM vanished or did not boot",
+    },
+    V.WARM: {
+        V.ASSIGNED: "given to a session",
+        V.DELETING: "scale-down, eviction or unhealthy",
+        V.FAILED: "the VM vanished (preempted, deleted outside)",
+    },
+    V.ASSIGNED: {
+        V.RECYCLING: "the session ended; wipe user data, keep the image cache",
+        V.DELETING: "the session ended and the pool deletes used VMs, or the VM is unhealthy",
+        V.FAILED: "the VM vanished under its session",
+    },
+    V.RECYCLING: {
+        V.WARM: "wiped: safe for the next user",
+        V.DELETING: "the wipe failed or the pool is shrinking: never reuse an unwiped VM",
+        V.FAILED: "the VM vanished during the wipe",
+    },
+    V.DELETING: {
+        V.DELETED: "the cloud no longer has it",
+        V.FAILED: "the delete failed for good; the reconciler retries",
+    },
+    V.DELETED: {},
+    V.FAILED: {
+        V.DELETING: "clean up whatever is left of a failed VM",
+        V.DELETED: "nothing was left in the cloud",
+    },
+}
+
+S = SessionState
+SESSION_TRANSITIONS: dict[SessionState | None, dict[SessionState, str]] = {
+    None: {
+        S.QUEUED: "nothing fits now: the pool is at its maximum or stocked out",
+        S.PROVISIONING: "a new VM is being created for the session (cold start)",
+        S.PULLING_IMAGE: "a warm VM lacking some layers was assigned (partial hit)",
+        S.RUNNING: "a warm VM holding the exact image was assigned (warm hit)",
+    },
+    S.QUEUED: {
+        S.PROVISIONING: "capacity came back and a VM is being created",
+        S.PULLING_IMAGE: "a VM freed up and lacks some layers",
+        S.RUNNING: "a VM with the exact image freed up",
+        S.STOPPED: "stopped before it got a VM",
+        S.FAILED: "waited longer than the queue allows",
+    },
+    S.PROVISIONING: {
+        S.PULLING_IMAGE: "the VM booted and pulls the image",
+        S.RUNNING: "the VM booted with the image already on disk",
+        S.QUEUED: "the VM could not be created; wait for capacity",
+        S.STOPPED: "stopped before the VM was ready; the VM joins the pool",
+        S.FAILED: "no VM could be made for it",
+    },
+    S.PULLING_IMAGE: {
+        S.RUNNING: "every layer is on disk",
+        S.QUEUED: "the VM died mid-pull; wait for another",
+        S.STOPPING: "stopped during the pull",
+        S.FAILED: "the pull failed for good",
+    },
+    S.RUNNING: {
+        S.STOPPING: "stopped by the user, idle timeout or max runtime",
+        S.FAILED: "the VM died or turned unhealthy under the session",
+    },
+    S.STOPPING: {
+        S.STOPPED: "the VM is wiped or deleted",
+        S.FAILED: "the VM could not be released cleanly",
+    },
+    S.STOPPED: {},
+    S.FAILED: {},
+}
+
+VM_ACTIVE = frozenset({V.CREATING, V.BOOTING, V.WARM, V.ASSIGNED, V.RECYCLING})
+SESSION_TERMINAL = frozenset({S.STOPPED, S.FAILED})
+# States in which a session holds (or is about to hold) a VM of its pool.
+SESSION_HOLDS_VM = frozenset({S.PROVISIONING, S.PULLING_IMAGE, S.RUNNING, S.STOPPING})
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    state: str
+    reason: str
+    time: float
+
+
+def check_transition(table: dict, kind: str, obj_id: str, old, new) -> None:
+    if new not in table.get(old, {}):
+        allowed = ", ".join(sorted(str(s) for s in table.get(old, {}))) or "none"
+        raise IllegalTransition(f"{kind} {obj_id}: {old} -> {new} is not allowed (from {old}: {allowed})")

@@ -1,0 +1,162 @@
+"""OpenTelemetry tracing: one trace follows a request from the client through the front, the
+cluster and every cloud call.
+
+W3C trace context travels in gRPC metadata, carried by the grpc.aio interceptors from
+opentelemetry-instrumentation-grpc. The exporter is chosen per process: none, console, otlp
+(OTLP over gRPC) or file (JSON lines, readable with `provisioner.traceview`).
+
+The local fleet runs the front and every cluster in one OS process with one provider, so
+service.name alone does not say which hop a span belongs to: span names (the gRPC method) and
+the attributes below (ATTR_CLUSTER above all) do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlparse
+
+from opentelemetry import trace
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_prefix
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+# Span attribute keys for the domain.
+ATTR_SESSION_ID = "session.id"
+ATTR_CLUSTER = "provisioner.cluster"
+ATTR_POOL = "provisioner.pool"
+ATTR_IMAGE = "provisioner.image"
+ATTR_START = "provisioner.start_kind"
+ATTR_REQUEST_ID = "provisioner.request_id"
+ATTR_USER = "enduser.id"
+ATTR_VM_ID = "provisioner.vm_id"
+
+EXPORTERS = ("none", "console", "otlp", "file")
+ENV_EXPORTER = "PROVISIONER_TRACES"
+ENV_FILE = "PROVISIONER_TRACES_FILE"
+ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4317"
+DEFAULT_FILE = "provisioner-traces.jsonl"
+
+# Calls that are not part of any request: probes, tooling, and the OTLP exporter's own export
+# (tracing the export would feed itself).
+_UNTRACED_SERVICE_PREFIXES = ("grpc.health.v1.Health", "grpc.reflection", "opentelemetry.proto.collector")
+_traced = negate(any_of(*(service_prefix(p) for p in _UNTRACED_SERVICE_PREFIXES)))
+
+
+def is_traced(call_details) -> bool:
+    """True if a call (handler or client call details) gets a span."""
+    return _traced(call_details)
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one JSON object per finished span to a file."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        # The batch processor exports from its own thread; console/simple from the caller's.
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        text = "".join(json.dumps(span_to_dict(s), default=str) + "\n" for s in spans)
+        try:
+            with self._lock, self.path.open("a", encoding="utf-8") as f:
+                f.write(text)
+        except OSError:
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def span_to_dict(span: ReadableSpan) -> dict:
+    ctx = span.get_span_context()
+    return {
+        "trace_id": f"{ctx.trace_id:032x}",
+        "span_id": f"{ctx.span_id:016x}",
+        "parent_span_id": f"{span.parent.span_id:016x}" if span.parent else None,
+        "name": span.name,
+        "kind": span.kind.name,
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "status": {"code": span.status.status_code.name, "description": span.status.description},
+        "attributes": dict(span.attributes or {}),
+        "events": [
+            {"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})}
+            for e in span.events
+        ],
+        "service": span.resource.attributes.get(SERVICE_NAME),
+    }
+
+
+def setup_tracing(
+    service_name: str,
+    exporter: str | None = None,
+    endpoint: str | None = None,
+    file_path: str | Path | None = None,
+) -> TracerProvider:
+    """Build a provider for this process and make it the global one if none is set yet.
+
+    A later call (several services in one process, tests) gets a working provider that is not
+    global; pass it explicitly to `server_interceptors` / `client_interceptors`.
+    """
+    kind = (exporter or os.environ.get(ENV_EXPORTER) or "none").strip().lower()
+    if kind not in EXPORTERS:
+        raise ValueError(f"unknown trace exporter {kind!r}; allowed: {', '.join(EXPORTERS)}")
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}))
+    if kind == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    elif kind == "file":
+        path = file_path or os.environ.get(ENV_FILE) or DEFAULT_FILE
+        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(path)))
+    elif kind == "otlp":
+        # Imported here: it pulls in the OTLP protos, which "none" and "file" do not need.
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
+
+        url = endpoint or os.environ.get(ENV_OTLP_ENDPOINT) or DEFAULT_OTLP_ENDPOINT
+        insecure = {"http": True, "https": False}.get(urlparse(url).scheme)
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url, insecure=insecure)))
+    # The API allows one global provider per process and only warns on a second set.
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        trace.set_tracer_provider(provider)
+    return provider
+
+
+def shutdown_tracing(provider: TracerProvider | None) -> None:
+    """Export what is buffered, then stop. Blocks: with an OTLP receiver served by this
+    thread's event loop, call it from another thread (asyncio.to_thread)."""
+    if provider is None:
+        return
+    provider.force_flush()
+    provider.shutdown()
+
+
+def server_interceptors(tracer_provider: TracerProvider | None = None) -> list:
+    """For grpc.aio.server(interceptors=...): one server span per traced call, child of the
+    caller's context from the metadata."""
+    return [aio_server_interceptor(tracer_provider=tracer_provider, filter_=_traced)]
+
+
+def client_interceptors(tracer_provider: TracerProvider | None = None) -> list:
+    """For grpc.aio.insecure_channel/secure_channel(interceptors=...): one client span per
+    traced call, its context injected into the metadata. All four call shapes are covered."""
+    return aio_client_interceptors(tracer_provider=tracer_provider, filter_=_traced)
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)
