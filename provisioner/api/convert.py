@@ -90,7 +90,7 @@ def _history(history: list[StateChange]) -> list[pb.StateChange]:
     return [pb.StateChange(state=h.state, reason=h.reason, time=timestamp(h.time)) for h in history]
 
 
-def session_to_pb(s: Session) -> pb.Session:
+def session_to_pb(s: Session, now: float) -> pb.Session:
     out = pb.Session(
         id=s.id, spec=spec_to_pb(s.spec), state=session_state_to_pb(s.state), reason=s.reason,
         cluster=s.cluster, pool=s.pool, vm_id=s.vm_id, endpoint=s.endpoint, image=s.image,
@@ -98,17 +98,17 @@ def session_to_pb(s: Session) -> pb.Session:
         estimated_ready_time=timestamp(s.estimated_ready_at), create_time=timestamp(s.created_at),
         ready_time=timestamp(s.ready_at), end_time=timestamp(s.ended_at),
         last_activity_time=timestamp(s.last_activity_at), idle_timeout=duration(s.idle_timeout_s),
-        max_runtime=duration(s.max_runtime_s), history=_history(s.history), revision=s.revision,
+        max_runtime=duration(s.max_runtime_s), history=_history(s.history), revision=s.revision, read_time=timestamp(now),
     )
     if s.pull_bytes_total:
         out.pull.CopyFrom(pb.PullProgress(bytes_total=s.pull_bytes_total, bytes_done=s.pull_bytes_done))
     return out
 
 
-def vm_to_pb(vm: Vm, images: list[str]) -> pb.Vm:
+def vm_to_pb(vm: Vm, images: list[str], now: float) -> pb.Vm:
     return pb.Vm(
         id=vm.id, cluster=vm.cluster, pool=vm.pool, zone=vm.zone, state=vm_state_to_pb(vm.state),
         reason=vm.reason, images=images, cache_bytes=vm.cache.used_bytes, session_id=vm.session_id,
         healthy=vm.healthy, health_detail=vm.health_detail, create_time=timestamp(vm.created_at),
-        history=_history(vm.history),
+        history=_history(vm.history), read_time=timestamp(now),
     )

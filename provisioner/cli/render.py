@@ -252,12 +252,19 @@ _PENDING = {
 }
 
 
+def server_now(msg, now: float) -> float:
+    """The serving cluster's clock if the message carries it: a simulated cluster's clock may run
+    faster than the wall, and its timestamps are only comparable with each other."""
+    return _epoch(msg, "read_time") or now
+
+
 def _age(then: float | None, now: float) -> str:
     return "" if then is None else format_duration(now - then)
 
 
 def session_timing(s: types_pb2.Session, now: float) -> str:
     """AGE/READY-IN: "in 1m30s" while waiting with an estimate, else time since ready/created."""
+    now = server_now(s, now)
     eta = _epoch(s, "estimated_ready_time")
     if s.state in _PENDING and eta is not None:
         return f"in {format_duration(eta - now)}"
@@ -292,6 +299,7 @@ def session_table(sessions: Iterable[types_pb2.Session], now: float) -> str:
 
 
 def session_detail(s: types_pb2.Session, now: float) -> str:
+    now = server_now(s, now)
     image = s.image or s.spec.image
     if s.image and s.spec.image and s.image != s.spec.image:
         image = f"{s.image} (asked for {s.spec.image})"
@@ -330,6 +338,7 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
 
 def progress_line(s: types_pb2.Session, now: float) -> str:
     """One line per watched change: state, queue position, pull percent, time to ready."""
+    now = server_now(s, now)
     parts = [s.id, enum_short(types_pb2.SessionState, s.state) or "unknown"]
     if s.queue_position:
         parts.append(f"queue #{s.queue_position}")
@@ -414,7 +423,7 @@ def vm_table(vms: Iterable[types_pb2.Vm], now: float) -> str:
         (
             v.id, v.cluster, v.pool, v.zone, enum_short(types_pb2.VmState, v.state) or "-",
             v.session_id or "-", ",".join(v.images) or "-",
-            _yes(v.healthy), _age(_epoch(v, "create_time"), now) or "-",
+            _yes(v.healthy), _age(_epoch(v, "create_time"), server_now(v, now)) or "-",
         )
         for v in vms
     ]

@@ -61,7 +61,7 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     async def Allocate(self, request, context):
         session = self.rt.allocate(convert.spec_from_pb(request.spec))
         _annotate(session)
-        return cluster_pb.AllocateResponse(session=convert.session_to_pb(session))
+        return cluster_pb.AllocateResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
 
     @unary
     async def Get(self, request, context):
@@ -73,28 +73,28 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
                 session = core.get_by_request(request.request_id)
             case _:
                 raise InvalidArgument("give session_id or request_id", field="key")
-        return cluster_pb.GetResponse(session=convert.session_to_pb(session))
+        return cluster_pb.GetResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
 
     @unary
     async def List(self, request, context):
         sessions = filter_sessions(self.rt.core.sessions.values(), request.user_id, list(request.states))
         items, token = page(sessions, request.page_size, request.page_token)
-        return cluster_pb.ListResponse(sessions=[convert.session_to_pb(s) for s in items], next_page_token=token)
+        return cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, self.rt.clock.now()) for s in items], next_page_token=token)
 
     @unary
     async def Touch(self, request, context):
-        return cluster_pb.TouchResponse(session=convert.session_to_pb(self.rt.touch(request.session_id)))
+        return cluster_pb.TouchResponse(session=convert.session_to_pb(self.rt.touch(request.session_id), self.rt.clock.now()))
 
     @unary
     async def Stop(self, request, context):
         session = self.rt.stop(request.session_id, request.reason)
         _annotate(session)
-        return cluster_pb.StopResponse(session=convert.session_to_pb(session))
+        return cluster_pb.StopResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
 
     @stream
     async def Watch(self, request, context):
         async for session in self.rt.watch(request.session_id, request.after_revision):
-            yield cluster_pb.WatchResponse(session=convert.session_to_pb(session))
+            yield cluster_pb.WatchResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
 
     @stream
     async def WatchCapacity(self, request, context):
@@ -210,13 +210,13 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
         vms = sorted((vm for vm in self.rt.vms() if (not request.pool or vm.pool == request.pool)
                       and (not states or vm.state in states)), key=lambda vm: (vm.pool, vm.id))
         catalog = self.rt.core.catalog
-        return admin_pb.ListVmsResponse(vms=[convert.vm_to_pb(vm, vm.cache.images(catalog)) for vm in vms])
+        return admin_pb.ListVmsResponse(vms=[convert.vm_to_pb(vm, vm.cache.images(catalog), self.rt.clock.now()) for vm in vms])
 
     @unary
     async def EvictVm(self, request, context):
         self._check(request.cluster)
         vm = self.rt.admin(lambda now: self.rt.core.evict(request.vm_id, request.reason, now))
-        return admin_pb.EvictVmResponse(vm=convert.vm_to_pb(vm, vm.cache.images(self.rt.core.catalog)))
+        return admin_pb.EvictVmResponse(vm=convert.vm_to_pb(vm, vm.cache.images(self.rt.core.catalog), self.rt.clock.now()))
 
 
 SERVICE_NAMES = (

@@ -112,7 +112,7 @@ class PullProgress(_message.Message):
     def __init__(self, bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "cluster", "pool", "vm_id", "endpoint", "image", "start", "queue_position", "estimated_ready_time", "pull", "create_time", "ready_time", "end_time", "last_activity_time", "idle_timeout", "max_runtime", "history", "revision")
+    __slots__ = ("id", "spec", "state", "reason", "cluster", "pool", "vm_id", "endpoint", "image", "start", "queue_position", "estimated_ready_time", "pull", "create_time", "ready_time", "end_time", "last_activity_time", "idle_timeout", "max_runtime", "history", "revision", "read_time")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class Session(_message.Message):
     MAX_RUNTIME_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    READ_TIME_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: SessionSpec
     state: SessionState
@@ -155,7 +156,8 @@ class Session(_message.Message):
     max_runtime: _duration_pb2.Duration
     history: _containers.RepeatedCompositeFieldContainer[StateChange]
     revision: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., reason: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., vm_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., image: _Optional[str] = ..., start: _Optional[_Union[StartKind, str]] = ..., queue_position: _Optional[int] = ..., estimated_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pull: _Optional[_Union[PullProgress, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+    read_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., reason: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., vm_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., image: _Optional[str] = ..., start: _Optional[_Union[StartKind, str]] = ..., queue_position: _Optional[int] = ..., estimated_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pull: _Optional[_Union[PullProgress, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., revision: _Optional[int] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Quota(_message.Message):
     __slots__ = ("user_id", "gpu_hours_limit", "gpu_hours_used", "reset_time", "max_active_sessions", "active_sessions")
@@ -260,7 +262,7 @@ class Pool(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., name: _Optional[str] = ..., accelerator: _Optional[str] = ..., machine_type: _Optional[str] = ..., zones: _Optional[_Iterable[str]] = ..., hourly_price_usd: _Optional[float] = ..., policy: _Optional[_Union[PoolPolicy, _Mapping]] = ..., capacity: _Optional[_Union[PoolCapacity, _Mapping]] = ...) -> None: ...
 
 class Vm(_message.Message):
-    __slots__ = ("id", "cluster", "pool", "zone", "state", "reason", "images", "cache_bytes", "session_id", "healthy", "health_detail", "create_time", "history")
+    __slots__ = ("id", "cluster", "pool", "zone", "state", "reason", "images", "cache_bytes", "session_id", "healthy", "health_detail", "create_time", "history", "read_time")
     ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +276,7 @@ class Vm(_message.Message):
     HEALTH_DETAIL_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    READ_TIME_FIELD_NUMBER: _ClassVar[int]
     id: str
     cluster: str
     pool: str
@@ -287,7 +290,8 @@ class Vm(_message.Message):
     health_detail: str
     create_time: _timestamp_pb2.Timestamp
     history: _containers.RepeatedCompositeFieldContainer[StateChange]
-    def __init__(self, id: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[VmState, str]] = ..., reason: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., cache_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_detail: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ...) -> None: ...
+    read_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[VmState, str]] = ..., reason: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., cache_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_detail: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("name", "region", "address", "healthy", "draining", "pools")

@@ -1,0 +1,195 @@
+"""Server commands: `up` (the local fleet in one process), `serve front|cluster`, and `trace`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_DATA_DIR = ".data"
+# The local fleet runs model time 30x faster than the wall: a 90 s boot takes 3 s and a full
+# 10-minute image pull 20 s, so a demo never waits minutes (idle culling after 2 real minutes).
+UP_TIME_SCALE = 30.0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    up = sub.add_parser("up", help="run the local fleet: the front and every cluster, on the simulated cloud")
+    _common(up, UP_TIME_SCALE)
+    up.add_argument("--front-address", default=None, help="where the front listens (default: fleet.yaml)")
+    up.set_defaults(func=cmd_up)
+
+    serve = sub.add_parser("serve", help="run one service of a fleet as its own process")
+    kinds = serve.add_subparsers(dest="service", metavar="SERVICE", required=True)
+    front = kinds.add_parser("front", help="the front router")
+    _common(front, 1.0)
+    front.add_argument("--address", default=None, help="where to listen (default: fleet.yaml)")
+    front.add_argument("--cluster", action="append", default=[], metavar="NAME=ADDRESS",
+                       help="reach a cluster at this address instead of the configured one (repeatable)")
+    front.set_defaults(func=cmd_serve_front)
+    cluster = kinds.add_parser("cluster", help="one regional cluster provisioner")
+    _common(cluster, 1.0)
+    cluster.add_argument("--name", required=True, help="the cluster, as named in clusters/")
+    cluster.add_argument("--address", default=None, help="where to listen (default: its clusters/ file)")
+    cluster.set_defaults(func=cmd_serve_cluster)
+
+    trace = sub.add_parser("trace", help="show the spans of a session's requests as a tree")
+    trace.add_argument("session_id")
+    trace.add_argument("--file", default=None, help=f"span file (default: {DEFAULT_DATA_DIR}/traces.jsonl)")
+    trace.set_defaults(func=cmd_trace)
+
+
+def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
+    p.add_argument("--clusters", default=None, help="fleet config directory (default: the shipped clusters/)")
+    p.add_argument("--data-dir", default=os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR),
+                   help="where the SQLite databases and the span file go (env PROVISIONER_DATA_DIR)")
+    p.add_argument("--time-scale", type=float, default=time_scale,
+                   help=f"model seconds per wall second for the simulated cloud (default {time_scale:g})")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _setup(args, service: str):
+    from provisioner import telemetry
+    from provisioner.clock import RealClock
+    from provisioner.config import ConfigError, load_fleet
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        fleet = load_fleet(args.clusters)
+    except ConfigError as e:
+        raise SystemExit(f"error: bad fleet config:\n{e}") from None
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    exporter = getattr(args, "traces", None) or os.environ.get("PROVISIONER_TRACES") or "file"
+    provider = telemetry.setup_tracing(service, exporter=exporter, file_path=data_dir / "traces.jsonl")
+    if args.time_scale <= 0:
+        raise SystemExit("error: --time-scale must be > 0")
+    return fleet, data_dir, RealClock(args.time_scale), provider, exporter
+
+
+async def _run_until_signalled(stop_all) -> None:
+    from provisioner.api.server import stop_event_on_signals
+
+    stop = stop_event_on_signals()
+    await stop.wait()
+    print("draining: finishing in-flight requests...", file=sys.stderr)
+    await stop_all()
+    print("stopped", file=sys.stderr)
+
+
+def cmd_up(args) -> int:
+    fleet, data_dir, clock, provider, exporter = _setup(args, "provisioner")
+
+    async def run() -> None:
+        from provisioner.serve import start_local_fleet
+
+        local = await start_local_fleet(fleet, clock, data_dir, front_address=args.front_address,
+                                        tracer_provider=provider)
+        print(f"front     {local.front.address}   (public SessionService, AdminService)")
+        for c in local.clusters:
+            print(f"cluster   {c.address}   {c.config.name}: "
+                  f"{', '.join(p.name for p in c.config.pools)} on the simulated cloud")
+        print(f"data      {data_dir}/   (SQLite: front.db, cluster-*.db)")
+        if exporter == "file":
+            print(f"traces    {data_dir}/traces.jsonl   (provisioner trace SESSION_ID)")
+        print(f"time      x{args.time_scale:g} (model seconds per wall second)")
+        await _wait_warm(local)
+        print(f"ready: try  provisioner session create --user alice --accelerator gpu-p100 "
+              f"--image gpu:latest --wait   (Ctrl-C stops the fleet)", flush=True)
+        await _run_until_signalled(local.stop)
+
+    try:
+        asyncio.run(run())
+    finally:
+        _flush(provider)
+    return 0
+
+
+async def _wait_warm(local) -> None:
+    """Shows the pools filling until each holds its minimum of warm VMs with the latest image."""
+    last = ""
+    for _ in range(600):
+        parts, done = [], True
+        for c in local.clusters:
+            core = c.runtime.core
+            for pool in core.pools.values():
+                warm = sum(1 for vid in pool.vms if core.vms[vid].state.value == "warm"
+                           and core.vms[vid].cache.has_image(core.catalog.latest, core.catalog))
+                done &= warm >= pool.policy.min_vms
+                parts.append(f"{core.name}/{pool.config.name} {warm}/{pool.policy.min_vms}")
+        line = "warming pools: " + "  ".join(parts)
+        if line != last:
+            print(line, file=sys.stderr, flush=True)
+            last = line
+        if done:
+            return
+        await asyncio.sleep(0.5)
+
+
+def cmd_serve_cluster(args) -> int:
+    fleet, data_dir, clock, provider, _ = _setup(args, f"provisioner-cluster-{args.name}")
+    if args.name not in fleet.cluster_names:
+        raise SystemExit(f"error: no cluster {args.name!r} in the fleet; clusters: {', '.join(fleet.cluster_names)}")
+
+    async def run() -> None:
+        from provisioner.serve import start_cluster
+
+        proc = await start_cluster(fleet, args.name, clock, data_dir, address=args.address, tracer_provider=provider)
+        print(f"cluster {args.name} listening on {proc.address}", flush=True)
+        await _run_until_signalled(proc.stop)
+
+    try:
+        asyncio.run(run())
+    finally:
+        _flush(provider)
+    return 0
+
+
+def cmd_serve_front(args) -> int:
+    fleet, data_dir, clock, provider, _ = _setup(args, "provisioner-front")
+    overrides = {}
+    for item in args.cluster:
+        name, sep, address = item.partition("=")
+        if not sep or name not in fleet.cluster_names:
+            raise SystemExit(f"error: --cluster wants NAME=ADDRESS with NAME one of {', '.join(fleet.cluster_names)}")
+        overrides[name] = address
+
+    async def run() -> None:
+        from provisioner.serve import start_front
+
+        proc = await start_front(fleet, clock, data_dir, address=args.address, cluster_addresses=overrides,
+                                 tracer_provider=provider)
+        print(f"front listening on {proc.address}", flush=True)
+        await _run_until_signalled(proc.stop)
+
+    try:
+        asyncio.run(run())
+    finally:
+        _flush(provider)
+    return 0
+
+
+def cmd_trace(args) -> int:
+    from provisioner import traceview
+
+    path = Path(args.file or Path(os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR)) / "traces.jsonl")
+    if not path.exists():
+        print(f"error: no span file at {path} (run the services with --traces file)", file=sys.stderr)
+        return 1
+    spans = traceview.load_spans(path)
+    traces = traceview.find_traces(spans, args.session_id)
+    if not traces:
+        print(f"error: no spans for session {args.session_id} in {path}", file=sys.stderr)
+        return 1
+    for trace_id in traces:
+        print(traceview.render_tree(spans, trace_id))
+    return 0
+
+
+def _flush(provider) -> None:
+    from provisioner import telemetry
+
+    telemetry.shutdown_tracing(provider)
