@@ -22,4 +22,7 @@ def validate_spec(spec: SessionSpec, pools: Collection[str], catalog: ImageCatal
         raise InvalidArgument("max_runtime must not be negative", field="spec.max_runtime")
     if spec.max_runtime_s > max_runtime_limit_s:
         raise InvalidArgument(f"max_runtime exceeds the limit of {max_runtime_limit_s:.0f}s", field="spec.max_runtime")
-    return catalog.resolve(spec.image)
+    try:
+        return catalog.resolve(spec.image)
+    except InvalidArgument as err:
+        raise InvalidArgument(err.message, field="spec.image") from None

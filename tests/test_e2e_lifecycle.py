@@ -1,0 +1,165 @@
+"""End to end over real gRPC on loopback: the front, three clusters, the simulated cloud."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_status import rpc_status
+from google.rpc import error_details_pb2
+
+from conftest import fleet_config, start_fleet
+from provisioner.v1 import admin_service_pb2 as admin_pb
+from provisioner.v1 import session_service_pb2 as s_pb
+from provisioner.v1 import types_pb2 as pb
+
+S = pb.SessionState
+
+
+async def test_warm_create_is_running_at_once_and_stop_recycles_the_vm(local_fleet):
+    session = await local_fleet.create(image="gpu:latest", region_hint="us-central1")
+    assert session.state == pb.SESSION_STATE_RUNNING
+    assert session.start == pb.START_KIND_WARM
+    assert session.cluster == "us-central1" and session.id.startswith("us-central1.")
+    assert session.image == "gpu:v160" and session.spec.image == "gpu:latest"
+    assert session.endpoint
+
+    stopped = await local_fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=session.id))
+    assert stopped.session.state in (pb.SESSION_STATE_STOPPING, pb.SESSION_STATE_STOPPED)
+    updates = await local_fleet.watch_until(session.id, pb.SESSION_STATE_STOPPED)
+    assert updates[-1].state == pb.SESSION_STATE_STOPPED
+    # The pool recycles: the same VM is wiped and warm again, its image cache kept.
+    vms = await local_fleet.admin.ListVms(admin_pb.ListVmsRequest(cluster="us-central1", pool="gpu-p100"))
+    vm = next(v for v in vms.vms if v.id == session.vm_id)
+    assert vm.state == pb.VM_STATE_WARM and not vm.session_id
+    assert "gpu:v160" in vm.images
+    assert [h.state for h in vm.history][-3:] == ["assigned", "recycling", "warm"]
+
+
+async def test_stop_is_idempotent(local_fleet):
+    session = await local_fleet.create()
+    first = await local_fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=session.id))
+    second = await local_fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=session.id))
+    assert second.session.revision >= first.session.revision
+    assert second.session.state in (pb.SESSION_STATE_STOPPING, pb.SESSION_STATE_STOPPED)
+
+
+async def test_cold_image_shows_provisioning_and_pulling_before_running(tmp_path):
+    # No warm pool at all, and the pool deletes VMs after use: every session starts cold.
+    def cold(cluster: dict) -> None:
+        for pool in cluster["pools"]:
+            pool.update(min_vms=0, headroom_fraction=0.0, recycle=False)
+
+    fleet = await start_fleet(fleet_config(tmp_path, cold), tmp_path / "data")
+    try:
+        session = await fleet.create(image="gpu:v120", accelerator="gpu-t4x2", region_hint="europe-west4",
+                                     region_required=True)
+        assert session.state == pb.SESSION_STATE_PROVISIONING
+        assert session.start == pb.START_KIND_COLD
+        assert session.HasField("estimated_ready_time")
+        updates = await fleet.watch_until(session.id, pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_FAILED)
+        states = [u.state for u in updates]
+        assert states[0] == pb.SESSION_STATE_PROVISIONING
+        assert pb.SESSION_STATE_PULLING_IMAGE in states
+        assert states[-1] == pb.SESSION_STATE_RUNNING
+        pulls = [u.pull.bytes_done for u in updates if u.state == pb.SESSION_STATE_PULLING_IMAGE]
+        assert pulls == sorted(pulls) and len(pulls) > 2  # progress is visible and only grows
+        history = [h.state for h in updates[-1].history]
+        assert history == ["provisioning", "pulling_image", "running"]
+
+        await fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=session.id))
+        await fleet.watch_until(session.id, pb.SESSION_STATE_STOPPED)
+        # recycle: false, so the VM is deleted rather than returned to the pool.
+        core = fleet.cluster("europe-west4").runtime.core
+        assert session.vm_id not in core.vms
+        vms = await fleet.admin.ListVms(admin_pb.ListVmsRequest(cluster="europe-west4"))
+        assert session.vm_id not in [v.id for v in vms.vms]
+    finally:
+        await fleet.channel.close()
+        await fleet.fleet.stop(0.5)
+
+
+async def test_get_list_touch_and_watch_resume(local_fleet):
+    a = await local_fleet.create(user_id="carol", image="gpu:latest")
+    b = await local_fleet.create(user_id="carol", image="gpu:latest", accelerator="gpu-t4x2")
+    await local_fleet.create(user_id="dave")
+    got = await local_fleet.sessions.GetSession(s_pb.GetSessionRequest(session_id=a.id))
+    assert got.session.id == a.id and got.session.spec.user_id == "carol"
+
+    listed = await local_fleet.sessions.ListSessions(s_pb.ListSessionsRequest(user_id="carol", page_size=1))
+    assert len(listed.sessions) == 1 and listed.next_page_token
+    rest = await local_fleet.sessions.ListSessions(
+        s_pb.ListSessionsRequest(user_id="carol", page_size=1, page_token=listed.next_page_token))
+    assert {listed.sessions[0].id, rest.sessions[0].id} == {a.id, b.id} and not rest.next_page_token
+    running = await local_fleet.sessions.ListSessions(
+        s_pb.ListSessionsRequest(user_id="carol", states=[pb.SESSION_STATE_STOPPED]))
+    assert list(running.sessions) == []
+
+    touched = await local_fleet.sessions.TouchSession(s_pb.TouchSessionRequest(session_id=a.id))
+    assert touched.session.last_activity_time.ToNanoseconds() >= a.last_activity_time.ToNanoseconds()
+
+    # A watcher that reconnects with the revision it last saw gets only what is newer.
+    stream = local_fleet.sessions.WatchSession(
+        s_pb.WatchSessionRequest(session_id=a.id, after_revision=touched.session.revision))
+    await local_fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=a.id))
+    first = await asyncio.wait_for(stream.read(), 5)
+    assert first.session.revision > touched.session.revision
+    stream.cancel()
+
+    quota = await local_fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="carol"))
+    assert quota.quota.gpu_hours_limit == 30 and quota.quota.active_sessions >= 1
+
+
+async def test_create_is_idempotent_by_request_id(local_fleet):
+    first = await local_fleet.create(request_id="same-key")
+    again = await local_fleet.create(request_id="same-key")
+    assert again.id == first.id
+    core = local_fleet.cluster(first.cluster).runtime.core
+    assert sum(1 for s in core.sessions.values() if s.spec.request_id == "same-key") == 1
+
+
+def _field_of(err: grpc.aio.AioRpcError) -> str:
+    status = rpc_status.from_call(err)
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            return bad.field_violations[0].field
+    raise AssertionError("no BadRequest detail")
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"accelerator": "gpu-h100"}, "spec.accelerator"),
+    ({"image": "gpu:v999"}, "spec.image"),
+    ({"image": "cuda:v150"}, "spec.image"),
+    ({"image": ""}, "spec.image"),
+    ({"user_id": ""}, "spec.user_id"),
+    ({"max_runtime": {"seconds": -60}}, "spec.max_runtime"),
+])
+async def test_bad_input_is_invalid_argument_naming_the_field_and_creates_nothing(local_fleet, spec, field):
+    before = {c.config.name: len(c.runtime.core.sessions) for c in local_fleet.fleet.clusters}
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await local_fleet.create(**spec)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _field_of(info.value) == field
+    assert field.split(".")[-1] in info.value.details() or field == "spec.image"
+    after = {c.config.name: len(c.runtime.core.sessions) for c in local_fleet.fleet.clusters}
+    assert after == before
+
+
+async def test_unknown_session_is_not_found(local_fleet):
+    for sid in ("us-central1.s-nope", "mars-1.s-nope", "garbage"):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await local_fleet.sessions.GetSession(s_pb.GetSessionRequest(session_id=sid))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_deadline_is_honoured(local_fleet):
+    # A watch with a short deadline ends with DEADLINE_EXCEEDED rather than hanging.
+    session = await local_fleet.create()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in local_fleet.sessions.WatchSession(s_pb.WatchSessionRequest(session_id=session.id),
+                                                         timeout=0.3):
+            pass
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
