@@ -26,12 +26,15 @@ from provisioner.store import SqliteStore
 log = logging.getLogger(__name__)
 
 
-def make_backend(cluster: ClusterConfig, clock: Clock) -> CloudBackend:
+def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None) -> CloudBackend:
     kind = cluster.backend.kind
     if kind == "sim":
+        from opentelemetry import trace
+
         from provisioner.cloud.sim import SimCloud
 
-        return SimCloud(cluster.sim, clock)
+        return SimCloud(cluster.sim, clock, tracer=trace.get_tracer("provisioner.cloud.sim",
+                                                                   tracer_provider=tracer_provider))
     raise NotImplementedError(
         f"cluster {cluster.name}: backend {kind!r} is not available in this release; use kind: sim")
 
@@ -59,7 +62,8 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
     cfg = fleet.cluster(name)
     store = SqliteStore(Path(data_dir) / f"cluster-{name}.db")
     core = ClusterCore(cfg, fleet.catalog, fleet.settings.sessions, IdSource(name))
-    runtime = ClusterRuntime(core, backend or make_backend(cfg, clock), clock, store)
+    runtime = ClusterRuntime(core, backend or make_backend(cfg, clock, tracer_provider), clock, store,
+                             tracer_provider)
     await runtime.start()
     server = Server(address or cfg.address,
                     lambda s: cluster_service.register(s, runtime, address or cfg.address), tracer_provider)

@@ -32,14 +32,15 @@ from provisioner.states import VmState
 from provisioner.store import SqliteStore
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer(__name__)
 
 HEALTH_CHECK_S = 60.0
 
 
 class ClusterRuntime:
-    def __init__(self, core: ClusterCore, backend: CloudBackend, clock: Clock, store: SqliteStore | None = None):
+    def __init__(self, core: ClusterCore, backend: CloudBackend, clock: Clock, store: SqliteStore | None = None,
+                 tracer_provider: trace.TracerProvider | None = None):
         self.core = core
+        self.tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         self.backend = backend
         self.clock = clock
         self.store = store
@@ -170,7 +171,7 @@ class ClusterRuntime:
         if session is not None:
             attrs |= {telemetry.ATTR_SESSION_ID: session.id, telemetry.ATTR_POOL: session.pool,
                       telemetry.ATTR_IMAGE: session.image}
-        with tracer.start_as_current_span(name, context=parent, attributes=attrs):
+        with self.tracer.start_as_current_span(name, context=parent, attributes=attrs):
             try:
                 match cmd:
                     case Launch():

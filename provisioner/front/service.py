@@ -136,7 +136,9 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                 else:
                     raise
             winner = self.store.remember_request(spec.request_id, resp.session.id, cand.cluster, self.clock.now())
-            span.set_attributes({telemetry.ATTR_SESSION_ID: winner, telemetry.ATTR_CLUSTER: cand.cluster})
+            span.set_attributes({telemetry.ATTR_SESSION_ID: winner, telemetry.ATTR_CLUSTER: cand.cluster,
+                                 telemetry.ATTR_START: pb.StartKind.Name(resp.session.start)
+                                 .removeprefix("START_KIND_").lower()})
             return session_pb.CreateSessionResponse(session=resp.session)
         if isinstance(last, RemoteError):
             raise last
