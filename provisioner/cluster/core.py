@@ -30,6 +30,7 @@ from provisioner.config import ClusterConfig, PoolConfig, SessionsConfig
 from provisioner.errors import FailedPrecondition, InvalidArgument, NotFound
 from provisioner.images import ImageCatalog, Layer, LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.prewarm import IdleVm, plan_prewarm
 from provisioner.states import SessionState, VmState
 from provisioner.validation import validate_spec
 
@@ -37,6 +38,8 @@ S, V = SessionState, VmState
 
 # Demand counts per image decay with this half-life, so the warm mix follows recent requests.
 DEMAND_HALF_LIFE_S = 6 * 3600.0
+# Prewarm pulls a pool starts per tick: enough to follow demand, few enough not to churn.
+PREWARM_PULLS_PER_TICK = 2
 # Seconds from "create" to the cloud having the VM, added to boot time in estimates.
 CREATE_ESTIMATE_S = 5.0
 
@@ -521,6 +524,7 @@ class ClusterCore:
         for pool in self.pools.values():
             self._dispatch_queue(pool, now)
             self._autoscale(pool, now)
+            self._rebalance_images(pool, now)
 
     def _cull(self, now: float) -> None:
         for s in list(self.sessions.values()):
@@ -553,6 +557,14 @@ class ClusterCore:
         demand = self._decayed_demand(pool, now)
         for vm in pick_deletions(idle, plan.delete, demand, lambda v: v.cache.images(self.catalog)):
             self._delete(vm, "scale-down: surplus warm VM", now)
+
+    def _rebalance_images(self, pool: PoolState, now: float) -> None:
+        """Pulls demanded images onto idle warm VMs so the warm mix follows recent demand."""
+        idle = [IdleVm(vm.id, frozenset(vm.cache.layer_ids), frozenset(vm.cache.images(self.catalog)),
+                       vm.cache.capacity_bytes - vm.cache.used_bytes) for vm in self._idle_warm(pool)]
+        demand = self._decayed_demand(pool, now)
+        for vm_id, image in plan_prewarm(idle, demand, self.catalog, PREWARM_PULLS_PER_TICK):
+            self._prewarm(self.vms[vm_id], image, now)
 
     def _prewarm_choices(self, pool: PoolState, n: int, now: float) -> list[str]:
         """Images for n new warm VMs, in proportion to recent demand (latest when none yet)."""
