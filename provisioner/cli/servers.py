@@ -70,20 +70,30 @@ def _setup(args, service: str):
     return fleet, data_dir, RealClock(args.time_scale), provider, exporter
 
 
-async def _run_until_signalled(stop_all) -> None:
+def _serve_until_signalled(provider, start) -> int:
+    """Runs `start()` (which starts servers and returns their async stop function) until SIGTERM
+    or Ctrl-C, then drains and flushes the spans."""
     from provisioner.api.server import stop_event_on_signals
 
-    stop = stop_event_on_signals()
-    await stop.wait()
-    print("draining: finishing in-flight requests...", file=sys.stderr)
-    await stop_all()
-    print("stopped", file=sys.stderr)
+    async def run() -> None:
+        stop = stop_event_on_signals()
+        stop_all = await start()
+        await stop.wait()
+        print("draining: finishing in-flight requests...", file=sys.stderr)
+        await stop_all()
+        print("stopped", file=sys.stderr)
+
+    try:
+        asyncio.run(run())
+    finally:
+        _flush(provider)
+    return 0
 
 
 def cmd_up(args) -> int:
     fleet, data_dir, clock, provider, exporter = _setup(args, "provisioner")
 
-    async def run() -> None:
+    async def start():
         from provisioner.serve import start_local_fleet
 
         local = await start_local_fleet(fleet, clock, data_dir, front_address=args.front_address,
@@ -96,16 +106,11 @@ def cmd_up(args) -> int:
         if exporter == "file":
             print(f"traces    {data_dir}/traces.jsonl   (provisioner trace SESSION_ID)")
         print(f"time      x{args.time_scale:g} (model seconds per wall second)")
-        await _wait_warm(local)
-        print(f"ready: try  provisioner session create --user alice --accelerator gpu-p100 "
-              f"--image gpu:latest --wait   (Ctrl-C stops the fleet)", flush=True)
-        await _run_until_signalled(local.stop)
+        # In the background, so that a signal during warm-up stops the fleet at once.
+        asyncio.get_running_loop().create_task(_wait_warm(local))
+        return local.stop
 
-    try:
-        asyncio.run(run())
-    finally:
-        _flush(provider)
-    return 0
+    return _serve_until_signalled(provider, start)
 
 
 async def _wait_warm(local) -> None:
@@ -125,6 +130,8 @@ async def _wait_warm(local) -> None:
             print(line, file=sys.stderr, flush=True)
             last = line
         if done:
+            print("ready: try  provisioner session create --user alice --accelerator gpu-p100 "
+                  "--image gpu:latest --wait   (Ctrl-C stops the fleet)", flush=True)
             return
         await asyncio.sleep(0.5)
 
@@ -134,18 +141,14 @@ def cmd_serve_cluster(args) -> int:
     if args.name not in fleet.cluster_names:
         raise SystemExit(f"error: no cluster {args.name!r} in the fleet; clusters: {', '.join(fleet.cluster_names)}")
 
-    async def run() -> None:
+    async def start():
         from provisioner.serve import start_cluster
 
         proc = await start_cluster(fleet, args.name, clock, data_dir, address=args.address, tracer_provider=provider)
         print(f"cluster {args.name} listening on {proc.address}", flush=True)
-        await _run_until_signalled(proc.stop)
+        return proc.stop
 
-    try:
-        asyncio.run(run())
-    finally:
-        _flush(provider)
-    return 0
+    return _serve_until_signalled(provider, start)
 
 
 def cmd_serve_front(args) -> int:
@@ -157,19 +160,15 @@ def cmd_serve_front(args) -> int:
             raise SystemExit(f"error: --cluster wants NAME=ADDRESS with NAME one of {', '.join(fleet.cluster_names)}")
         overrides[name] = address
 
-    async def run() -> None:
+    async def start():
         from provisioner.serve import start_front
 
         proc = await start_front(fleet, clock, data_dir, address=args.address, cluster_addresses=overrides,
                                  tracer_provider=provider)
         print(f"front listening on {proc.address}", flush=True)
-        await _run_until_signalled(proc.stop)
+        return proc.stop
 
-    try:
-        asyncio.run(run())
-    finally:
-        _flush(provider)
-    return 0
+    return _serve_until_signalled(provider, start)
 
 
 def cmd_trace(args) -> int:
