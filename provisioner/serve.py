@@ -66,7 +66,8 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
                              tracer_provider)
     await runtime.start()
     server = Server(address or cfg.address,
-                    lambda s: cluster_service.register(s, runtime, address or cfg.address), tracer_provider)
+                    lambda s: cluster_service.register(s, runtime, address or cfg.address), tracer_provider,
+                    on_drain=runtime.end_streams)
     await server.start()
     log.info("cluster %s listening on %s", name, server.address)
     return ClusterProcess(cfg, runtime, server, store)
@@ -98,7 +99,9 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
         c.start()
     store = SqliteStore(Path(data_dir) / "front.db")
     address = address or fleet_cfg.settings.front.address
-    server = Server(address, lambda s: front_service.register(s, fleet_cfg, fleet, store, clock), tracer_provider)
+    sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock)
+    server = Server(address, lambda s: front_service.register(s, sessions), tracer_provider,
+                    on_drain=sessions.end_streams)
     await server.start()
     log.info("front listening on %s", server.address)
     return FrontProcess(fleet, server, store)

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 class Server:
     def __init__(self, address: str, register: Callable[[grpc.aio.Server], Iterable[str]],
-                 tracer_provider=None):
+                 tracer_provider=None, on_drain: Callable[[], None] | None = None):
+        self.on_drain = on_drain
         self.server = grpc.aio.server(interceptors=telemetry.server_interceptors(tracer_provider))
         self.services = list(register(self.server))
         self.health = health.aio.HealthServicer()
@@ -36,8 +37,11 @@ class Server:
         await self._set_serving(health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Reports NOT_SERVING, refuses new RPCs, and gives in-flight ones `grace_s` to finish."""
+        """Reports NOT_SERVING, ends open streams (watchers reconnect elsewhere or later), refuses
+        new RPCs, and gives in-flight unary ones `grace_s` to finish."""
         await self._set_serving(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.on_drain is not None:
+            self.on_drain()
         await self.server.stop(grace_s)
 
     async def _set_serving(self, status) -> None:

@@ -48,6 +48,8 @@ def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
     p.add_argument("--time-scale", type=float, default=time_scale,
                    help=f"model seconds per wall second for the simulated cloud (default {time_scale:g})")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--traces", choices=["none", "console", "otlp", "file"], default=argparse.SUPPRESS,
+                   help="trace exporter (default: $PROVISIONER_TRACES, else file: <data-dir>/traces.jsonl)")
 
 
 def _setup(args, service: str):

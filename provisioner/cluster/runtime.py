@@ -27,6 +27,7 @@ from provisioner.cloud.base import (
     LaunchSpec,
 )
 from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, Wipe
+from provisioner.errors import Unavailable
 from provisioner.model import Session, SessionSpec, Vm
 from provisioner.states import VmState
 from provisioner.store import SqliteStore
@@ -47,7 +48,10 @@ class ClusterRuntime:
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._watchers: dict[str, set[asyncio.Queue]] = {}
+        # Replaced on every notice, so each capacity stream sees every change (none clears it for others).
         self._capacity_changed = asyncio.Event()
+        # Set when draining: open streams end instead of holding the shutdown.
+        self.streams_closed = False
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -61,13 +65,19 @@ class ClusterRuntime:
             asyncio.create_task(self._supervise("health", HEALTH_CHECK_S, self._check_health)),
         ]
 
-    async def close(self) -> None:
-        for task in [*self._loops, *self._tasks]:
-            task.cancel()
-        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+    def end_streams(self) -> None:
+        """Ends every Watch and WatchCapacity stream (their clients resume where they were)."""
+        self.streams_closed = True
         for queues in self._watchers.values():
             for q in queues:
                 q.put_nowait(None)
+        self._notify_capacity()
+
+    async def close(self) -> None:
+        self.end_streams()
+        for task in [*self._loops, *self._tasks]:
+            task.cancel()
+        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
         await self.backend.close()
 
     async def _supervise(self, name: str, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
@@ -123,6 +133,8 @@ class ClusterRuntime:
     async def watch(self, session_id: str, after_revision: int = 0) -> AsyncIterator[Session]:
         """The session now (if newer than after_revision), then each change, until it ends."""
         current = self.core.get(session_id)
+        if self.streams_closed:
+            raise Unavailable("the cluster is shutting down")
         queue: asyncio.Queue[Session | None] = asyncio.Queue()
         self._watchers.setdefault(session_id, set()).add(queue)
         try:
@@ -143,8 +155,12 @@ class ClusterRuntime:
                 del self._watchers[session_id]
 
     async def capacity_changed(self) -> None:
-        await self._capacity_changed.wait()
-        self._capacity_changed.clear()
+        if not self.streams_closed:
+            await self._capacity_changed.wait()
+
+    def _notify_capacity(self) -> None:
+        self._capacity_changed.set()
+        self._capacity_changed = asyncio.Event()
 
     # ---- applying the core's output ------------------------------------------------------
 
@@ -156,7 +172,7 @@ class ClusterRuntime:
             for q in self._watchers.get(s.id, ()):
                 q.put_nowait(_snapshot(s))
         if sessions or vms:
-            self._capacity_changed.set()
+            self._notify_capacity()
         for cmd in self.core.take_commands():
             task = asyncio.create_task(self._run(cmd))
             self._tasks.add(task)

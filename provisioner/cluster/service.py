@@ -99,7 +99,7 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     @stream
     async def WatchCapacity(self, request, context):
         interval = request.min_interval_s or DEFAULT_CAPACITY_INTERVAL_S
-        while True:
+        while not self.rt.streams_closed:
             yield cluster_pb.WatchCapacityResponse(capacity=capacity_pb(self.rt))
             await self.rt.clock.sleep(interval)
             await self.rt.capacity_changed()

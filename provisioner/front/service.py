@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 
 import grpc
@@ -91,6 +90,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.clock = clock
         self.pools = {p.name for c in config.clusters for p in c.pools}
         self.limits = config.settings
+        self._streams: set = set()
+        self.draining = False
 
     @unary
     async def CreateSession(self, request, context):
@@ -183,12 +184,26 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     @stream
     async def WatchSession(self, request, context):
         client = self.fleet.for_session(request.session_id)
+        call = client.sessions.Watch(cluster_pb.WatchRequest(
+            session_id=request.session_id, after_revision=request.after_revision))
+        self._streams.add(call)
         try:
-            async for resp in client.sessions.Watch(cluster_pb.WatchRequest(
-                    session_id=request.session_id, after_revision=request.after_revision)):
+            async for resp in call:
                 yield session_pb.WatchSessionResponse(session=resp.session)
+        except asyncio.CancelledError:
+            if not self.draining:
+                raise
         except grpc.aio.AioRpcError as err:
             raise RemoteError(err) from None
+        finally:
+            self._streams.discard(call)
+
+    def end_streams(self) -> None:
+        """Draining: ends open watches (clients resume with after_revision) so shutdown need not
+        wait for them."""
+        self.draining = True
+        for call in list(self._streams):
+            call.cancel()
 
     @unary
     async def TouchSession(self, request, context):
@@ -302,7 +317,7 @@ SERVICE_NAMES = (
 )
 
 
-def register(server, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock):
-    session_grpc.add_SessionServiceServicer_to_server(SessionServicer(config, fleet, store, clock), server)
-    admin_grpc.add_AdminServiceServicer_to_server(FrontAdminServicer(fleet), server)
+def register(server, servicer: SessionServicer):
+    session_grpc.add_SessionServiceServicer_to_server(servicer, server)
+    admin_grpc.add_AdminServiceServicer_to_server(FrontAdminServicer(servicer.fleet), server)
     return SERVICE_NAMES
