@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from provisioner.images import ImageCatalog
 from provisioner.model import Session, SessionKind, StartKind, Vm
@@ -36,16 +36,21 @@ def choose_vm(image: str, warm: Iterable[Vm], catalog: ImageCatalog) -> Choice:
     return Choice(StartKind.WARM if missing == 0 else StartKind.PARTIAL, vm_id, missing)
 
 
-def queue_order(queued: Sequence[Session]) -> list[Session]:
-    """Interactive before batch; then fairness (each user's k-th request waits behind every
-    user's (k-1)-th); then age."""
+def queue_order(queued: Sequence[Session], holding: Mapping[str, int] | None = None) -> list[Session]:
+    """Interactive before batch; then fairness; then age.
+
+    Fairness: a user's k-th VM (counting the VMs the user already holds in the pool, from
+    `holding`) waits behind every other user's (k-1)-th, so one user with many requests
+    cannot starve the others, even as the queue's head is served.
+    """
+    holding = holding or {}
     per_user: dict[tuple[SessionKind, str], list[Session]] = defaultdict(list)
     for s in queued:
         per_user[(s.spec.kind, s.spec.user_id)].append(s)
     keyed = []
-    for group in per_user.values():
+    for (_, user), group in per_user.items():
         group.sort(key=lambda s: (s.created_at, s.id))
-        for rank, s in enumerate(group):
+        for rank, s in enumerate(group, start=holding.get(user, 0)):
             klass = 0 if s.spec.kind is SessionKind.INTERACTIVE else 1
             keyed.append(((klass, rank, s.created_at, s.id), s))
     keyed.sort(key=lambda kv: kv[0])

@@ -91,6 +91,7 @@ SESSION_TRANSITIONS: dict[SessionState | None, dict[SessionState, str]] = {
         S.FAILED: "waited longer than the queue allows",
     },
     S.PROVISIONING: {
+        S.PROVISIONING: "the VM could not be created; another is being created (e.g. in another zone)",
         S.PULLING_IMAGE: "the VM booted and pulls the image",
         S.RUNNING: "the VM booted with the image already on disk",
         S.QUEUED: "the VM could not be created; wait for capacity",
@@ -99,6 +100,8 @@ SESSION_TRANSITIONS: dict[SessionState | None, dict[SessionState, str]] = {
     },
     S.PULLING_IMAGE: {
         S.RUNNING: "every layer is on disk",
+        S.PULLING_IMAGE: "the pull failed; another warm VM pulls the image instead",
+        S.PROVISIONING: "the pull failed and no warm VM is left: a new VM is being created",
         S.QUEUED: "the VM died mid-pull; wait for another",
         S.STOPPING: "stopped during the pull",
         S.FAILED: "the pull failed for good",

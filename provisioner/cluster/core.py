@@ -306,9 +306,7 @@ class ClusterCore:
     def _assign(self, s: Session, vm: Vm, start: StartKind, now: float) -> None:
         vm.session_id, vm.reserved_for = s.id, ""
         self._set_vm(vm, V.ASSIGNED, f"assigned to session {s.id}", now)
-        s.vm_id, s.endpoint = vm.id, vm.endpoint
-        if s.start is None:
-            s.start = start
+        s.vm_id, s.endpoint, s.start = vm.id, vm.endpoint, start
         missing = tuple(vm.cache.missing(s.image, self.catalog))
         if missing:
             total = sum(layer.size_bytes for layer in missing)
@@ -337,15 +335,22 @@ class ClusterCore:
         self._renumber_queue(pool, now)
 
     def _renumber_queue(self, pool: PoolState, now: float) -> None:
-        for pos, s in enumerate(queue_order([self.sessions[i] for i in pool.queue]), start=1):
+        for pos, s in enumerate(self._queue_order(pool), start=1):
             if s.queue_position != pos:
                 s.queue_position = pos
                 self._session_changed(s)
 
+    def _queue_order(self, pool: PoolState) -> list[Session]:
+        holding: dict[str, int] = defaultdict(int)
+        for vid in pool.vms:
+            if (owner := self.sessions.get(self.vms[vid].session_id or self.vms[vid].reserved_for)) is not None:
+                holding[owner.spec.user_id] += 1
+        return queue_order([self.sessions[i] for i in pool.queue], holding)
+
     def _dispatch_queue(self, pool: PoolState, now: float) -> None:
         if not pool.queue:
             return
-        for s in queue_order([self.sessions[i] for i in pool.queue]):
+        for s in self._queue_order(pool):
             if not self._place(s, now):
                 break
             pool.queue.discard(s.id)
