@@ -87,7 +87,7 @@ class Driver:
                 case Pull():
                     delay = sum(layer.size_bytes for layer in cmd.layers) / self.sim.pull_bytes_per_s
                     if self.fail_pulls:
-                        self._at(delay, self.core.pull_failed, cmd.vm_id, _failure("pull", cmd.zone))
+                        self._at(delay, self.core.pull_failed, cmd.vm_id, cmd.image, _failure("pull", cmd.zone))
                     else:
                         self._at(delay, self.core.pull_done, cmd.vm_id, cmd.image)
                 case Wipe():

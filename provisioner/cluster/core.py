@@ -281,8 +281,12 @@ class ClusterCore:
     # ---- placement -----------------------------------------------------------------------
 
     def _idle_warm(self, pool: PoolState) -> list[Vm]:
-        return [vm for vid in pool.vms if (vm := self.vms[vid]).state is V.WARM
-                and not vm.pulling and vm.healthy]
+        """Assignable VMs: warm and healthy, even while a prewarm pull runs (a session beats it)."""
+        return [vm for vid in pool.vms if (vm := self.vms[vid]).state is V.WARM and vm.healthy]
+
+    def _idle_settled(self, pool: PoolState) -> list[Vm]:
+        """Idle warm VMs with no pull under way: candidates for prewarming and scale-down."""
+        return [vm for vm in self._idle_warm(pool) if not vm.pulling]
 
     def _place(self, s: Session, now: float) -> bool:
         """Gives the session a warm VM or launches one; False when it must wait."""
@@ -312,9 +316,12 @@ class ClusterCore:
             total = sum(layer.size_bytes for layer in missing)
             s.pull_bytes_total, s.pull_bytes_done = total, 0
             s.estimated_ready_at = now + total / self._bandwidth()
-            vm.pulling = s.image
             self._set_session(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on {vm.id}", now)
-            self._commands.append(Pull(vm.id, vm.zone, s.image, missing, s.id))
+            # A prewarm of this very image is already under way: wait for it. Otherwise this pull
+            # supersedes whatever prewarm the VM was doing.
+            if vm.pulling != s.image:
+                vm.pulling = s.image
+                self._commands.append(Pull(vm.id, vm.zone, s.image, missing, s.id))
         else:
             vm.cache.touch(s.image, self.catalog, now)
             self._running(s, vm, now)
@@ -434,9 +441,11 @@ class ClusterCore:
             if not self._place(s, now):
                 self._enqueue(s, f"VM creation failed in {vm.zone} ({failure.code}); waiting for capacity", now)
 
-    def pull_progress(self, vm_id: str, bytes_done: int, now: float) -> None:
+    def pull_progress(self, vm_id: str, image: str, bytes_done: int, now: float) -> None:
         vm = self.vms.get(vm_id)
-        s = self.sessions.get(vm.session_id) if vm else None
+        if vm is None or vm.pulling != image:
+            return  # a superseded prewarm
+        s = self.sessions.get(vm.session_id)
         if s is not None and s.state is S.PULLING_IMAGE:
             s.pull_bytes_done = bytes_done
             remaining = max(0, s.pull_bytes_total - bytes_done)
@@ -447,20 +456,22 @@ class ClusterCore:
         vm = self.vms.get(vm_id)
         if vm is None:
             return
-        vm.cache.add(image, self.catalog, now)
-        vm.pulling = ""
+        vm.cache.add(image, self.catalog, now)  # the layers are on disk, even if superseded
+        if vm.pulling == image:
+            vm.pulling = ""
         self._vm_changed(vm)
         s = self.sessions.get(vm.session_id)
-        if vm.state is V.ASSIGNED and s is not None and s.state is S.PULLING_IMAGE:
+        if (vm.state is V.ASSIGNED and s is not None and s.state is S.PULLING_IMAGE
+                and vm.cache.has_image(s.image, self.catalog)):
             s.pull_bytes_done = s.pull_bytes_total
             self._running(s, vm, now)
-        elif vm.state is V.WARM:
+        elif vm.state is V.WARM and not vm.pulling:
             self._after_vm_freed(vm, now)
 
-    def pull_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
+    def pull_failed(self, vm_id: str, image: str, failure: CloudFailure, now: float) -> None:
         vm = self.vms.get(vm_id)
-        if vm is None:
-            return
+        if vm is None or vm.pulling != image:
+            return  # a superseded prewarm: nothing waits for it
         vm.pulling = ""
         s = self.sessions.get(vm.session_id)
         if vm.state in (V.WARM, V.ASSIGNED):
@@ -552,7 +563,7 @@ class ClusterCore:
         )
 
     def _autoscale(self, pool: PoolState, now: float) -> None:
-        idle = [vm for vm in self._idle_warm(pool) if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
+        idle = [vm for vm in self._idle_settled(pool) if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
         plan = plan_scale(self.snapshot(pool), len(idle))
         for image in self._prewarm_choices(pool, plan.launch, now):
             vm = self._launch(pool, now, images=(image,))
@@ -566,7 +577,7 @@ class ClusterCore:
     def _rebalance_images(self, pool: PoolState, now: float) -> None:
         """Pulls demanded images onto idle warm VMs so the warm mix follows recent demand."""
         idle = [IdleVm(vm.id, frozenset(vm.cache.layer_ids), frozenset(vm.cache.images(self.catalog)),
-                       vm.cache.capacity_bytes - vm.cache.used_bytes) for vm in self._idle_warm(pool)]
+                       vm.cache.capacity_bytes - vm.cache.used_bytes) for vm in self._idle_settled(pool)]
         demand = self._decayed_demand(pool, now)
         for vm_id, image in plan_prewarm(idle, demand, self.catalog, PREWARM_PULLS_PER_TICK):
             self._prewarm(self.vms[vm_id], image, now)
@@ -633,7 +644,7 @@ class ClusterCore:
         pool = self.pool(name)
         version = self.catalog.resolve(image)
         have = sum(1 for vm in self._idle_warm(pool) if vm.cache.has_image(version, self.catalog))
-        candidates = sorted((vm for vm in self._idle_warm(pool) if not vm.cache.has_image(version, self.catalog)),
+        candidates = sorted((vm for vm in self._idle_settled(pool) if not vm.cache.has_image(version, self.catalog)),
                             key=lambda vm: (self.catalog.missing_bytes(version, vm.cache.layer_ids), vm.id))
         chosen = candidates[:max(0, count - have)]
         for vm in chosen:

@@ -233,14 +233,15 @@ class ClusterRuntime:
 
     async def _pull(self, cmd: Pull) -> None:
         def progress(done: int) -> None:
-            self.core.pull_progress(cmd.vm_id, done, self.clock.now())
+            self.core.pull_progress(cmd.vm_id, cmd.image, done, self.clock.now())
             self._apply()
 
         result = await self.backend.pull(cmd.vm_id, cmd.zone, cmd.layers, progress)
         if result is None:
-            self._feed(self.core.pull_done, cmd.vm_id, None, cmd.image)
+            self.core.pull_done(cmd.vm_id, cmd.image, self.clock.now())
         else:
-            self._feed(self.core.pull_failed, cmd.vm_id, result)
+            self.core.pull_failed(cmd.vm_id, cmd.image, result, self.clock.now())
+        self._apply()
 
     def vms(self) -> list[Vm]:
         return list(self.core.vms.values())
