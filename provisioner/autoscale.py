@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -10,6 +11,9 @@ from provisioner.model import Vm
 
 # A warm VM must have been idle this long before scale-down may take it (hysteresis).
 SCALE_DOWN_IDLE_S = 600.0
+# The pool is sized for the peak demand over this window, not the demand of the moment: a VM let
+# go on a dip comes back on the next rise with an empty disk, minutes of pulls away from useful.
+STABILIZATION_S = 3600.0
 # A zone that answered "stocked out" or "no quota" is skipped this long (as Karpenter does).
 STOCKOUT_MEMORY_S = 180.0
 
@@ -25,6 +29,7 @@ class PoolSnapshot:
     max_vms: int
     headroom_fraction: float
     autoscaler: str
+    peak_demand: int = 0  # highest assigned + queued over the stabilization window
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +42,7 @@ def desired_vms(s: PoolSnapshot) -> int:
     """Demand plus headroom, within [min, max]. `fixed` keeps min_vms."""
     if s.autoscaler == "fixed":
         return s.min_vms
-    demand = s.assigned + s.queued
+    demand = max(s.assigned + s.queued, s.peak_demand)
     # At least one warm VM above demand whenever headroom is wanted at all.
     headroom = math.ceil(demand * s.headroom_fraction) if s.headroom_fraction > 0 else 0
     if s.headroom_fraction > 0:
@@ -56,6 +61,22 @@ def plan_scale(s: PoolSnapshot, idle_long_enough: int) -> ScalePlan:
         return ScalePlan(launch=min(want, s.max_vms) - have)
     surplus = min(have - want, idle_long_enough)
     return ScalePlan(delete=max(0, surplus))
+
+
+class WindowMax:
+    """The maximum of the values seen over the last `window_s` seconds, in O(1) amortized."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()  # decreasing values, increasing times
+
+    def add(self, now: float, value: int) -> int:
+        while self._samples and self._samples[-1][1] <= value:
+            self._samples.pop()
+        self._samples.append((now, value))
+        while self._samples[0][0] < now - self.window_s:
+            self._samples.popleft()
+        return self._samples[0][1]
 
 
 def pick_deletions(warm: Sequence[Vm], n: int, wanted_images: Mapping[str, float], images_of) -> list[Vm]:

@@ -102,7 +102,7 @@ class PoolConfig(_Model):
     autoscaler: Literal["fixed", "headroom", "predictive"] = "headroom"
     recycle: bool = True  # after a session: wipe and return warm (true) or delete (false)
     hourly_price_usd: NonNegativeFloat
-    disk_cache_gb: PositiveFloat = 100.0
+    disk_cache_gb: PositiveFloat = 250.0
 
     @model_validator(mode="after")
     def _check(self) -> PoolConfig:

@@ -90,7 +90,7 @@ class FleetHandle:
 def _pool_warm(proc) -> bool:
     core = proc.runtime.core
     for pool in core.pools.values():
-        warm = sum(1 for vid in pool.vms if core.vms[vid].state.value == "warm" and not core.vms[vid].pulling
+        warm = sum(1 for vid in pool.vms if core.vms[vid].state.value == "warm"
                    and core.vms[vid].cache.has_image(core.catalog.latest, core.catalog))
         if warm < pool.policy.min_vms:
             return False

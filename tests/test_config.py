@@ -186,8 +186,8 @@ def test_defaults_fill_optional_cluster_fields(tmp_path: Path):
     assert c.backend.kind == "sim" and c.tick_s == 5 and c.sim.boot_s == 90 and c.sim.seed == 0
     assert 590 < 25e9 / c.sim.pull_bytes_per_s < 610
     p = c.pool("gpu-t4")
-    assert p.autoscaler == "headroom" and p.recycle and p.disk_cache_gb == 100
-    assert p.disk_cache_bytes == 100 * 10**9
+    assert p.autoscaler == "headroom" and p.recycle and p.disk_cache_gb == 250
+    assert p.disk_cache_bytes == 250 * 10**9
 
 
 def test_load_catalog_alone():

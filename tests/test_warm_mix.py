@@ -49,30 +49,36 @@ def replay(workload, **pool) -> list[tuple[float, object]]:
     return started
 
 
+WARMUP_S = 3 * HOUR  # the pool fills and caches the recent releases
+
+
 @pytest.fixture(scope="module")
-def zipf_run():
+def zipf_runs():
+    """Five 14-hour days of ~20 sessions an hour on the shipped gpu-p100 pool (room for the load).
+
+    One run has ~230 sessions after warm-up, so a 95% rate has about 1.4 points of noise per run:
+    the rate is measured over all five."""
     versions = list(make_core().catalog.versions())
-    workload = zipf_workload(seed=7, hours=14, per_hour=20, versions=versions)
-    started = replay(workload, min_vms=4, max_vms=60, headroom_fraction=0.3)
-    return [s for t, s in started if t >= 2 * HOUR]
+    runs = []
+    for seed in range(1, 6):
+        started = replay(zipf_workload(seed, hours=14, per_hour=20, versions=versions), max_vms=60)
+        runs.append([s for t, s in started if t >= WARMUP_S])
+    return runs
 
 
-def test_zipf_mix_of_pinned_images_never_waits_for_a_new_vm(zipf_run):
-    assert len(zipf_run) > 200
-    assert len({s.image for s in zipf_run}) >= 20  # the mix really is wide
-    # Every session after warm-up finds a warm VM (holding its image or pulling the rest).
-    assert {s.start for s in zipf_run} <= {StartKind.WARM, StartKind.PARTIAL}
-    assert all(s.history[0].state in ("running", "pulling_image") for s in zipf_run)
-    assert sum(1 for s in zipf_run if s.start is StartKind.WARM) > len(zipf_run) / 2
+def test_zipf_mix_of_pinned_images_never_waits_for_a_new_vm(zipf_runs):
+    for run in zipf_runs:
+        assert len(run) > 180
+        assert len({s.image for s in run}) >= 20  # the mix really is wide
+        # Every session after warm-up finds a warm VM (holding its image or pulling the rest).
+        assert {s.start for s in run} <= {StartKind.WARM, StartKind.PARTIAL}
+        assert all(s.history[0].state in ("running", "pulling_image") for s in run)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "measured 69% exact-image warm starts at headroom 0.3 (77% at 0.5): a scale-up boots VMs with "
-    "empty disks that need ~10 minutes of pulls, and the headroom policy reacts to demand instead "
-    "of forecasting it"))
-def test_zipf_mix_of_pinned_images_starts_warm_with_the_exact_image(zipf_run):
-    exact = sum(1 for s in zipf_run if s.start is StartKind.WARM)
-    assert exact / len(zipf_run) >= 0.95, f"{exact}/{len(zipf_run)} exact-image warm starts"
+def test_zipf_mix_of_pinned_images_starts_warm_with_the_exact_image(zipf_runs):
+    sessions = [s for run in zipf_runs for s in run]
+    exact = sum(1 for s in sessions if s.start is StartKind.WARM)
+    assert exact / len(sessions) >= 0.95, f"{exact}/{len(sessions)} exact-image warm starts"
 
 
 def test_a_session_waits_for_a_prewarm_of_its_own_image_instead_of_pulling_twice():

@@ -11,6 +11,7 @@ persist and to tell watchers about) before acting.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -18,8 +19,10 @@ from dataclasses import dataclass, field
 from provisioner.assignment import choose_vm, queue_order
 from provisioner.autoscale import (
     SCALE_DOWN_IDLE_S,
+    STABILIZATION_S,
     STOCKOUT_MEMORY_S,
     PoolSnapshot,
+    WindowMax,
     pick_deletions,
     pick_zone,
     plan_scale,
@@ -38,6 +41,9 @@ S, V = SessionState, VmState
 
 # Demand counts per image decay with this half-life, so the warm mix follows recent requests.
 DEMAND_HALF_LIFE_S = 6 * 3600.0
+# Each of the newest releases counts as this much demand, so each is kept on an idle VM.
+RECENT_RELEASES = 40
+RECENT_RELEASE_DEMAND = 0.25
 # Prewarm pulls a pool starts per tick: enough to follow demand, few enough not to churn.
 PREWARM_PULLS_PER_TICK = 2
 # Seconds from "create" to the cloud having the VM, added to boot time in estimates.
@@ -125,6 +131,7 @@ class PoolState:
     stocked_out_until: dict[str, float] = field(default_factory=dict)
     demand: dict[str, float] = field(default_factory=dict)  # decaying request counts by image
     demand_at: float = 0.0
+    peak: WindowMax = field(default_factory=lambda: WindowMax(STABILIZATION_S))
 
 
 class ClusterCore:
@@ -562,9 +569,13 @@ class ClusterCore:
             headroom_fraction=p.headroom_fraction, autoscaler=p.autoscaler,
         )
 
+    def _track_peak(self, pool: PoolState, snap: PoolSnapshot, now: float) -> PoolSnapshot:
+        peak = pool.peak.add(now, snap.assigned + snap.queued)
+        return dataclasses.replace(snap, peak_demand=peak)
+
     def _autoscale(self, pool: PoolState, now: float) -> None:
         idle = [vm for vm in self._idle_settled(pool) if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
-        plan = plan_scale(self.snapshot(pool), len(idle))
+        plan = plan_scale(self._track_peak(pool, self.snapshot(pool), now), len(idle))
         for image in self._prewarm_choices(pool, plan.launch, now):
             vm = self._launch(pool, now, images=(image,))
             if vm is None:
@@ -578,8 +589,7 @@ class ClusterCore:
         """Pulls demanded images onto idle warm VMs so the warm mix follows recent demand."""
         idle = [IdleVm(vm.id, frozenset(vm.cache.layer_ids), frozenset(vm.cache.images(self.catalog)),
                        vm.cache.capacity_bytes - vm.cache.used_bytes) for vm in self._idle_settled(pool)]
-        demand = self._decayed_demand(pool, now)
-        for vm_id, image in plan_prewarm(idle, demand, self.catalog, PREWARM_PULLS_PER_TICK):
+        for vm_id, image in plan_prewarm(idle, self._wanted_images(pool, now), self.catalog, PREWARM_PULLS_PER_TICK):
             self._prewarm(self.vms[vm_id], image, now)
 
     def _prewarm_choices(self, pool: PoolState, n: int, now: float) -> list[str]:
@@ -595,6 +605,15 @@ class ClusterCore:
         for image, weight in ranked:
             out += [image] * max(1, round(n * weight / total))
         return out[:n]
+
+    def _wanted_images(self, pool: PoolState, now: float) -> dict[str, float]:
+        """Recent demand by image, plus a baseline for each of the newest releases: notebooks stay
+        pinned to the version they were made with, so the first request for a recent version in
+        a while should still find it warm."""
+        wanted = dict(self._decayed_demand(pool, now))
+        for version in self.catalog.newest(RECENT_RELEASES):
+            wanted[version] = wanted.get(version, 0.0) + RECENT_RELEASE_DEMAND
+        return wanted
 
     def _count_demand(self, pool: PoolState, image: str, now: float) -> None:
         demand = self._decayed_demand(pool, now)
