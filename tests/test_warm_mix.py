@@ -107,3 +107,17 @@ def test_a_session_for_another_image_supersedes_the_prewarm():
     # The superseded prewarm finished too; its layers are on disk and did not disturb the session.
     d.advance(3600)
     assert vm.cache.has_image("gpu:v158", d.core.catalog) and s.state.value == "running"
+
+
+if __name__ == "__main__":
+    # Prints the exact-image warm-start rate per seed and pooled: python tests/test_warm_mix.py
+    catalog_versions = list(make_core().catalog.versions())
+    total = exact_total = 0
+    for seed in range(1, 6):
+        run = [s for t, s in replay(zipf_workload(seed, 14, 20, catalog_versions), max_vms=60) if t >= WARMUP_S]
+        exact = sum(1 for s in run if s.start is StartKind.WARM)
+        partial = sum(1 for s in run if s.start is StartKind.PARTIAL)
+        print(f"seed {seed}: {exact}/{len(run)} exact ({exact / len(run):.1%}), {partial} partial, "
+              f"{len(run) - exact - partial} cold", flush=True)
+        total, exact_total = total + len(run), exact_total + exact
+    print(f"all: {exact_total}/{total} exact-image warm starts ({exact_total / total:.1%})")
