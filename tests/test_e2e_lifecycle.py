@@ -163,3 +163,25 @@ async def test_deadline_is_honoured(local_fleet):
                                                          timeout=0.3):
             pass
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_drain_keeps_new_sessions_out_and_running_ones_alive(local_fleet):
+    running = await local_fleet.create(region_hint="europe-west4")
+    assert running.cluster == "europe-west4"
+    await local_fleet.admin.DrainCluster(admin_pb.DrainClusterRequest(cluster="europe-west4"))
+    moved = await local_fleet.create(region_hint="europe-west4")
+    assert moved.cluster != "europe-west4"
+    with pytest.raises(grpc.aio.AioRpcError) as info:  # residency demanded: nowhere to go
+        await local_fleet.create(region_hint="europe-west4", region_required=True)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    still = await local_fleet.sessions.GetSession(s_pb.GetSessionRequest(session_id=running.id))
+    assert still.session.state == pb.SESSION_STATE_RUNNING
+    await local_fleet.admin.UndrainCluster(admin_pb.UndrainClusterRequest(cluster="europe-west4"))
+    back = await local_fleet.create(region_hint="europe-west4", region_required=True)
+    assert back.cluster == "europe-west4"
+
+
+async def test_unknown_state_filter_is_invalid_argument(local_fleet):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await local_fleet.sessions.ListSessions(s_pb.ListSessionsRequest(user_id="alice", states=[42]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -16,28 +16,31 @@ _START_TO_PB = {StartKind.WARM: pb.START_KIND_WARM, StartKind.PARTIAL: pb.START_
                 StartKind.COLD: pb.START_KIND_COLD}
 
 
+def _to_pb(pb_enum, prefix: str, member) -> int:
+    return pb_enum.Value(f"{prefix}{member.name}") if member else 0
+
+
+def _from_pb(pb_enum, prefix: str, domain, value: int, what: str):
+    try:
+        return domain[pb_enum.Name(value).removeprefix(prefix)]
+    except (KeyError, ValueError):  # UNSPECIFIED, or a number this version does not know
+        raise InvalidArgument(f"unknown {what} state {value}", field="states") from None
+
+
 def session_state_to_pb(state: SessionState | None) -> int:
-    return pb.SessionState.Value(f"SESSION_STATE_{state.name}") if state else pb.SESSION_STATE_UNSPECIFIED
+    return _to_pb(pb.SessionState, "SESSION_STATE_", state)
 
 
 def session_state_from_pb(value: int) -> SessionState:
-    name = pb.SessionState.Name(value).removeprefix("SESSION_STATE_")
-    try:
-        return SessionState[name]
-    except KeyError:
-        raise InvalidArgument(f"unknown session state {value}", field="states") from None
+    return _from_pb(pb.SessionState, "SESSION_STATE_", SessionState, value, "session")
 
 
 def vm_state_to_pb(state: VmState | None) -> int:
-    return pb.VmState.Value(f"VM_STATE_{state.name}") if state else pb.VM_STATE_UNSPECIFIED
+    return _to_pb(pb.VmState, "VM_STATE_", state)
 
 
 def vm_state_from_pb(value: int) -> VmState:
-    name = pb.VmState.Name(value).removeprefix("VM_STATE_")
-    try:
-        return VmState[name]
-    except KeyError:
-        raise InvalidArgument(f"unknown VM state {value}", field="states") from None
+    return _from_pb(pb.VmState, "VM_STATE_", VmState, value, "VM")
 
 
 def timestamp(seconds: float) -> Timestamp | None:

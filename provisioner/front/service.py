@@ -271,25 +271,23 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
 
     @unary
     async def DrainCluster(self, request, context):
-        client = self.fleet.get(request.cluster)
-        resp = await call(client.admin.DrainCluster, request)
-        await self._refresh(client)
-        return resp
+        return await self._set_draining(request, "DrainCluster")
 
     @unary
     async def UndrainCluster(self, request, context):
-        client = self.fleet.get(request.cluster)
-        resp = await call(client.admin.UndrainCluster, request)
-        await self._refresh(client)
-        return resp
+        return await self._set_draining(request, "UndrainCluster")
 
-    async def _refresh(self, client: ClusterClient) -> None:
-        """Lets the capacity stream carry the drain flag before we answer (bounded wait)."""
+    async def _set_draining(self, request, rpc: str):
+        """Forwards, then lets the capacity stream carry the new flag before answering (bounded
+        wait), so routing right after this call already sees it."""
+        client = self.fleet.get(request.cluster)
         client.updated.clear()
+        resp = await call(getattr(client.admin, rpc), request)
         try:
             await asyncio.wait_for(client.updated.wait(), timeout=2.0)
         except asyncio.TimeoutError:
             pass
+        return resp
 
     @unary
     async def SetPoolPolicy(self, request, context):
