@@ -287,18 +287,18 @@ class ClusterCore:
 
     # ---- placement -----------------------------------------------------------------------
 
-    def _idle_warm(self, pool: PoolState) -> list[Vm]:
+    def assignable(self, pool: PoolState) -> list[Vm]:
         """Assignable VMs: warm and healthy, even while a prewarm pull runs (a session beats it)."""
         return [vm for vid in pool.vms if (vm := self.vms[vid]).state is V.WARM and vm.healthy]
 
     def _idle_settled(self, pool: PoolState) -> list[Vm]:
         """Idle warm VMs with no pull under way: candidates for prewarming and scale-down."""
-        return [vm for vm in self._idle_warm(pool) if not vm.pulling]
+        return [vm for vm in self.assignable(pool) if not vm.pulling]
 
     def _place(self, s: Session, now: float) -> bool:
         """Gives the session a warm VM or launches one; False when it must wait."""
         pool = self.pools[s.pool]
-        choice = choose_vm(s.image, self._idle_warm(pool), self.catalog)
+        choice = choose_vm(s.image, self.assignable(pool), self.catalog)
         if choice.vm_id:
             vm = self.vms[choice.vm_id]
             self._assign(s, vm, choice.start, now)
@@ -662,7 +662,7 @@ class ClusterCore:
         """Pulls `image` onto up to `count` idle warm VMs (those missing the fewest bytes)."""
         pool = self.pool(name)
         version = self.catalog.resolve(image)
-        have = sum(1 for vm in self._idle_warm(pool) if vm.cache.has_image(version, self.catalog))
+        have = sum(1 for vm in self.assignable(pool) if vm.cache.has_image(version, self.catalog))
         candidates = sorted((vm for vm in self._idle_settled(pool) if not vm.cache.has_image(version, self.catalog)),
                             key=lambda vm: (self.catalog.missing_bytes(version, vm.cache.layer_ids), vm.id))
         chosen = candidates[:max(0, count - have)]

@@ -11,7 +11,6 @@ from provisioner.cluster.core import PoolState
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.errors import InvalidArgument, NotFound
 from provisioner.model import Session
-from provisioner.states import VmState
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -109,13 +108,10 @@ def pool_capacity_pb(rt: ClusterRuntime, pool: PoolState) -> pb.PoolCapacity:
     core = rt.core
     snap = core.snapshot(pool)
     by_image: dict[str, int] = {}
-    unhealthy = 0
-    for vid in pool.vms:
-        vm = core.vms[vid]
-        unhealthy += not vm.healthy
-        if vm.state is VmState.WARM and not vm.pulling and vm.healthy:
-            for image in vm.cache.images(core.catalog):
-                by_image[image] = by_image.get(image, 0) + 1
+    for vm in core.assignable(pool):  # exactly what an Allocate could be given now
+        for image in vm.cache.images(core.catalog):
+            by_image[image] = by_image.get(image, 0) + 1
+    unhealthy = sum(1 for vid in pool.vms if not core.vms[vid].healthy)
     now = rt.clock.now()
     return pb.PoolCapacity(
         pool=pool.config.name, accelerator=pool.config.accelerator,
