@@ -1,23 +1,22 @@
-"""A virtual-time shell around ClusterCore for tests: it plays the cloud and the tick loop.
+"""The simulator's engine around one ClusterCore, for tests: a test only says `advance(seconds)`.
 
-Each command the core issues is answered after the delay the sim physics gives it (Launch:
-vm_created after `create_s`, vm_ready after boot_s more; Pull: bytes / bandwidth; Wipe: wipe_s;
-Delete: delete_s), from a heap of (time, event), so a test only says `advance(seconds)`.
+Durations are fixed (Launch: vm_created after `create_s`, vm_ready after boot_s more; Pull:
+bytes / bandwidth; Wipe: wipe_s; Delete: delete_s), so tests can compute when things happen.
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
 import itertools
 import math
 from typing import Callable
 
 from provisioner.cloud.base import CloudFailure, HealthReport
-from provisioner.cluster.core import ClusterCore, Command, Delete, IdSource, Launch, Pull, Wipe
+from provisioner.cluster.core import ClusterCore, Command, IdSource, Launch, Pull, Wipe
 from provisioner.config import FleetConfig, load_fleet
 from provisioner.images import LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, Vm
+from provisioner.sim.engine import Engine
 from provisioner.states import VmState
 
 POOL = "gpu-p100"
@@ -43,13 +42,13 @@ def _failure(what: str, zone: str) -> CloudFailure:
     return CloudFailure("unavailable", f"injected {what} failure", zone)
 
 
-class Driver:
+class Driver(Engine):
+    """One core on the engine, with fixed durations (create_s, then the config's boot_s, pull
+    bandwidth, wipe_s and delete_s, no jitter) and failure knobs, so tests can compute times."""
+
     def __init__(self, core: ClusterCore, now: float = 0.0, ticking: bool = True, create_s: float = 5.0):
         self.core = core
-        self.now = now
-        self.ticking = ticking
         self.tick_s = core.config.tick_s
-        self.next_tick = now + self.tick_s
         self.create_s = create_s
         self.sim = core.config.sim
         # Failure knobs, read when a command is issued (not when it completes).
@@ -61,110 +60,49 @@ class Driver:
         self.log: list[tuple[float, Command]] = []  # every command, with the time it was issued
         self.vms: dict[str, Vm] = {}  # every VM ever reported changed, deleted ones included
         self.checks: list[Callable[[Driver], None]] = []  # run after every event
-        self._heap: list = []
-        self._seq = itertools.count()
         self._requests = itertools.count(1)
         self._warm = itertools.count()
+        super().__init__([core], now=now, ticking=ticking)
         self.pump()
 
-    # ---- the shell's loop ---------------------------------------------------------------
+    # ---- engine hooks -------------------------------------------------------------------
 
-    def pump(self) -> None:
-        """Takes the core's output and schedules the cloud's answers, then runs the checks."""
-        _, vms = self.core.take_changes()
+    def changes(self, core: ClusterCore, sessions: list[Session], vms: list[Vm]) -> None:
         for vm in vms:
             self.vms[vm.id] = vm
-        for cmd in self.core.take_commands():
-            self.log.append((self.now, cmd))
-            match cmd:
-                case Launch():
-                    code = self.fail_zones.get(cmd.zone)
-                    if code:
-                        failure = CloudFailure(code, f"injected {code} in {cmd.zone}", cmd.zone)
-                        self._at(self.create_s, self._launch_failed, cmd.vm_id, failure)
-                    else:
-                        self._at(self.create_s, self._created, cmd.vm_id)
-                case Pull():
-                    delay = sum(layer.size_bytes for layer in cmd.layers) / self.sim.pull_bytes_per_s
-                    if self.fail_pulls:
-                        self._at(delay, self.core.pull_failed, cmd.vm_id, cmd.image, _failure("pull", cmd.zone))
-                    else:
-                        self._at(delay, self.core.pull_done, cmd.vm_id, cmd.image)
-                case Wipe():
-                    if self.fail_wipes:
-                        self._at(self.sim.wipe_s, self._wipe_failed, cmd.vm_id, _failure("wipe", cmd.zone))
-                    else:
-                        self._at(self.sim.wipe_s, self._wiped, cmd.vm_id)
-                case Delete():
-                    self._at(self.sim.delete_s, self.core.vm_deleted, cmd.vm_id)
+
+    def carry_out(self, core: ClusterCore, commands: list[Command]) -> None:
+        self.log.extend((self.now, cmd) for cmd in commands)
+        super().carry_out(core, commands)
+
+    def after_event(self) -> None:
         for check in self.checks:
             check(self)
 
-    def _at(self, delay: float, fn: Callable, *args) -> None:
-        heapq.heappush(self._heap, (self.now + delay, next(self._seq), fn, args))
+    def create_delay(self, core: ClusterCore) -> float:
+        return self.create_s
 
-    def _step(self, end: float) -> bool:
-        """Runs the next event or tick due by `end`; False when there is none."""
-        t_event = self._heap[0][0] if self._heap else math.inf
-        t_tick = self.next_tick if self.ticking else math.inf
-        t = min(t_event, t_tick)
-        if t > end:
-            return False
-        self.now = t
-        if t_event <= t_tick:
-            _, _, fn, args = heapq.heappop(self._heap)
-            fn(*args, t)
-        else:
-            self.core.tick(t)
-            self.next_tick += self.tick_s
-        self.pump()
-        return True
+    def boot_delay(self, core: ClusterCore) -> float:
+        return self.sim.boot_s
 
-    def advance(self, seconds: float) -> None:
-        end = self.now + seconds
-        while self._step(end):
-            pass
-        self.now = end
+    def pull_delay(self, core: ClusterCore, nbytes: int) -> float:
+        return nbytes / self.sim.pull_bytes_per_s
 
-    def run_until(self, done: Callable[[], bool], limit_s: float) -> float:
-        """Steps until `done()`; returns the time it became true. Fails after `limit_s`."""
-        end = self.now + limit_s
-        while not done():
-            if not self._step(end):
-                raise AssertionError(f"not done after {limit_s}s (now {self.now})")
-        return self.now
+    def wipe_delay(self, core: ClusterCore) -> float:
+        return self.sim.wipe_s
 
-    # ---- the cloud's answers ------------------------------------------------------------
+    def delete_delay(self, core: ClusterCore) -> float:
+        return self.sim.delete_s
 
-    def _vm(self, vm_id: str) -> Vm | None:
-        return self.core.vms.get(vm_id)
+    def launch_outcome(self, core: ClusterCore, cmd: Launch) -> CloudFailure | None:
+        code = self.fail_zones.get(cmd.zone)
+        return CloudFailure(code, f"injected {code} in {cmd.zone}", cmd.zone) if code else None
 
-    def _created(self, vm_id: str, now: float) -> None:
-        vm = self._vm(vm_id)
-        if vm is None:
-            return
-        if vm.state is VmState.CREATING:  # a re-issued launch of a booting VM skips this, as the runtime does
-            self.core.vm_created(vm_id, f"sim://{vm_id}", now)
-        self._at(self.sim.boot_s, self._ready, vm_id)
+    def pull_outcome(self, core: ClusterCore, cmd: Pull) -> CloudFailure | None:
+        return _failure("pull", cmd.zone) if self.fail_pulls else None
 
-    def _ready(self, vm_id: str, now: float) -> None:
-        vm = self._vm(vm_id)
-        if vm is not None and vm.state is VmState.BOOTING:
-            self.core.vm_ready(vm_id, now)
-
-    def _launch_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
-        if self._vm(vm_id) is not None:
-            self.core.launch_failed(vm_id, failure, now)
-
-    def _wiped(self, vm_id: str, now: float) -> None:
-        vm = self._vm(vm_id)
-        if vm is not None and vm.state is VmState.RECYCLING:
-            self.core.wipe_done(vm_id, now)
-
-    def _wipe_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
-        vm = self._vm(vm_id)
-        if vm is not None and vm.state is VmState.RECYCLING:
-            self.core.wipe_failed(vm_id, failure, now)
+    def wipe_outcome(self, core: ClusterCore, cmd: Wipe) -> CloudFailure | None:
+        return _failure("wipe", cmd.zone) if self.fail_wipes else None
 
     # ---- requests and reports, at the driver's `now` ------------------------------------
 

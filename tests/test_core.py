@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from provisioner.autoscale import SCALE_DOWN_IDLE_S, STABILIZATION_S, STOCKOUT_MEMORY_S, desired_vms
 from provisioner.cluster.core import Delete, Launch, Pull, Wipe
+from provisioner.errors import FailedPrecondition
 from provisioner.images import ImageCatalog
 from provisioner.model import Session, SessionKind, StartKind, Vm
 from provisioner.states import SessionState as S
@@ -451,3 +452,15 @@ def test_restore_rebuilds_state_and_reissues_cloud_work():
     got = {s.id: new.sessions[s.id] for s in (s1, s2, s3, s4, s5)}
     r.run_until(lambda: all(got[s.id].state is S.RUNNING for s in (s2, s3, s4, s5)), 1500)
     assert got[s1.id].state is S.STOPPED and got[s5.id].vm_id == va.id and vc.id not in new.vms
+
+
+def test_only_ended_sessions_can_be_forgotten():
+    d = driver()
+    d.add_warm(LATEST)
+    s = d.allocate(request_id="keep-me")
+    with pytest.raises(FailedPrecondition):
+        d.core.forget(s.id)
+    d.stop(s)
+    d.run_until(lambda: s.state is S.STOPPED, 600)
+    d.core.forget(s.id)
+    assert s.id not in d.core.sessions and "keep-me" not in d.core.by_request

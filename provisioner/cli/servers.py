@@ -1,4 +1,4 @@
-"""Server commands: `up` (the local fleet in one process), `serve front|cluster`, and `trace`."""
+"""Server commands: `up` (the local fleet in one process), `serve front|cluster`, `trace` and `simulate`."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     trace.add_argument("session_id")
     trace.add_argument("--file", default=None, help=f"span file (default: {DEFAULT_DATA_DIR}/traces.jsonl)")
     trace.set_defaults(func=cmd_trace)
+
+    sim = sub.add_parser("simulate", help="replay a session trace through the cluster logic on a virtual clock")
+    sim.add_argument("--trace", required=True, help="session trace CSV (arrival_s,user,kind,accelerator,...)")
+    sim.add_argument("--scale", type=int, default=1, help="superimpose K shifted copies of the trace (default 1)")
+    sim.add_argument("--seed", type=int, default=0, help="seed for the physics, ids and copy offsets")
+    sim.add_argument("--clusters", default=None, help="fleet config directory (default: the shipped clusters/)")
+    sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    sim.set_defaults(func=cmd_simulate)
 
 
 def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
@@ -187,6 +195,48 @@ def cmd_trace(args) -> int:
         return 1
     for trace_id in traces:
         print(traceview.render_tree(spans, trace_id))
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    import json
+    import time
+
+    from provisioner.config import ConfigError, load_fleet
+    from provisioner.sim.replay import Replay, TraceError, read_trace, superimpose
+
+    if args.scale < 1:
+        print("error: --scale must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        fleet = load_fleet(args.clusters)
+        replay = Replay(fleet, superimpose(read_trace(args.trace), args.scale, args.seed), seed=args.seed)
+    except ConfigError as e:
+        print(f"error: bad fleet config:\n{e}", file=sys.stderr)
+        return 1
+    except (OSError, TraceError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    started = time.monotonic()
+    shown = [0.0]
+
+    def progress(done: float) -> None:
+        now = time.monotonic()
+        if now - shown[0] >= 0.1 or done >= 1.0:  # at most ~10 updates a second
+            shown[0] = now
+            print(f"\rsimulating {done:6.1%}", end="", file=sys.stderr, flush=True)
+
+    replay.run(progress)
+    print(file=sys.stderr)
+    results = replay.results()
+    results["wall_s"] = round(time.monotonic() - started, 2)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        starts = results.pop("starts")
+        for key, value in results.items():
+            print(f"{key:<20} {value}")
+        print(f"{'starts':<20} " + "  ".join(f"{k} {v}" for k, v in starts.items()))
     return 0
 
 

@@ -281,6 +281,14 @@ class ClusterCore:
             self._release(self.vms[s.vm_id], now)
         return s
 
+    def forget(self, session_id: str) -> None:
+        """Drops an ended session from memory (its record stays in the store)."""
+        s = self.get(session_id)
+        if not s.terminal:
+            raise FailedPrecondition(f"session {session_id} is {s.state}; only ended sessions can be forgotten")
+        del self.sessions[session_id]
+        del self.by_request[s.spec.request_id]
+
     def _end(self, s: Session, state: SessionState, reason: str, now: float) -> None:
         s.ended_at = now
         self._set_session(s, state, reason, now)

@@ -1,0 +1,1 @@
+"""The trace-driven simulator: the real cluster cores on a virtual clock."""

@@ -1,0 +1,255 @@
+"""Replays a session trace through the real cluster cores on the simulator engine.
+
+One core per cluster of the fleet; each session goes to the cluster in its home region. A
+session is allocated at its arrival; it is stopped `duration_s` after the arrival, or, if the
+user abandoned it, left to the idle timeout. In-use interactive sessions are touched just
+before each idle deadline, so culling never stops a session that is in use.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from provisioner.cluster.core import ClusterCore, IdSource
+from provisioner.config import FleetConfig
+from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.sim.engine import Engine
+from provisioner.states import SessionState, VmState
+
+HEADER = ["arrival_s", "user", "kind", "accelerator", "image", "region_hint", "duration_s", "abandon"]
+FAST_START_S = 60.0
+# Touch this long before the idle deadline, well over a tick, so the cull never sees it idle.
+TOUCH_MARGIN_S = 60.0
+# Model time past the last session's end, so wipes and deletes finish inside the run.
+TAIL_S = 600.0
+
+V = VmState
+_RUNNING = SessionState.RUNNING
+_LIVE = frozenset({V.CREATING, V.BOOTING, V.WARM, V.ASSIGNED, V.RECYCLING})
+
+
+class TraceError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    arrival_s: float
+    user: str
+    kind: SessionKind
+    accelerator: str
+    image: str
+    region: str
+    duration_s: float
+    abandon: bool
+
+
+def read_trace(path: str | Path) -> list[TraceRow]:
+    rows: list[TraceRow] = []
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header != HEADER:
+            raise TraceError(f"{path}:1: expected header {','.join(HEADER)}, got {','.join(header or [])!r}")
+        for line, rec in enumerate(reader, start=2):
+            if not rec:
+                continue
+            try:
+                if len(rec) != len(HEADER):
+                    raise ValueError(f"expected {len(HEADER)} fields, got {len(rec)}")
+                arrival, user, kind, acc, image, region, duration, abandon = rec
+                row = TraceRow(float(arrival), user, SessionKind(kind), acc, image, region, float(duration),
+                               {"0": False, "1": True}[abandon])
+                if row.arrival_s < 0 or row.duration_s <= 0 or not user:
+                    raise ValueError("need arrival_s >= 0, duration_s > 0 and a user")
+            except (ValueError, KeyError) as e:
+                raise TraceError(f"{path}:{line}: bad row {','.join(rec)!r}: {e}") from None
+            rows.append(row)
+    if not rows:
+        raise TraceError(f"{path}: no sessions")
+    return rows
+
+
+def superimpose(rows: list[TraceRow], scale: int, seed: int) -> list[TraceRow]:
+    """K copies with distinct users, each shifted by a random offset modulo the trace span."""
+    if scale < 1:
+        raise ValueError("scale must be >= 1")
+    if scale == 1:
+        return sorted(rows, key=lambda r: r.arrival_s)
+    rng = random.Random(seed)
+    t0 = min(r.arrival_s for r in rows)
+    span = max(r.arrival_s for r in rows) - t0 + 1.0
+    out = []
+    for k in range(scale):
+        offset = rng.uniform(0, span)
+        for r in rows:
+            arrival = t0 + (r.arrival_s - t0 + offset) % span
+            out.append(TraceRow(arrival, f"{r.user}-{k}", r.kind, r.accelerator, r.image, r.region,
+                                r.duration_s, r.abandon))
+    out.sort(key=lambda r: r.arrival_s)
+    return out
+
+
+class Replay(Engine):
+    def __init__(self, fleet: FleetConfig, rows: list[TraceRow], seed: int = 0):
+        settings = fleet.settings.sessions
+        cores = [ClusterCore(c, fleet.catalog, settings, IdSource(c.name, seed)) for c in fleet.clusters]
+        super().__init__(cores, seed=seed)
+        self.rows = rows
+        self.by_region = {c.config.region: c for c in cores}
+        for i, r in enumerate(rows):
+            core = self.by_region.get(r.region)
+            if core is None:
+                raise TraceError(f"session {i + 1}: no cluster in region {r.region!r}; "
+                                 f"regions: {', '.join(sorted(self.by_region))}")
+            if r.accelerator not in core.pools:
+                raise TraceError(f"session {i + 1}: cluster {core.name} has no pool {r.accelerator!r}")
+        self.idle_timeout_s = settings.idle_timeout_s
+        self.end_s = max(r.arrival_s + r.duration_s + (self.idle_timeout_s if r.abandon else 0.0)
+                         for r in rows) + TAIL_S
+        self._next_row = 0
+        # Results.
+        self.sessions = 0
+        self.waits: list[float] = []
+        self.starts = {k.value: 0 for k in StartKind}
+        self._started: set[str] = set()  # running or stopping sessions already counted
+        # VM counts, integrated over time on each change: live VMs, assigned ones, and the
+        # price per hour of the live ones.
+        self._vm_state: dict[str, VmState] = {}
+        self._price = {(c.name, p.name): p.hourly_price_usd for c in cores for p in c.config.pools}
+        self._live = self._assigned = 0
+        self._live_price = 0.0
+        self._t = 0.0
+        self.vm_s = self.assigned_vm_s = self.cost_usd_s = 0.0
+
+    # ---- running ----------------------------------------------------------------------
+
+    def run(self, progress: Callable[[float], None] | None = None, chunk_s: float = 3600.0) -> None:
+        if self.rows:
+            self.at(self.rows[0].arrival_s, None, self._arrive)
+        while self.now < self.end_s:
+            self.run_to(min(self.end_s, self.now + chunk_s))
+            if progress is not None:
+                progress(self.now / self.end_s)
+        self._integrate(self.now)
+
+    def _arrive(self, now: float) -> None:
+        """Allocates the next session and schedules the arrival after it (so the heap stays small)."""
+        rows, i = self.rows, self._next_row
+        r = rows[i]
+        self._next_row = i + 1
+        if i + 1 < len(rows):
+            self.at(rows[i + 1].arrival_s, None, self._arrive)
+        core = self.by_region[r.region]
+        spec = SessionSpec(request_id=f"r{i}", user_id=r.user, accelerator=r.accelerator, image=r.image, kind=r.kind)
+        s = core.allocate(spec, now)
+        self.sessions += 1
+        end = now + r.duration_s
+        interactive = r.kind is SessionKind.INTERACTIVE
+        if interactive:
+            self._schedule_touch(core, s.id, now, end)
+        if interactive and r.abandon:
+            self.at(end, core, self._touch_last, core, s.id)  # the user's last activity; the cull does the rest
+        else:
+            self.at(end, core, self._stop, core, s.id)
+        self.pump(core)
+
+    def _schedule_touch(self, core: ClusterCore, sid: str, now: float, end: float) -> None:
+        t = now + self.idle_timeout_s - TOUCH_MARGIN_S
+        if t < end:
+            self.at(t, core, self._touch, core, sid, end)
+
+    def _touch(self, core: ClusterCore, sid: str, end: float, now: float) -> None:
+        s = core.sessions.get(sid)
+        if s is not None and not s.terminal:
+            core.touch(sid, now)
+            self._schedule_touch(core, sid, now, end)
+
+    def _touch_last(self, core: ClusterCore, sid: str, now: float) -> None:
+        if sid in core.sessions:
+            core.touch(sid, now)
+
+    def _stop(self, core: ClusterCore, sid: str, now: float) -> None:
+        if sid in core.sessions:
+            core.stop(sid, "the user is done", now)
+
+    # ---- observing ----------------------------------------------------------------------
+
+    def changes(self, core: ClusterCore, sessions: list[Session], vms: list[Vm]) -> None:
+        started = self._started
+        for s in sessions:
+            if s.state is _RUNNING and s.id not in started:
+                started.add(s.id)
+                self.waits.append(s.ready_at - s.created_at)
+                self.starts[s.start.value] += 1
+            elif s.terminal:
+                started.discard(s.id)
+                core.forget(s.id)  # or every tick's cull would scan every session ever made
+        if vms:
+            self._vms_changed(core, vms)
+
+    def _vms_changed(self, core: ClusterCore, vms: list[Vm]) -> None:
+        self._integrate(self.now)
+        known = self._vm_state
+        for vm in vms:
+            old, new = known.get(vm.id), vm.state
+            if old is new:
+                continue
+            price = self._price[(core.name, vm.pool)]
+            if old in _LIVE:
+                self._live -= 1
+                self._live_price -= price
+            if new in _LIVE:
+                self._live += 1
+                self._live_price += price
+            self._assigned += (new is V.ASSIGNED) - (old is V.ASSIGNED)
+            if new is V.DELETED:
+                known.pop(vm.id, None)
+            else:
+                known[vm.id] = new
+
+    def _integrate(self, now: float) -> None:
+        dt = now - self._t
+        if dt > 0:
+            self.vm_s += self._live * dt
+            self.assigned_vm_s += self._assigned * dt
+            self.cost_usd_s += self._live_price * dt
+            self._t = now
+
+    # ---- results ------------------------------------------------------------------------
+
+    def results(self) -> dict:
+        waits = sorted(self.waits)
+        n = self.sessions
+        started = len(waits)
+        return {
+            "sessions": n,
+            "started": started,
+            "never_started": n - started,
+            "starts": dict(self.starts),
+            "model_hours": round(self.now / 3600.0, 3),
+            "vm_hours": round(self.vm_s / 3600.0, 3),
+            "assigned_vm_hours": round(self.assigned_vm_s / 3600.0, 3),
+            "idle_vm_hours": round((self.vm_s - self.assigned_vm_s) / 3600.0, 3),
+            "cost_usd": round(self.cost_usd_s / 3600.0, 2),
+            "bytes_pulled": self.bytes_pulled,
+            "fast_start_ratio": round(sum(1 for w in waits if w <= FAST_START_S) / n, 4) if n else 0.0,
+            "exact_start_ratio": round(self.starts[StartKind.WARM.value] / n, 4) if n else 0.0,
+            "wait_p50_s": _pct(waits, 50),
+            "wait_p95_s": _pct(waits, 95),
+            "wait_p99_s": _pct(waits, 99),
+            "wait_max_s": round(waits[-1], 1) if waits else 0.0,
+            "events": self.events,
+        }
+
+
+def _pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile of sorted values."""
+    if not values:
+        return 0.0
+    k = max(0, min(len(values) - 1, int(-(-p * len(values) // 100)) - 1))
+    return round(values[k], 1)

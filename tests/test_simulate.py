@@ -1,0 +1,103 @@
+"""The trace-driven simulator: replay, scaling, metrics and the `provisioner simulate` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from provisioner.cli import main
+from provisioner.config import load_fleet
+from provisioner.sim.replay import HEADER, Replay, TraceError, read_trace, superimpose
+
+ROWS = [
+    "0,u1,interactive,gpu-p100,gpu:v158,us-central1,7200,0",
+    "100,u2,batch,gpu-t4x2,gpu:v160,europe-west4,1800,0",
+    "300,u3,interactive,gpu-p100,gpu:v150,asia-east1,600,1",
+    "900,u4,interactive,gpu-p100,gpu:v160,us-central1,1200,0",
+    "5000,u1,batch,gpu-p100,gpu:v158,us-central1,900,0",
+]
+
+
+def write_trace(tmp_path, rows=ROWS):
+    path = tmp_path / "trace.csv"
+    path.write_text("\n".join([",".join(HEADER), *rows]) + "\n")
+    return path
+
+
+def replay(path, scale=1, seed=0) -> Replay:
+    r = Replay(load_fleet(), superimpose(read_trace(path), scale, seed), seed=seed)
+    r.run()
+    return r
+
+
+def test_same_seed_same_results(tmp_path):
+    path = write_trace(tmp_path)
+    first, second = replay(path).results(), replay(path).results()
+    assert first == second
+    assert first["sessions"] == len(ROWS) == first["started"]
+    assert sum(first["starts"].values()) == len(ROWS)
+    assert 0 < first["assigned_vm_hours"] <= first["vm_hours"]
+    assert first["idle_vm_hours"] == pytest.approx(first["vm_hours"] - first["assigned_vm_hours"], abs=0.01)
+    assert first["cost_usd"] > 0 and first["bytes_pulled"] > 0
+    assert first["wait_p50_s"] <= first["wait_p95_s"] <= first["wait_p99_s"] <= first["wait_max_s"]
+
+
+def test_a_session_adds_about_its_duration_to_assigned_hours(tmp_path):
+    r = replay(write_trace(tmp_path, ["0,u1,batch,gpu-p100,gpu:v160,us-central1,7200,0"]))
+    out = r.results()
+    # Assigned from the start of its wait (after a cold start at most) to its stop, plus the wipe.
+    in_use_h = (7200 - out["wait_max_s"]) / 3600
+    assert in_use_h - 0.01 <= out["assigned_vm_hours"] <= 7200 / 3600 + 0.01
+
+
+def test_abandoned_session_runs_until_the_idle_timeout(tmp_path):
+    r = replay(write_trace(tmp_path, ["0,u1,interactive,gpu-p100,gpu:v160,us-central1,1800,1"]))
+    idle = load_fleet().settings.sessions.idle_timeout_s
+    hours = r.results()["assigned_vm_hours"]
+    assert (1800 + idle) / 3600 - 0.3 <= hours <= (1800 + idle) / 3600 + 0.01
+
+
+def test_in_use_session_outlives_the_idle_timeout(tmp_path):
+    # Used for 3 hours, well past the 1-hour idle timeout: the touches keep it alive.
+    r = replay(write_trace(tmp_path, ["0,u1,interactive,gpu-p100,gpu:v160,us-central1,10800,0"]))
+    assert r.results()["assigned_vm_hours"] >= (10800 - r.results()["wait_max_s"]) / 3600 - 0.01
+
+
+def test_bad_row_names_its_line(tmp_path):
+    path = write_trace(tmp_path, [ROWS[0], "5,u2,interactive,gpu-p100,gpu:v160,us-central1,notanumber,0"])
+    with pytest.raises(TraceError, match=r"trace.csv:3: bad row"):
+        read_trace(path)
+    bad_header = tmp_path / "h.csv"
+    bad_header.write_text("arrival,user\n1,u\n")
+    with pytest.raises(TraceError, match=r"h.csv:1: expected header"):
+        read_trace(bad_header)
+
+
+def test_scale_copies_with_distinct_users(tmp_path):
+    rows = read_trace(write_trace(tmp_path))
+    scaled = superimpose(rows, 2, seed=3)
+    assert len(scaled) == 2 * len(rows)
+    assert len({r.user for r in scaled}) == 2 * len({r.user for r in rows})
+    span = max(r.arrival_s for r in rows) - min(r.arrival_s for r in rows) + 1
+    assert all(0 <= r.arrival_s < span for r in scaled)
+    assert replay(write_trace(tmp_path), scale=2).results()["sessions"] == 2 * len(rows)
+
+
+def test_cli_prints_json(tmp_path, capsys):
+    path = write_trace(tmp_path)
+    assert main(["simulate", "--trace", str(path), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(["simulate", "--trace", str(path), "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    for key in ("sessions", "vm_hours", "assigned_vm_hours", "cost_usd", "fast_start_ratio", "exact_start_ratio",
+                "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s", "idle_vm_hours", "bytes_pulled", "wall_s"):
+        assert key in first
+    first.pop("wall_s"), second.pop("wall_s")
+    assert first == second
+
+
+def test_cli_reports_a_bad_trace(tmp_path, capsys):
+    path = write_trace(tmp_path, ["0,u1,interactive,gpu-p100,gpu:v160,mars-north1,60,0"])
+    assert main(["simulate", "--trace", str(path)]) == 1
+    assert "mars-north1" in capsys.readouterr().err
