@@ -146,7 +146,7 @@ class LayerCache:
     lowest layer id, so the same operations always leave the same cache.
     """
 
-    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used")
+    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used", "_images")
 
     def __init__(self, capacity_bytes: int):
         if capacity_bytes < 0:
@@ -155,6 +155,8 @@ class LayerCache:
         self._size: dict[str, int] = {}
         self._used_at: dict[str, float] = {}
         self._used = 0
+        # (catalog, versions wholly on disk), until the set of layers changes: asked every tick.
+        self._images: tuple[ImageCatalog, tuple[str, ...]] | None = None
 
     @property
     def layer_ids(self) -> KeysView[str]:
@@ -186,10 +188,13 @@ class LayerCache:
         size = self._size
         return [layer for layer in catalog.layers(version) if layer.id not in size]
 
-    def images(self, catalog: ImageCatalog) -> list[str]:
+    def images(self, catalog: ImageCatalog) -> tuple[str, ...]:
         """Versions wholly on disk, oldest first."""
-        size = self._size
-        return [v for v in catalog.versions() if all(lid in size for lid in catalog.layer_ids(v))]
+        if self._images is None or self._images[0] is not catalog:
+            size = self._size
+            found = tuple(v for v in catalog.versions() if all(lid in size for lid in catalog.layer_ids(v)))
+            self._images = (catalog, found)
+        return self._images[1]
 
     def add(self, version: str, catalog: ImageCatalog, now: float) -> list[str]:
         """Records a pulled version; returns the evicted layer ids."""
@@ -203,6 +208,7 @@ class LayerCache:
             if layer.id not in self._size:
                 self._size[layer.id] = layer.size_bytes
                 self._used += layer.size_bytes
+                self._images = None
             self._used_at[layer.id] = now
             added.add(layer.id)
         evicted: list[str] = []
@@ -214,6 +220,7 @@ class LayerCache:
                 self._used -= self._size.pop(lid)
                 del self._used_at[lid]
                 evicted.append(lid)
+                self._images = None
         return evicted
 
     def touch(self, version: str, catalog: ImageCatalog, now: float) -> None:
@@ -227,6 +234,7 @@ class LayerCache:
         self._size.clear()
         self._used_at.clear()
         self._used = 0
+        self._images = None
 
     def to_dict(self) -> dict:
         return {"capacity_bytes": self.capacity_bytes,

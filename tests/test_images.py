@@ -94,9 +94,9 @@ def test_has_image_and_missing(tiny: ImageCatalog):
     assert cache.has_image("img:v1", tiny) and not cache.has_image("img:v2", tiny)
     assert cache.missing("img:v2", tiny) == [Layer("c", 20)]
     assert tiny.missing_bytes("img:v2", cache.layer_ids) == 20
-    assert cache.used_bytes == 70 and cache.images(tiny) == ["img:v1"]
+    assert cache.used_bytes == 70 and cache.images(tiny) == ("img:v1",)
     cache.add("img:v2", tiny, now=2.0)
-    assert cache.images(tiny) == ["img:v1", "img:v2"] and cache.used_bytes == 90
+    assert cache.images(tiny) == ("img:v1", "img:v2") and cache.used_bytes == 90
     cache.clear()
     assert cache.used_bytes == 0 and not cache.layer_ids
 
@@ -146,3 +146,16 @@ def test_realistic_disk_holds_several_nearby_versions(catalog: ImageCatalog):
         cache.add(v, catalog, now=float(t))
     # Ten neighbouring versions share enough to fit on one 100 GB disk together.
     assert len(cache.images(catalog)) == 10 and cache.used_bytes <= 100 * GB
+
+
+def test_images_follow_every_change_of_the_cache(tiny: ImageCatalog):
+    cache = LayerCache(100)
+    assert cache.images(tiny) == ()
+    cache.add("img:v1", tiny, now=1.0)
+    assert cache.images(tiny) == ("img:v1",)
+    cache.add("img:v2", tiny, now=2.0)
+    assert cache.images(tiny) == ("img:v1", "img:v2")
+    cache.add("img:v3", tiny, now=3.0)  # evicts b and a: v1 and v2 are gone
+    assert cache.images(tiny) == ("img:v3",)
+    cache.clear()
+    assert cache.images(tiny) == ()
