@@ -157,6 +157,3 @@ def client_interceptors(tracer_provider: TracerProvider | None = None) -> list:
     traced call, its context injected into the metadata. All four call shapes are covered."""
     return aio_client_interceptors(tracer_provider=tracer_provider, filter_=_traced)
 
-
-def tracer(name: str) -> trace.Tracer:
-    return trace.get_tracer(name)

@@ -34,7 +34,7 @@ from provisioner.errors import FailedPrecondition, InvalidArgument, NotFound
 from provisioner.images import ImageCatalog, Layer, LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.prewarm import IdleVm, plan_prewarm
-from provisioner.states import SessionState, VmState
+from provisioner.states import VM_ACTIVE, SessionState, VmState
 from provisioner.validation import validate_spec
 
 S, V = SessionState, VmState
@@ -381,8 +381,7 @@ class ClusterCore:
     # ---- VMs -----------------------------------------------------------------------------
 
     def _pool_total(self, pool: PoolState) -> int:
-        return sum(1 for vid in pool.vms if self.vms[vid].state in
-                   (V.CREATING, V.BOOTING, V.WARM, V.ASSIGNED, V.RECYCLING))
+        return sum(1 for vid in pool.vms if self.vms[vid].state in VM_ACTIVE)
 
     def _can_launch(self, pool: PoolState, now: float) -> bool:
         return (self._pool_total(pool) < pool.policy.max_vms

@@ -18,7 +18,7 @@ from provisioner.cluster.core import ClusterCore, IdSource
 from provisioner.config import FleetConfig
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.sim.engine import Engine
-from provisioner.states import SessionState, VmState
+from provisioner.states import VM_ACTIVE, SessionState, VmState
 
 HEADER = ["arrival_s", "user", "kind", "accelerator", "image", "region_hint", "duration_s", "abandon"]
 FAST_START_S = 60.0
@@ -29,7 +29,6 @@ TAIL_S = 600.0
 
 V = VmState
 _RUNNING = SessionState.RUNNING
-_LIVE = frozenset({V.CREATING, V.BOOTING, V.WARM, V.ASSIGNED, V.RECYCLING})
 
 
 class TraceError(ValueError):
@@ -200,10 +199,10 @@ class Replay(Engine):
             if old is new:
                 continue
             price = self._price[(core.name, vm.pool)]
-            if old in _LIVE:
+            if old in VM_ACTIVE:
                 self._live -= 1
                 self._live_price -= price
-            if new in _LIVE:
+            if new in VM_ACTIVE:
                 self._live += 1
                 self._live_price += price
             self._assigned += (new is V.ASSIGNED) - (old is V.ASSIGNED)
