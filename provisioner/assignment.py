@@ -1,8 +1,10 @@
 """Which VM a session gets, and in what order queued sessions are served. Pure functions.
 
 Preference: a warm VM that holds the exact image (running at once), else the warm VM missing the
-fewest bytes (a partial pull), else a new VM (cold). Ties go to the lowest VM id, so the same
-inputs always give the same answer.
+fewest bytes (a partial pull), else a new VM (cold). Candidates come most preferred first and
+ties go to the earlier one, so the same inputs always give the same answer. (The core offers the
+most recently warmed VMs first: the longest idle then stay idle and are the ones scale-down
+takes.)
 """
 
 from __future__ import annotations
@@ -23,13 +25,17 @@ class Choice:
 
 
 def choose_vm(image: str, warm: Iterable[Vm], catalog: ImageCatalog) -> Choice:
-    """Picks among idle warm VMs for `image`; returns a cold choice when none is given."""
+    """Picks among idle warm VMs for `image`; returns a cold choice when none is given.
+
+    Stops at the first VM holding the exact image: with most VMs holding most recent images,
+    that is usually the first one looked at."""
     best: tuple[int, str] | None = None
     for vm in warm:
         missing = catalog.missing_bytes(image, vm.cache.layer_ids)
-        key = (missing, vm.id)
-        if best is None or key < best:
-            best = key
+        if missing == 0:
+            return Choice(StartKind.WARM, vm.id, 0)
+        if best is None or missing < best[0]:
+            best = (missing, vm.id)
     if best is None:
         return Choice(StartKind.COLD)
     missing, vm_id = best

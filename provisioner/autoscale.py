@@ -30,6 +30,8 @@ class PoolSnapshot:
     headroom_fraction: float
     autoscaler: str
     peak_demand: int = 0  # highest assigned + queued over the stabilization window
+    warm_vms: int = 0  # `fixed`: warm VMs kept above demand
+    forecast_warm: int = 0  # `predictive`: warm VMs the forecast asks for (forecast.Forecast)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,15 +41,22 @@ class ScalePlan:
 
 
 def desired_vms(s: PoolSnapshot) -> int:
-    """Demand plus headroom, within [min, max]. `fixed` keeps min_vms."""
+    """Demand plus warm VMs, within [min, max]. The policies differ in how many warm VMs:
+
+    fixed       a constant number (warm_vms);
+    headroom    a fraction of the peak demand of the last hour, at least one (the common practice);
+    predictive  what the arrival forecast over a new VM's lead time calls for.
+    """
+    demand = s.assigned + s.queued
     if s.autoscaler == "fixed":
-        return s.min_vms
-    demand = max(s.assigned + s.queued, s.peak_demand)
-    # At least one warm VM above demand whenever headroom is wanted at all.
-    headroom = math.ceil(demand * s.headroom_fraction) if s.headroom_fraction > 0 else 0
-    if s.headroom_fraction > 0:
-        headroom = max(headroom, 1)
-    return max(s.min_vms, min(s.max_vms, demand + headroom))
+        want = demand + s.warm_vms
+    elif s.autoscaler == "predictive":
+        want = demand + s.forecast_warm
+    else:
+        peak = max(demand, s.peak_demand)
+        headroom = max(1, math.ceil(peak * s.headroom_fraction)) if s.headroom_fraction > 0 else 0
+        want = peak + headroom
+    return max(s.min_vms, min(s.max_vms, want))
 
 
 def plan_scale(s: PoolSnapshot, idle_long_enough: int) -> ScalePlan:

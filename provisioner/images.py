@@ -200,9 +200,11 @@ class LayerCache:
         """Records a pulled version; returns the evicted layer ids."""
         return self.add_layers(catalog.layers(version), now, keep=catalog.layer_ids(version))
 
-    def add_layers(self, layers: Iterable[Layer], now: float, keep: Collection[str] = ()) -> list[str]:
+    def add_layers(self, layers: Iterable[Layer], now: float, keep: Collection[str] = (),
+                   spare: Collection[str] = ()) -> list[str]:
         """Adds and touches `layers`, then evicts LRU layers outside `layers` and `keep` until the
-        cache fits. Returns the evicted layer ids, in eviction order."""
+        cache fits, layers in `spare` only when no others are left. Returns the evicted layer ids,
+        in eviction order."""
         added = set(keep)
         for layer in layers:
             if layer.id not in self._size:
@@ -213,8 +215,8 @@ class LayerCache:
             added.add(layer.id)
         evicted: list[str] = []
         if self._used > self.capacity_bytes:
-            victims = sorted((t, lid) for lid, t in self._used_at.items() if lid not in added)
-            for _, lid in victims:
+            victims = sorted((lid in spare, t, lid) for lid, t in self._used_at.items() if lid not in added)
+            for _, _, lid in victims:
                 if self._used <= self.capacity_bytes:
                     break
                 self._used -= self._size.pop(lid)

@@ -137,8 +137,7 @@ class Driver(Engine):
         vm = Vm(id=f"{core.name}-{pool}-w{next(self._warm):03d}", cluster=core.name, pool=pool,
                 zone=zone or cfg.zones[0], cache=cache, created_at=self.now, endpoint="sim://adopted")
         vm.to(VmState.WARM, "adopted", self.now)
-        core.vms[vm.id] = vm
-        core.pools[pool].vms.add(vm.id)
+        core.restore([], [vm], self.now)
         self.vms[vm.id] = vm
         return vm
 

@@ -37,7 +37,7 @@ images = st.sampled_from(CATALOG.versions()[-12:])
 @settings(max_examples=150, deadline=None)
 @given(caches, images, st.data())
 def test_choose_vm_prefers_exact_then_fewest_missing_bytes(cache_lists, image, data):
-    vms = [warm_vm(i, c) for i, c in enumerate(cache_lists)]
+    vms = data.draw(st.permutations([warm_vm(i, c) for i, c in enumerate(cache_lists)]))
     choice = choose_vm(image, vms, CATALOG)
     if not vms:
         assert choice.start is StartKind.COLD and choice.vm_id == ""
@@ -50,13 +50,15 @@ def test_choose_vm_prefers_exact_then_fewest_missing_bytes(cache_lists, image, d
         assert choice.vm_id in {vm.id for vm in exact}
     else:
         assert choice.start is StartKind.PARTIAL and choice.missing_bytes > 0
-    # Same VMs in any order: same answer.
-    assert choose_vm(image, data.draw(st.permutations(vms)), CATALOG) == choice
+    # Among equally good VMs, the one offered first.
+    assert choice.vm_id == next(vm.id for vm in vms if missing[vm.id] == choice.missing_bytes)
+    assert choose_vm(image, list(vms), CATALOG) == choice  # the same inputs, the same answer
 
 
-def test_choose_vm_ties_go_to_the_lowest_id():
+def test_choose_vm_ties_go_to_the_first_offered():
     vms = [warm_vm(i, ["gpu:v160"]) for i in (7, 3, 5)]
-    assert choose_vm("gpu:v160", vms, CATALOG).vm_id == "vm-03"
+    assert choose_vm("gpu:v160", vms, CATALOG).vm_id == "vm-07"
+    assert choose_vm("gpu:v160", vms[::-1], CATALOG).vm_id == "vm-05"
 
 
 # ---- queue order ------------------------------------------------------------------------

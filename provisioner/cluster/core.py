@@ -11,7 +11,7 @@ persist and to tell watchers about) before acting.
 
 from __future__ import annotations
 
-import dataclasses
+import heapq
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -31,9 +31,10 @@ from provisioner.autoscale import (
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.config import ClusterConfig, PoolConfig, SessionsConfig
 from provisioner.errors import FailedPrecondition, InvalidArgument, NotFound
+from provisioner.forecast import Forecast
 from provisioner.images import ImageCatalog, Layer, LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.prewarm import IdleVm, plan_prewarm
+from provisioner.prewarm import holdable, next_pull, rank_images
 from provisioner.states import VM_ACTIVE, SessionState, VmState
 from provisioner.validation import validate_spec
 
@@ -44,8 +45,16 @@ DEMAND_HALF_LIFE_S = 6 * 3600.0
 # Each of the newest releases counts as this much demand, so each is kept on an idle VM.
 RECENT_RELEASES = 40
 RECENT_RELEASE_DEMAND = 0.25
-# Prewarm pulls a pool starts per tick: enough to follow demand, few enough not to churn.
-PREWARM_PULLS_PER_TICK = 2
+# How often the image ranking is recomputed from the decaying demand.
+RANKING_REFRESH_S = 300.0
+# Idle VMs re-follow the ranking when its set of images changes or its order changes among the
+# first few (what a fresh VM pulls first); reshuffles further down are not worth a rescan.
+RANKING_ORDER_MATTERS = 3
+# How often the predictive autoscaler redoes its forecast.
+FORECAST_REFRESH_S = 60.0
+# A pool whose VMs and queue did not change is reconsidered this often (for what only time
+# changes: VMs idle long enough to go, the peak window, the forecast).
+AUTOSCALE_QUIET_S = 30.0
 # Seconds from "create" to the cloud having the VM, added to boot time in estimates.
 CREATE_ESTIMATE_S = 5.0
 
@@ -116,22 +125,40 @@ class PoolPolicy:
     headroom_fraction: float
     autoscaler: str
     recycle: bool
+    warm_vms: int = 0
+    wait_probability: float = 0.002
 
     @classmethod
     def of(cls, p: PoolConfig) -> PoolPolicy:
-        return cls(p.min_vms, p.max_vms, p.headroom_fraction, p.autoscaler, p.recycle)
+        return cls(p.min_vms, p.max_vms, p.headroom_fraction, p.autoscaler, p.recycle, p.warm_vms,
+                   p.wait_probability)
 
 
 @dataclass
 class PoolState:
+    """One pool's VMs and queue, with counts and indexes kept as VMs change (read every tick)."""
+
     config: PoolConfig
     policy: PoolPolicy
-    vms: set[str] = field(default_factory=set)  # every VM of the pool not yet deleted
-    queue: set[str] = field(default_factory=set)  # queued session ids
+    # Dicts, not sets: iteration follows insertion, so runs are the same in every process.
+    vms: dict[str, Vm] = field(default_factory=dict)  # every VM of the pool not yet deleted
+    queue: dict[str, None] = field(default_factory=dict)  # queued session ids
+    ready: dict[str, Vm] = field(default_factory=dict)  # assignable: warm and healthy
+    count: dict[VmState, int] = field(default_factory=lambda: defaultdict(int))  # VMs by state
+    per_zone: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     stocked_out_until: dict[str, float] = field(default_factory=dict)
     demand: dict[str, float] = field(default_factory=dict)  # decaying request counts by image
     demand_at: float = 0.0
     peak: WindowMax = field(default_factory=lambda: WindowMax(STABILIZATION_S))
+    forecast: Forecast = field(default_factory=Forecast)
+    forecast_warm: int = 0
+    forecast_at: float = -FORECAST_REFRESH_S
+    changed: bool = True  # VMs or queue changed since the autoscaler last looked
+    scaled_at: float = -AUTOSCALE_QUIET_S
+    ranking: tuple[str, ...] = ()  # images idle VMs should hold, best first (prewarm.holdable)
+    keep_layers: frozenset[str] = frozenset()  # their layers, spared by eviction while others exist
+    ranking_gen: int = 0  # bumped when idle VMs must re-follow the ranking
+    ranking_at: float = -RANKING_REFRESH_S
 
 
 class ClusterCore:
@@ -148,8 +175,11 @@ class ClusterCore:
         self.vms: dict[str, Vm] = {}
         self.draining = False
         self._commands: list[Command] = []
-        # Image a pool-filling VM pulls once booted (demand-weighted at launch time).
-        self._prewarm_target: dict[str, str] = {}
+        # (time, session id) when a running session may need culling; checked lazily by the tick.
+        self._deadlines: list[tuple[float, str]] = []
+        self._age = {v: i for i, v in enumerate(catalog.newest(len(catalog)))}
+        # vm id -> (ranking_gen, position in the ranking up to which the VM holds every image).
+        self._filled: dict[str, tuple[int, int]] = {}
         self._changed_sessions: dict[str, Session] = {}
         self._changed_vms: dict[str, Vm] = {}
 
@@ -163,12 +193,14 @@ class ClusterCore:
             if vm.pool not in self.pools:
                 continue
             self.vms[vm.id] = vm
-            self.pools[vm.pool].vms.add(vm.id)
+            self._count_in(self.pools[vm.pool], vm)
         for s in sessions:
             self.sessions[s.id] = s
             self.by_request[s.spec.request_id] = s.id
             if s.state is S.QUEUED:
-                self.pools[s.pool].queue.add(s.id)
+                self.pools[s.pool].queue[s.id] = None
+            elif s.state is S.RUNNING:
+                self._watch_deadline(s)
         for vm in self.vms.values():
             if vm.state in (V.CREATING, V.BOOTING):
                 self._commands.append(Launch(vm.id, vm.pool, vm.zone, (), vm.reserved_for))
@@ -204,11 +236,33 @@ class ClusterCore:
         self._session_changed(s)
 
     def _set_vm(self, vm: Vm, state: VmState, reason: str, now: float) -> None:
+        pool = self.pools[vm.pool]
+        if vm.state is not None:
+            self._count_out(pool, vm)
         vm.to(state, reason, now)
         self._vm_changed(vm)
         if state is V.DELETED:
-            self.pools[vm.pool].vms.discard(vm.id)
             del self.vms[vm.id]
+            self._filled.pop(vm.id, None)
+        else:
+            self._count_in(pool, vm)
+
+    @staticmethod
+    def _count_in(pool: PoolState, vm: Vm) -> None:
+        pool.changed = True
+        pool.vms[vm.id] = vm
+        pool.count[vm.state] += 1
+        pool.per_zone[vm.zone] += 1
+        if vm.state is V.WARM and vm.healthy:
+            pool.ready[vm.id] = vm
+
+    @staticmethod
+    def _count_out(pool: PoolState, vm: Vm) -> None:
+        pool.changed = True
+        del pool.vms[vm.id]
+        pool.count[vm.state] -= 1
+        pool.per_zone[vm.zone] -= 1
+        pool.ready.pop(vm.id, None)
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -238,6 +292,7 @@ class ClusterCore:
         self.by_request[spec.request_id] = s.id
         pool = self.pools[s.pool]
         self._count_demand(pool, image, now)
+        pool.forecast.arrival(now)
         if not self._place(s, now):
             self._enqueue(s, "waiting for capacity: the pool is at its maximum or stocked out", now)
         return s
@@ -266,7 +321,7 @@ class ClusterCore:
             return s
         reason = reason or "stopped by the user"
         if s.state is S.QUEUED:
-            self.pools[s.pool].queue.discard(s.id)
+            del self.pools[s.pool].queue[s.id]
             self._end(s, S.STOPPED, reason, now)
             self._renumber_queue(self.pools[s.pool], now)
         elif s.state is S.PROVISIONING:
@@ -297,16 +352,16 @@ class ClusterCore:
 
     def assignable(self, pool: PoolState) -> list[Vm]:
         """Assignable VMs: warm and healthy, even while a prewarm pull runs (a session beats it)."""
-        return [vm for vid in pool.vms if (vm := self.vms[vid]).state is V.WARM and vm.healthy]
+        return list(pool.ready.values())
 
     def _idle_settled(self, pool: PoolState) -> list[Vm]:
         """Idle warm VMs with no pull under way: candidates for prewarming and scale-down."""
-        return [vm for vm in self.assignable(pool) if not vm.pulling]
+        return [vm for vm in pool.ready.values() if not vm.pulling]
 
     def _place(self, s: Session, now: float) -> bool:
         """Gives the session a warm VM or launches one; False when it must wait."""
         pool = self.pools[s.pool]
-        choice = choose_vm(s.image, self.assignable(pool), self.catalog)
+        choice = choose_vm(s.image, reversed(pool.ready.values()), self.catalog)  # newest warm first
         if choice.vm_id:
             vm = self.vms[choice.vm_id]
             self._assign(s, vm, choice.start, now)
@@ -344,13 +399,14 @@ class ClusterCore:
     def _running(self, s: Session, vm: Vm, now: float) -> None:
         s.ready_at = s.last_activity_at = s.estimated_ready_at = now
         s.endpoint = vm.endpoint
+        self._watch_deadline(s)
         how = {StartKind.WARM: "warm VM with the image", StartKind.PARTIAL: "warm VM after a partial pull",
                StartKind.COLD: "new VM"}[s.start or StartKind.COLD]
         self._set_session(s, S.RUNNING, f"running on {how} {vm.id}", now)
 
     def _enqueue(self, s: Session, reason: str, now: float) -> None:
         pool = self.pools[s.pool]
-        pool.queue.add(s.id)
+        pool.queue[s.id] = None
         s.vm_id = ""
         s.estimated_ready_at = now + self._cold_start_s(s.image)
         self._set_session(s, S.QUEUED, reason, now)
@@ -364,8 +420,8 @@ class ClusterCore:
 
     def _queue_order(self, pool: PoolState) -> list[Session]:
         holding: dict[str, int] = defaultdict(int)
-        for vid in pool.vms:
-            if (owner := self.sessions.get(self.vms[vid].session_id or self.vms[vid].reserved_for)) is not None:
+        for vm in pool.vms.values():
+            if (owner := self.sessions.get(vm.session_id or vm.reserved_for)) is not None:
                 holding[owner.spec.user_id] += 1
         return queue_order([self.sessions[i] for i in pool.queue], holding)
 
@@ -375,13 +431,14 @@ class ClusterCore:
         for s in self._queue_order(pool):
             if not self._place(s, now):
                 break
-            pool.queue.discard(s.id)
+            del pool.queue[s.id]
         self._renumber_queue(pool, now)
 
     # ---- VMs -----------------------------------------------------------------------------
 
-    def _pool_total(self, pool: PoolState) -> int:
-        return sum(1 for vid in pool.vms if self.vms[vid].state in VM_ACTIVE)
+    @staticmethod
+    def _pool_total(pool: PoolState) -> int:
+        return sum(pool.count[state] for state in VM_ACTIVE)
 
     def _can_launch(self, pool: PoolState, now: float) -> bool:
         return (self._pool_total(pool) < pool.policy.max_vms
@@ -389,17 +446,13 @@ class ClusterCore:
 
     def _launch(self, pool: PoolState, now: float, images: tuple[str, ...] = (),
                 reserved_for: Session | None = None) -> Vm | None:
-        per_zone: dict[str, int] = defaultdict(int)
-        for vid in pool.vms:
-            per_zone[self.vms[vid].zone] += 1
-        zone = pick_zone(pool.config.zones, pool.stocked_out_until, per_zone, now)
+        zone = pick_zone(pool.config.zones, pool.stocked_out_until, pool.per_zone, now)
         if zone is None:
             return None
         vm = Vm(id=self.ids.vm(pool.config.name), cluster=self.name, pool=pool.config.name, zone=zone,
                 cache=LayerCache(pool.config.disk_cache_bytes), created_at=now,
                 reserved_for=reserved_for.id if reserved_for else "")
         self.vms[vm.id] = vm
-        pool.vms.add(vm.id)
         why = f"cold start for {reserved_for.id}" if reserved_for else "filling the warm pool"
         self._set_vm(vm, V.CREATING, why, now)
         self._commands.append(Launch(vm.id, pool.config.name, zone, images, reserved_for.id if reserved_for else ""))
@@ -408,6 +461,7 @@ class ClusterCore:
     def _release(self, vm: Vm, now: float) -> None:
         """After a session: wipe and keep, or delete, per pool policy. Never reuse unwiped."""
         pool = self.pools[vm.pool]
+        pool.forecast.departure(now)
         if pool.policy.recycle and vm.healthy:
             self._set_vm(vm, V.RECYCLING, f"wiping after session {vm.session_id}", now)
             self._commands.append(Wipe(vm.id, vm.zone, vm.session_id))
@@ -428,20 +482,16 @@ class ClusterCore:
         vm = self.vms[vm_id]
         self._set_vm(vm, V.WARM, "booted", now)
         s = self.sessions.get(vm.reserved_for)
-        image = self._prewarm_target.pop(vm.id, "")
         if s is not None and s.state is S.PROVISIONING and s.vm_id == vm.id:
             self._assign(s, vm, StartKind.COLD, now)
             return
         vm.reserved_for = ""
         self._after_vm_freed(vm, now)
-        if vm.state is V.WARM:
-            self._prewarm(vm, image or self.catalog.latest, now)
 
     def launch_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
         """The create or the boot failed. Remember a stocked-out zone; requeue the session."""
         vm = self.vms[vm_id]
         pool = self.pools[vm.pool]
-        self._prewarm_target.pop(vm_id, None)
         if failure.zone_exhausted:
             pool.stocked_out_until[vm.zone] = now + STOCKOUT_MEMORY_S
         created = vm.state is V.BOOTING
@@ -470,7 +520,9 @@ class ClusterCore:
         vm = self.vms.get(vm_id)
         if vm is None:
             return
-        vm.cache.add(image, self.catalog, now)  # the layers are on disk, even if superseded
+        # The layers are on disk, even if superseded; eviction spares the pool's top images.
+        if vm.cache.add_layers(self.catalog.layers(image), now, spare=self.pools[vm.pool].keep_layers):
+            self._filled.pop(vm.id, None)  # something was evicted: look again from the top
         if vm.pulling == image:
             vm.pulling = ""
         self._vm_changed(vm)
@@ -532,6 +584,7 @@ class ClusterCore:
         if vm is None or report.healthy or not vm.healthy:
             return
         vm.healthy, vm.health_detail = False, report.detail
+        self.pools[vm.pool].ready.pop(vm.id, None)
         self._vm_changed(vm)
         if vm.state is V.WARM and not vm.pulling:
             self._delete(vm, f"unhealthy: {report.detail}", now)
@@ -546,72 +599,102 @@ class ClusterCore:
             self._delete(vm, f"unhealthy: {vm.health_detail}", now)
             return
         self._dispatch_queue(self.pools[vm.pool], now)
+        self._fill(vm, now)
 
     # ---- periodic work -------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
         self._cull(now)
         for pool in self.pools.values():
+            if now - pool.ranking_at >= RANKING_REFRESH_S:
+                self._refresh_ranking(pool, now)
             self._dispatch_queue(pool, now)
-            self._autoscale(pool, now)
-            self._rebalance_images(pool, now)
+            if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
+                self._autoscale(pool, now)
+
+    def _watch_deadline(self, s: Session) -> None:
+        heapq.heappush(self._deadlines, (self._deadline(s), s.id))
+
+    @staticmethod
+    def _deadline(s: Session) -> float:
+        """When a running session is next due for culling, as things stand."""
+        due = s.ready_at + s.max_runtime_s if s.max_runtime_s else float("inf")
+        if s.spec.kind is SessionKind.INTERACTIVE:
+            due = min(due, s.last_activity_at + s.idle_timeout_s)
+        return due
 
     def _cull(self, now: float) -> None:
-        for s in list(self.sessions.values()):
-            if s.state is not S.RUNNING:
+        """Stops sessions idle too long or past their max runtime. A touch moves a deadline
+        later without touching the heap: an entry found early is pushed back at the new time."""
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, sid = heapq.heappop(heap)
+            s = self.sessions.get(sid)
+            if s is None or s.state is not S.RUNNING:
                 continue
-            if s.spec.kind is SessionKind.INTERACTIVE and now - s.last_activity_at >= s.idle_timeout_s:
+            if (due := self._deadline(s)) > now:
+                heapq.heappush(heap, (due, sid))
+            elif s.spec.kind is SessionKind.INTERACTIVE and now - s.last_activity_at >= s.idle_timeout_s:
                 self.stop(s.id, f"idle for {_minutes(s.idle_timeout_s)}", now)
-            elif s.max_runtime_s and now - s.ready_at >= s.max_runtime_s:
+            else:
                 self.stop(s.id, f"reached its max runtime of {_minutes(s.max_runtime_s)}", now)
 
-    def snapshot(self, pool: PoolState) -> PoolSnapshot:
-        counts: dict[VmState, int] = defaultdict(int)
-        for vid in pool.vms:
-            counts[self.vms[vid].state] += 1
-        p = pool.policy
+    def snapshot(self, pool: PoolState, peak_demand: int = 0) -> PoolSnapshot:
+        c, p = pool.count, pool.policy
         return PoolSnapshot(
-            warm=counts[V.WARM], starting=counts[V.CREATING] + counts[V.BOOTING], assigned=counts[V.ASSIGNED],
-            recycling=counts[V.RECYCLING], queued=len(pool.queue), min_vms=p.min_vms, max_vms=p.max_vms,
-            headroom_fraction=p.headroom_fraction, autoscaler=p.autoscaler,
+            warm=c[V.WARM], starting=c[V.CREATING] + c[V.BOOTING], assigned=c[V.ASSIGNED],
+            recycling=c[V.RECYCLING], queued=len(pool.queue), min_vms=p.min_vms, max_vms=p.max_vms,
+            headroom_fraction=p.headroom_fraction, autoscaler=p.autoscaler, warm_vms=p.warm_vms,
+            forecast_warm=pool.forecast_warm, peak_demand=peak_demand,
         )
 
-    def _track_peak(self, pool: PoolState, snap: PoolSnapshot, now: float) -> PoolSnapshot:
-        peak = pool.peak.add(now, snap.assigned + snap.queued)
-        return dataclasses.replace(snap, peak_demand=peak)
-
     def _autoscale(self, pool: PoolState, now: float) -> None:
-        idle = [vm for vm in self._idle_settled(pool) if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
-        plan = plan_scale(self._track_peak(pool, self.snapshot(pool), now), len(idle))
-        for image in self._prewarm_choices(pool, plan.launch, now):
-            vm = self._launch(pool, now, images=(image,))
-            if vm is None:
+        pool.changed, pool.scaled_at = False, now
+        policy = pool.policy
+        if policy.autoscaler == "predictive" and now - pool.forecast_at >= FORECAST_REFRESH_S:
+            lead_s = self._cold_start_s(pool.ranking[0] if pool.ranking else self.catalog.latest)
+            pool.forecast_warm = pool.forecast.warm_needed(now, lead_s, policy.wait_probability)
+            pool.forecast_at = now
+        demand = pool.count[V.ASSIGNED] + len(pool.queue)
+        # An upper bound on the VMs idle long enough: the real list is made only to delete some.
+        plan = plan_scale(self.snapshot(pool, pool.peak.add(now, demand)), len(pool.ready))
+        for _ in range(plan.launch):
+            if self._launch(pool, now, images=pool.ranking[:1]) is None:
                 break
-            self._prewarm_target[vm.id] = image
-        demand = self._decayed_demand(pool, now)
-        for vm in pick_deletions(idle, plan.delete, demand, lambda v: v.cache.images(self.catalog)):
-            self._delete(vm, "scale-down: surplus warm VM", now)
+        if plan.delete:
+            # A prewarm under way does not save a surplus VM.
+            idle = [vm for vm in pool.ready.values() if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
+            demand = self._decayed_demand(pool, now)
+            for vm in pick_deletions(idle, plan.delete, demand, lambda v: v.cache.images(self.catalog)):
+                self._delete(vm, "scale-down: surplus warm VM", now)
 
-    def _rebalance_images(self, pool: PoolState, now: float) -> None:
-        """Pulls demanded images onto idle warm VMs so the warm mix follows recent demand."""
-        idle = [IdleVm(vm.id, frozenset(vm.cache.layer_ids), frozenset(vm.cache.images(self.catalog)),
-                       vm.cache.capacity_bytes - vm.cache.used_bytes) for vm in self._idle_settled(pool)]
-        for vm_id, image in plan_prewarm(idle, self._wanted_images(pool, now), self.catalog, PREWARM_PULLS_PER_TICK):
-            self._prewarm(self.vms[vm_id], image, now)
+    def _refresh_ranking(self, pool: PoolState, now: float) -> None:
+        """Re-ranks the images idle VMs should hold; when the ranking moved, idle VMs follow it."""
+        pool.ranking_at = now
+        catalog = self.catalog
+        ranking = holdable(rank_images(self._wanted_images(pool, now), self._age),
+                           lambda i: {layer.id: layer.size_bytes for layer in catalog.layers(i)},
+                           pool.config.disk_cache_bytes)
+        n = RANKING_ORDER_MATTERS
+        if set(ranking) == set(pool.ranking) and ranking[:n] == pool.ranking[:n]:
+            return
+        pool.ranking = ranking
+        pool.keep_layers = frozenset().union(*(catalog.layer_ids(i) for i in ranking))
+        pool.ranking_gen += 1
+        for vm in self._idle_settled(pool):
+            self._fill(vm, now)
 
-    def _prewarm_choices(self, pool: PoolState, n: int, now: float) -> list[str]:
-        """Images for n new warm VMs, in proportion to recent demand (latest when none yet)."""
-        if n <= 0:
-            return []
-        demand = self._decayed_demand(pool, now)
-        if not demand:
-            return [self.catalog.latest] * n
-        ranked = sorted(demand.items(), key=lambda kv: (-kv[1], kv[0]))
-        total = sum(demand.values())
-        out: list[str] = []
-        for image, weight in ranked:
-            out += [image] * max(1, round(n * weight / total))
-        return out[:n]
+    def _fill(self, vm: Vm, now: float) -> None:
+        """An idle warm VM pulls the next image its pool wants it to hold, if any."""
+        if vm.state is not V.WARM or vm.pulling or vm.session_id or not vm.healthy:
+            return
+        pool, cache, catalog = self.pools[vm.pool], vm.cache, self.catalog
+        gen, start = self._filled.get(vm.id, (-1, 0))
+        k = next_pull(pool.ranking, lambda i: cache.has_image(i, catalog),
+                      start if gen == pool.ranking_gen else 0)
+        self._filled[vm.id] = (pool.ranking_gen, k)
+        if k < len(pool.ranking):
+            self._prewarm(vm, pool.ranking[k], now)
 
     def _wanted_images(self, pool: PoolState, now: float) -> dict[str, float]:
         """Recent demand by image, plus a baseline for each of the newest releases: notebooks stay
@@ -663,6 +746,7 @@ class ClusterCore:
         if merged["autoscaler"] not in ("fixed", "headroom", "predictive"):
             raise InvalidArgument("autoscaler must be fixed, headroom or predictive", field="policy.autoscaler")
         pool.policy = PoolPolicy(**merged)
+        pool.changed = True
         return pool.policy
 
     def prewarm(self, name: str, image: str, count: int, now: float) -> list[str]:

@@ -1,0 +1,120 @@
+"""How many warm VMs a pool needs so that a request waits only rarely. Pure: fed events and `now`.
+
+A VM launched now is useful only after its lead time (create, boot, pull the image), so the warm
+VMs must cover what arrives within that lead time, less what the sessions ending meanwhile give
+back. Arrivals are forecast as the higher of two rates:
+
+- recent: an exponentially weighted rate over the last quarter hour, which follows bursts;
+- seasonal: the arrivals seen in the same hour on earlier days (and the same hour a week ago
+  when there is a week of history), which rises before the daily peak does.
+
+Net demand over the lead time (arrivals minus departures) is treated as roughly normal, with the
+variance of two Poisson streams; the pool keeps its (1 - wait_probability) quantile warm.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+HOUR_S = 3600.0
+DAY_H = 24
+WEEK_H = 7 * DAY_H
+# Recent rates forget with this half-life: long enough to smooth single requests, short enough
+# to follow a burst within a few minutes.
+RECENT_HALF_LIFE_S = 900.0
+# Days of same-hour history averaged for the seasonal rate.
+SEASONAL_DAYS = 7
+# At most this much weight on the same hour a week ago (day of week), when it exists.
+WEEKLY_WEIGHT = 0.5
+
+
+class Rate:
+    """An exponentially decaying event count; `per_s` is the rate it implies."""
+
+    __slots__ = ("half_life_s", "_level", "_at")
+
+    def __init__(self, half_life_s: float):
+        self.half_life_s = half_life_s
+        self._level = 0.0
+        self._at = 0.0
+
+    def _decay(self, now: float) -> None:
+        if now > self._at:
+            self._level *= 0.5 ** ((now - self._at) / self.half_life_s)
+            self._at = now
+
+    def add(self, now: float, n: float = 1.0) -> None:
+        self._decay(now)
+        self._level += n
+
+    def per_s(self, now: float) -> float:
+        self._decay(now)
+        return self._level * math.log(2) / self.half_life_s
+
+
+class SeasonalCounts:
+    """Arrivals per hour, kept for a week and a day, for 'the same hour on earlier days'."""
+
+    __slots__ = ("_counts", "_since")
+
+    def __init__(self, since: float = 0.0):
+        self._counts: dict[int, int] = {}
+        self._since = math.ceil(since / HOUR_S)  # the first whole hour observed
+
+    def add(self, now: float) -> None:
+        hour = int(now // HOUR_S)
+        self._counts[hour] = self._counts.get(hour, 0) + 1
+        if len(self._counts) > WEEK_H + DAY_H + 1:
+            for h in [h for h in self._counts if h < hour - WEEK_H - DAY_H]:
+                del self._counts[h]
+
+    def per_s(self, at: float, now: float) -> float:
+        """The seasonal rate for the hour containing `at`, from whole hours seen before `now`."""
+        hour, last = int(at // HOUR_S), int(now // HOUR_S) - 1  # the newest complete hour
+        counts = self._counts
+        days = [h for k in range(1, SEASONAL_DAYS + 1) if self._since <= (h := hour - DAY_H * k) <= last]
+        if not days:
+            return 0.0
+        per_hour = sum(counts.get(h, 0) for h in days) / len(days)
+        if self._since <= (week := hour - WEEK_H) <= last:
+            per_hour = (1 - WEEKLY_WEIGHT) * per_hour + WEEKLY_WEIGHT * counts.get(week, 0)
+        return per_hour / HOUR_S
+
+
+class Forecast:
+    """One pool's arrivals and departures, and the warm VMs they call for."""
+
+    __slots__ = ("arrivals", "departures", "seasonal")
+
+    def __init__(self, since: float = 0.0):
+        self.arrivals = Rate(RECENT_HALF_LIFE_S)
+        self.departures = Rate(RECENT_HALF_LIFE_S)
+        self.seasonal = SeasonalCounts(since)
+
+    def arrival(self, now: float) -> None:
+        self.arrivals.add(now)
+        self.seasonal.add(now)
+
+    def departure(self, now: float) -> None:
+        self.departures.add(now)
+
+    def arrival_rate(self, now: float, lead_s: float) -> float:
+        """Expected arrivals per second over [now, now + lead_s]."""
+        seasonal = max(self.seasonal.per_s(now, now), self.seasonal.per_s(now + lead_s, now))
+        return max(self.arrivals.per_s(now), seasonal)
+
+    def warm_needed(self, now: float, lead_s: float, wait_probability: float) -> int:
+        lam = self.arrival_rate(now, lead_s)
+        mu = min(self.departures.per_s(now), lam)  # departures never count for more than arrivals
+        return warm_for(lam * lead_s, mu * lead_s, wait_probability)
+
+
+def warm_for(arrivals: float, departures: float, wait_probability: float) -> int:
+    """Warm VMs that cover net demand (arrivals - departures, both Poisson with these means) with
+    probability 1 - wait_probability."""
+    if arrivals <= 0:
+        return 0
+    z = NormalDist().inv_cdf(1.0 - min(max(wait_probability, 1e-9), 0.5))
+    need = max(0.0, arrivals - departures) + z * math.sqrt(arrivals + departures)
+    return math.ceil(need - 1e-9)
