@@ -11,8 +11,8 @@ from provisioner.model import Vm
 
 # A warm VM must have been idle this long before scale-down may take it (hysteresis).
 SCALE_DOWN_IDLE_S = 600.0
-# The pool is sized for the peak demand over this window, not the demand of the moment: a VM let
-# go on a dip comes back on the next rise with an empty disk, minutes of pulls away from useful.
+# Scale-down goes no lower than the most VMs wanted over this window: a VM let go on a dip comes
+# back on the next rise with an empty disk, many minutes of pulls away from useful.
 STABILIZATION_S = 3600.0
 # A zone that answered "stocked out" or "no quota" is skipped this long (as Karpenter does).
 STOCKOUT_MEMORY_S = 180.0
@@ -29,7 +29,6 @@ class PoolSnapshot:
     max_vms: int
     headroom_fraction: float
     autoscaler: str
-    peak_demand: int = 0  # highest assigned + queued over the stabilization window
     warm_vms: int = 0  # `fixed`: warm VMs kept above demand
     forecast_warm: int = 0  # `predictive`: warm VMs the forecast asks for (forecast.Forecast)
 
@@ -44,7 +43,7 @@ def desired_vms(s: PoolSnapshot) -> int:
     """Demand plus warm VMs, within [min, max]. The policies differ in how many warm VMs:
 
     fixed       a constant number (warm_vms);
-    headroom    a fraction of the peak demand of the last hour, at least one (the common practice);
+    headroom    a fraction of demand, at least one (the common practice);
     predictive  what the arrival forecast over a new VM's lead time calls for.
     """
     demand = s.assigned + s.queued
@@ -53,22 +52,21 @@ def desired_vms(s: PoolSnapshot) -> int:
     elif s.autoscaler == "predictive":
         want = demand + s.forecast_warm
     else:
-        peak = max(demand, s.peak_demand)
-        headroom = max(1, math.ceil(peak * s.headroom_fraction)) if s.headroom_fraction > 0 else 0
-        want = peak + headroom
+        want = demand + (max(1, math.ceil(demand * s.headroom_fraction)) if s.headroom_fraction > 0 else 0)
     return max(s.min_vms, min(s.max_vms, want))
 
 
-def plan_scale(s: PoolSnapshot, idle_long_enough: int) -> ScalePlan:
-    """Launch up to the target (VMs already starting count), delete surplus idle warm VMs.
+def plan_scale(s: PoolSnapshot, hold: int, idle_long_enough: int) -> ScalePlan:
+    """Launch up to the target now (VMs already starting count); delete surplus idle VMs, but
+    only down to `hold`, the most VMs wanted over the stabilization window.
 
     `idle_long_enough` is how many warm VMs have been idle past SCALE_DOWN_IDLE_S.
     """
     have = s.warm + s.starting + s.assigned + s.recycling
     want = desired_vms(s)
     if have < want:
-        return ScalePlan(launch=min(want, s.max_vms) - have)
-    surplus = min(have - want, idle_long_enough)
+        return ScalePlan(launch=want - have)
+    surplus = min(have - max(want, min(hold, s.max_vms)), idle_long_enough)
     return ScalePlan(delete=max(0, surplus))
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from provisioner.cli import main
 from provisioner.config import load_fleet
-from provisioner.sim.replay import HEADER, Replay, TraceError, read_trace, superimpose
+from provisioner.sim.replay import HEADER, Replay, TraceError, peak_concurrency, read_trace, superimpose, with_policy
 
 ROWS = [
     "0,u1,interactive,gpu-p100,gpu:v158,us-central1,7200,0",
@@ -25,8 +25,8 @@ def write_trace(tmp_path, rows=ROWS):
     return path
 
 
-def replay(path, scale=1, seed=0) -> Replay:
-    r = Replay(load_fleet(), superimpose(read_trace(path), scale, seed), seed=seed)
+def replay(path, scale=1, seed=0, policy=None, **knobs) -> Replay:
+    r = Replay(with_policy(load_fleet(), policy, **knobs), superimpose(read_trace(path), scale, seed), seed=seed)
     r.run()
     return r
 
@@ -90,8 +90,9 @@ def test_cli_prints_json(tmp_path, capsys):
     first = json.loads(capsys.readouterr().out)
     assert main(["simulate", "--trace", str(path), "--json"]) == 0
     second = json.loads(capsys.readouterr().out)
-    for key in ("sessions", "vm_hours", "assigned_vm_hours", "cost_usd", "fast_start_ratio", "exact_start_ratio",
-                "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s", "idle_vm_hours", "bytes_pulled", "wall_s"):
+    for key in ("sessions", "vm_hours", "assigned_vm_hours", "fixed_peak_vm_hours", "cost_usd", "fast_start_ratio",
+                "exact_start_ratio", "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s", "idle_vm_hours",
+                "bytes_pulled", "wall_s"):
         assert key in first
     first.pop("wall_s"), second.pop("wall_s")
     assert first == second
@@ -101,3 +102,60 @@ def test_cli_reports_a_bad_trace(tmp_path, capsys):
     path = write_trace(tmp_path, ["0,u1,interactive,gpu-p100,gpu:v160,mars-north1,60,0"])
     assert main(["simulate", "--trace", str(path)]) == 1
     assert "mars-north1" in capsys.readouterr().err
+
+
+def test_peak_concurrency_counts_open_sessions_per_pool(tmp_path):
+    rows = read_trace(write_trace(tmp_path, [
+        "0,u1,interactive,gpu-p100,gpu:v160,us-central1,100,0",
+        "50,u2,interactive,gpu-p100,gpu:v160,us-central1,100,0",  # overlaps u1
+        "100,u3,interactive,gpu-p100,gpu:v160,us-central1,10,0",  # starts as u1 ends: no overlap with it
+        "200,u4,interactive,gpu-p100,gpu:v160,us-central1,10,1",  # abandoned: open for the idle timeout too
+        "300,u5,batch,gpu-t4x2,gpu:v160,us-central1,10,0",
+    ]))
+    assert peak_concurrency(rows, idle_timeout_s=0) == {("us-central1", "gpu-p100"): 2, ("us-central1", "gpu-t4x2"): 1}
+    assert peak_concurrency(rows, idle_timeout_s=1000)[("us-central1", "gpu-p100")] == 2
+
+
+def test_fixed_peak_column_is_the_peak_held_for_the_whole_run(tmp_path):
+    out = replay(write_trace(tmp_path)).results()
+    assert out["fixed_peak_vms"] == sum(peak_concurrency(read_trace(write_trace(tmp_path)), 3600).values())
+    assert out["fixed_peak_vm_hours"] == pytest.approx(out["fixed_peak_vms"] * out["model_hours"], rel=1e-3)
+
+
+def test_with_policy_overrides_every_pool_and_rejects_unknown_ones():
+    fleet = with_policy(load_fleet(), "fixed", warm_vms=5)
+    pools = [p for c in fleet.clusters for p in c.pools]
+    assert {(p.autoscaler, p.warm_vms) for p in pools} == {("fixed", 5)}
+    with pytest.raises(ValueError, match="unknown policy"):
+        with_policy(load_fleet(), "magic")
+
+
+def test_policies_trade_idle_vms_for_start_quality(tmp_path):
+    """A steady stream on one pool: more warm VMs cost more VM-hours and never make starts worse."""
+    rows = [f"{i * 240},u{i % 7},interactive,gpu-p100,gpu:v160,us-central1,{1800 + (i * 37) % 1200},0"
+            for i in range(60)]
+    path = write_trace(tmp_path, rows)
+    few = replay(path, policy="fixed", warm_vms=0).results()
+    many = replay(path, policy="fixed", warm_vms=6).results()
+    predictive = replay(path, policy="predictive").results()
+    assert few["vm_hours"] < many["vm_hours"]
+    assert many["fast_start_ratio"] >= few["fast_start_ratio"]
+    assert few["starts"]["cold"] > many["starts"]["cold"]
+    assert predictive["vm_hours"] < many["vm_hours"]
+    for out in (few, many, predictive):
+        assert 0 < out["assigned_vm_hours"] <= out["vm_hours"]
+
+
+def test_samples_follow_the_run(tmp_path):
+    r = replay(write_trace(tmp_path))
+    assert r.samples[0].t_s == 0.0 and r.samples[-1].t_s <= r.now
+    assert max(s.assigned for s in r.samples) >= 1
+    assert all(s.assigned <= s.total and s.warm + s.assigned + s.starting <= s.total for s in r.samples)
+
+
+def test_cli_prints_a_report_beside_the_fixed_pool_and_the_bound(tmp_path, capsys):
+    assert main(["simulate", "--trace", str(write_trace(tmp_path)), "--policy", "headroom", "--headroom", "0.5"]) == 0
+    out = capsys.readouterr()
+    assert "headroom policy" in out.out and "fixed at peak" in out.out and "lower bound" in out.out
+    assert "simulating [" in out.err and "100.0%" in out.err
+    assert main(["simulate", "--trace", str(write_trace(tmp_path)), "--wait-probability", "0.7"]) == 2

@@ -462,3 +462,38 @@ def quota_detail(q: types_pb2.Quota, now: float) -> str:
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
+
+
+# --- simulation ----------------------------------------------------------------------------
+
+
+def simulation_report(r: dict[str, Any]) -> str:
+    """The simulator's results: cost beside a fixed pool sized for the peak and the lower bound
+    (VM-hours assigned to sessions, which are paid whatever the policy), then start quality."""
+    lower = r["assigned_vm_hours"] or 1e-9
+
+    def row(name: str, vm_hours: float, cost: float | None) -> list[str]:
+        return [name, f"{vm_hours:,.0f}", f"{vm_hours / lower:.2f}x", "" if cost is None else f"${cost:,.0f}"]
+
+    cost = table([row(f"{r['policy']} policy", r["vm_hours"], r["cost_usd"]),
+                  row(f"fixed at peak ({r['fixed_peak_vms']} VMs)", r["fixed_peak_vm_hours"], r["fixed_peak_cost_usd"]),
+                  row("lower bound (assigned)", r["assigned_vm_hours"], None)],
+                 ["", "VM-hours", "vs bound", "cost"])
+    saving = 1 - r["vm_hours"] / r["fixed_peak_vm_hours"] if r["fixed_peak_vm_hours"] else 0.0
+    starts = r["starts"]
+    n = r["sessions"] or 1
+    return "\n\n".join([
+        f"{r['trace']} x{r['scale']}: {r['sessions']:,} sessions over {r['model_hours'] / 24:.1f} days "
+        f"(replayed in {r['wall_s']:.1f}s)",
+        cost,
+        kv([("saving vs fixed", f"{saving:.1%}"),
+            ("idle VM-hours", f"{r['idle_vm_hours']:,.0f}"),
+            ("image bytes", format_bytes(r["bytes_pulled"]))]),
+        kv([("fast starts", f"{r['fast_start_ratio']:.2%} running within 60 s"),
+            ("exact image", f"{starts['warm']:,} ({starts['warm'] / n:.2%})"),
+            ("partial pull", f"{starts['partial']:,} ({starts['partial'] / n:.2%})"),
+            ("cold start", f"{starts['cold']:,} ({starts['cold'] / n:.2%})"),
+            ("never started", f"{r['never_started']:,} (ended before a VM was ready)"),
+            ("wait", f"p50 {r['wait_p50_s']:.0f}s  p95 {r['wait_p95_s']:.0f}s  p99 {r['wait_p99_s']:.0f}s  "
+                     f"max {r['wait_max_s']:.0f}s")]),
+    ])

@@ -45,6 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--scale", type=int, default=1, help="superimpose K shifted copies of the trace (default 1)")
     sim.add_argument("--seed", type=int, default=0, help="seed for the physics, ids and copy offsets")
     sim.add_argument("--clusters", default=None, help="fleet config directory (default: the shipped clusters/)")
+    sim.add_argument("--policy", choices=["fixed", "headroom", "predictive"], default=None,
+                     help="autoscaler for every pool (default: each pool's own, from its config)")
+    sim.add_argument("--headroom", type=float, default=None, metavar="FRACTION",
+                     help="headroom policy: warm VMs as a fraction of demand")
+    sim.add_argument("--warm-vms", type=int, default=None, metavar="N", help="fixed policy: warm VMs per pool")
+    sim.add_argument("--wait-probability", type=float, default=None, metavar="P",
+                     help="predictive policy: target share of requests that wait for a VM")
+    sim.add_argument("--plot", default=None, metavar="PNG", help="draw demand, warm and assigned VMs over time")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     sim.set_defaults(func=cmd_simulate)
 
@@ -203,13 +211,20 @@ def cmd_simulate(args) -> int:
     import time
 
     from provisioner.config import ConfigError, load_fleet
-    from provisioner.sim.replay import Replay, TraceError, read_trace, superimpose
+    from provisioner.sim.replay import Replay, TraceError, read_trace, superimpose, with_policy
 
     if args.scale < 1:
         print("error: --scale must be >= 1", file=sys.stderr)
         return 2
+    for flag, value, ok in (("--headroom", args.headroom, lambda v: v >= 0),
+                            ("--warm-vms", args.warm_vms, lambda v: v >= 0),
+                            ("--wait-probability", args.wait_probability, lambda v: 0 < v < 0.5)):
+        if value is not None and not ok(value):
+            print(f"error: {flag} {value} is out of range", file=sys.stderr)
+            return 2
     try:
-        fleet = load_fleet(args.clusters)
+        fleet = with_policy(load_fleet(args.clusters), args.policy, args.headroom, args.warm_vms,
+                            args.wait_probability)
         replay = Replay(fleet, superimpose(read_trace(args.trace), args.scale, args.seed), seed=args.seed)
     except ConfigError as e:
         print(f"error: bad fleet config:\n{e}", file=sys.stderr)
@@ -222,21 +237,26 @@ def cmd_simulate(args) -> int:
 
     def progress(done: float) -> None:
         now = time.monotonic()
-        if now - shown[0] >= 0.1 or done >= 1.0:  # at most ~10 updates a second
+        if now - shown[0] >= 0.2 or done >= 1.0:  # a few updates a second
             shown[0] = now
-            print(f"\rsimulating {done:6.1%}", end="", file=sys.stderr, flush=True)
+            bar = "#" * int(done * 30)
+            print(f"\rsimulating [{bar:<30}] {done:6.1%}  {now - started:5.1f}s", end="", file=sys.stderr, flush=True)
 
     replay.run(progress)
     print(file=sys.stderr)
-    results = replay.results()
-    results["wall_s"] = round(time.monotonic() - started, 2)
+    results = {"trace": Path(args.trace).name, "scale": args.scale, "policy": args.policy or "per pool",
+               **replay.results(), "wall_s": round(time.monotonic() - started, 2)}
+    if args.plot:
+        from provisioner.sim.plot import write_plot
+
+        write_plot(args.plot, replay.samples, f"{results['trace']} x{args.scale}, {results['policy']} policy")
+        print(f"plot written to {args.plot}", file=sys.stderr)
     if args.json:
         print(json.dumps(results))
     else:
-        starts = results.pop("starts")
-        for key, value in results.items():
-            print(f"{key:<20} {value}")
-        print(f"{'starts':<20} " + "  ".join(f"{k} {v}" for k, v in starts.items()))
+        from provisioner.cli.render import simulation_report
+
+        print(simulation_report(results))
     return 0
 
 

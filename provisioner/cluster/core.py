@@ -23,6 +23,7 @@ from provisioner.autoscale import (
     STOCKOUT_MEMORY_S,
     PoolSnapshot,
     WindowMax,
+    desired_vms,
     pick_deletions,
     pick_zone,
     plan_scale,
@@ -149,7 +150,7 @@ class PoolState:
     stocked_out_until: dict[str, float] = field(default_factory=dict)
     demand: dict[str, float] = field(default_factory=dict)  # decaying request counts by image
     demand_at: float = 0.0
-    peak: WindowMax = field(default_factory=lambda: WindowMax(STABILIZATION_S))
+    peak: WindowMax = field(default_factory=lambda: WindowMax(STABILIZATION_S))  # of VMs wanted
     forecast: Forecast = field(default_factory=Forecast)
     forecast_warm: int = 0
     forecast_at: float = -FORECAST_REFRESH_S
@@ -639,13 +640,13 @@ class ClusterCore:
             else:
                 self.stop(s.id, f"reached its max runtime of {_minutes(s.max_runtime_s)}", now)
 
-    def snapshot(self, pool: PoolState, peak_demand: int = 0) -> PoolSnapshot:
+    def snapshot(self, pool: PoolState) -> PoolSnapshot:
         c, p = pool.count, pool.policy
         return PoolSnapshot(
             warm=c[V.WARM], starting=c[V.CREATING] + c[V.BOOTING], assigned=c[V.ASSIGNED],
             recycling=c[V.RECYCLING], queued=len(pool.queue), min_vms=p.min_vms, max_vms=p.max_vms,
             headroom_fraction=p.headroom_fraction, autoscaler=p.autoscaler, warm_vms=p.warm_vms,
-            forecast_warm=pool.forecast_warm, peak_demand=peak_demand,
+            forecast_warm=pool.forecast_warm,
         )
 
     def _autoscale(self, pool: PoolState, now: float) -> None:
@@ -655,9 +656,10 @@ class ClusterCore:
             lead_s = self._cold_start_s(pool.ranking[0] if pool.ranking else self.catalog.latest)
             pool.forecast_warm = pool.forecast.warm_needed(now, lead_s, policy.wait_probability)
             pool.forecast_at = now
-        demand = pool.count[V.ASSIGNED] + len(pool.queue)
+        snap = self.snapshot(pool)
+        hold = pool.peak.add(now, desired_vms(snap))
         # An upper bound on the VMs idle long enough: the real list is made only to delete some.
-        plan = plan_scale(self.snapshot(pool, pool.peak.add(now, demand)), len(pool.ready))
+        plan = plan_scale(snap, hold, len(pool.ready))
         for _ in range(plan.launch):
             if self._launch(pool, now, images=pool.ranking[:1]) is None:
                 break

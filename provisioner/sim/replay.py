@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import csv
 import random
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from provisioner.cluster.core import ClusterCore, IdSource
 from provisioner.config import FleetConfig
@@ -26,6 +27,9 @@ FAST_START_S = 60.0
 TOUCH_MARGIN_S = 60.0
 # Model time past the last session's end, so wipes and deletes finish inside the run.
 TAIL_S = 600.0
+# Pool sizes are sampled this often for the plot.
+SAMPLE_S = 600.0
+POLICIES = ("fixed", "headroom", "predictive")
 
 V = VmState
 _RUNNING = SessionState.RUNNING
@@ -71,6 +75,49 @@ def read_trace(path: str | Path) -> list[TraceRow]:
     if not rows:
         raise TraceError(f"{path}: no sessions")
     return rows
+
+
+def with_policy(fleet: FleetConfig, policy: str | None = None, headroom_fraction: float | None = None,
+                warm_vms: int | None = None, wait_probability: float | None = None) -> FleetConfig:
+    """The fleet with every pool's autoscaler settings replaced where given."""
+    update = {k: v for k, v in {"autoscaler": policy, "headroom_fraction": headroom_fraction, "warm_vms": warm_vms,
+                                "wait_probability": wait_probability}.items() if v is not None}
+    if policy is not None and policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if not update:
+        return fleet
+    clusters = tuple(c.model_copy(update={"pools": tuple(p.model_copy(update=update) for p in c.pools)})
+                     for c in fleet.clusters)
+    return fleet.model_copy(update={"clusters": clusters})
+
+
+def peak_concurrency(rows: list[TraceRow], idle_timeout_s: float) -> dict[tuple[str, str], int]:
+    """The most sessions open at once per (region, accelerator): what a fixed pool must hold so
+    that no session ever waits for a VM."""
+    edges: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
+    for r in rows:
+        end = r.arrival_s + r.duration_s + (idle_timeout_s if r.abandon else 0.0)
+        edges[(r.region, r.accelerator)] += [(r.arrival_s, 1), (end, -1)]
+    peaks = {}
+    for key, points in edges.items():
+        points.sort()  # at equal times, ends (-1) before starts
+        level = peak = 0
+        for _, step in points:
+            level += step
+            peak = max(peak, level)
+        peaks[key] = peak
+    return peaks
+
+
+class Sample(NamedTuple):
+    """Fleet-wide counts at one moment, for plots."""
+
+    t_s: float
+    demand: int  # sessions assigned or waiting
+    assigned: int  # VMs serving sessions
+    warm: int  # idle VMs ready for a session
+    starting: int  # VMs being created or booting
+    total: int  # every VM that is billed
 
 
 def superimpose(rows: list[TraceRow], scale: int, seed: int) -> list[TraceRow]:
@@ -124,12 +171,18 @@ class Replay(Engine):
         self._live_price = 0.0
         self._t = 0.0
         self.vm_s = self.assigned_vm_s = self.cost_usd_s = 0.0
+        self.samples: list[Sample] = []
+        peaks = peak_concurrency(rows, self.idle_timeout_s)
+        self.fixed_peak_vms = sum(peaks.values())
+        self.fixed_peak_price = sum(n * self._price[(self.by_region[region].name, pool)]
+                                    for (region, pool), n in peaks.items())
 
     # ---- running ----------------------------------------------------------------------
 
     def run(self, progress: Callable[[float], None] | None = None, chunk_s: float = 3600.0) -> None:
         if self.rows:
             self.at(self.rows[0].arrival_s, None, self._arrive)
+        self.at(0.0, None, self._sample)
         while self.now < self.end_s:
             self.run_to(min(self.end_s, self.now + chunk_s))
             if progress is not None:
@@ -156,6 +209,19 @@ class Replay(Engine):
         else:
             self.at(end, core, self._stop, core, s.id)
         self.pump(core)
+
+    def _sample(self, now: float) -> None:
+        demand = assigned = warm = starting = 0
+        for core in self.cores:
+            for pool in core.pools.values():
+                c = pool.count
+                demand += c[V.ASSIGNED] + len(pool.queue)
+                assigned += c[V.ASSIGNED]
+                warm += c[V.WARM]
+                starting += c[V.CREATING] + c[V.BOOTING]
+        self.samples.append(Sample(now, demand, assigned, warm, starting, self._live))
+        if now + SAMPLE_S <= self.end_s:
+            self.at(now + SAMPLE_S, None, self._sample)
 
     def _schedule_touch(self, core: ClusterCore, sid: str, now: float, end: float) -> None:
         t = now + self.idle_timeout_s - TOUCH_MARGIN_S
@@ -233,8 +299,11 @@ class Replay(Engine):
             "model_hours": round(self.now / 3600.0, 3),
             "vm_hours": round(self.vm_s / 3600.0, 3),
             "assigned_vm_hours": round(self.assigned_vm_s / 3600.0, 3),
+            "fixed_peak_vm_hours": round(self.fixed_peak_vms * self.now / 3600.0, 3),
+            "fixed_peak_vms": self.fixed_peak_vms,
             "idle_vm_hours": round((self.vm_s - self.assigned_vm_s) / 3600.0, 3),
             "cost_usd": round(self.cost_usd_s / 3600.0, 2),
+            "fixed_peak_cost_usd": round(self.fixed_peak_price * self.now / 3600.0, 2),
             "bytes_pulled": self.bytes_pulled,
             "fast_start_ratio": round(sum(1 for w in waits if w <= FAST_START_S) / n, 4) if n else 0.0,
             "exact_start_ratio": round(self.starts[StartKind.WARM.value] / n, 4) if n else 0.0,
