@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from provisioner.model import Vm
 
@@ -86,13 +87,11 @@ class WindowMax:
         return self._samples[0][1]
 
 
-def pick_deletions(warm: Sequence[Vm], n: int, wanted_images: Mapping[str, float], images_of) -> list[Vm]:
-    """The n least valuable idle VMs: least demand for the images they hold, then longest idle."""
-
-    def value(vm: Vm) -> tuple:
-        return (sum(wanted_images.get(i, 0.0) for i in images_of(vm)), -vm.warm_since, vm.id)
-
-    return sorted(warm, key=value)[:n] if n > 0 else []
+def pick_deletions(warm: Sequence[Vm], n: int, cache_value: Callable[[Vm], float]) -> list[Vm]:
+    """The n least valuable idle VMs: least useful cache first, then longest idle, then id."""
+    if n <= 0:
+        return []
+    return heapq.nsmallest(n, warm, key=lambda vm: (cache_value(vm), vm.warm_since, vm.id))
 
 
 def pick_zone(zones: Sequence[str], stocked_out_until: Mapping[str, float], vms_per_zone: Mapping[str, int],

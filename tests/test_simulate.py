@@ -159,3 +159,19 @@ def test_cli_prints_a_report_beside_the_fixed_pool_and_the_bound(tmp_path, capsy
     assert "headroom policy" in out.out and "fixed at peak" in out.out and "lower bound" in out.out
     assert "simulating [" in out.err and "100.0%" in out.err
     assert main(["simulate", "--trace", str(write_trace(tmp_path)), "--wait-probability", "0.7"]) == 2
+
+
+def test_parallel_replay_adds_up_to_the_same_results(tmp_path):
+    from provisioner.sim.parallel import Run, simulate, split
+
+    rows = [f"{i * 97},u{i % 11},interactive,{('gpu-p100', 'gpu-t4x2')[i % 2]},gpu:v{159 + i % 2},"
+            f"{('us-central1', 'europe-west4', 'asia-east1')[i % 3]},{900 + (i * 53) % 2400},{i % 5 == 0:d}"
+            for i in range(90)]
+    run = Run(str(write_trace(tmp_path, rows)), scale=2, seed=4)
+    one, two = simulate(run, jobs=1), simulate(run, jobs=2)
+    assert one.samples == two.samples and len(one.samples) > 10
+    one, two = one.results(), two.results()
+    one.pop("events"), two.pop("events")  # each process also counts its own sampling events
+    assert one == two and one["sessions"] == 180
+    assert split({"a": 50, "b": 30, "c": 20}, 2) == [["a"], ["b", "c"]]
+    assert split({"a": 1}, 4) == [["a"]]

@@ -666,8 +666,7 @@ class ClusterCore:
         if plan.delete:
             # A prewarm under way does not save a surplus VM.
             idle = [vm for vm in pool.ready.values() if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
-            demand = self._decayed_demand(pool, now)
-            for vm in pick_deletions(idle, plan.delete, demand, lambda v: v.cache.images(self.catalog)):
+            for vm in pick_deletions(idle, plan.delete, lambda v: self._held_of_ranking(pool, v)):
                 self._delete(vm, "scale-down: surplus warm VM", now)
 
     def _refresh_ranking(self, pool: PoolState, now: float) -> None:
@@ -685,6 +684,11 @@ class ClusterCore:
         pool.ranking_gen += 1
         for vm in self._idle_settled(pool):
             self._fill(vm, now)
+
+    def _held_of_ranking(self, pool: PoolState, vm: Vm) -> int:
+        """How many of the pool's ranked images the VM holds, as far as its filling went."""
+        gen, k = self._filled.get(vm.id, (-1, 0))
+        return k if gen == pool.ranking_gen else 0
 
     def _fill(self, vm: Vm, now: float) -> None:
         """An idle warm VM pulls the next image its pool wants it to hold, if any."""
@@ -712,7 +716,8 @@ class ClusterCore:
         demand[image] = demand.get(image, 0.0) + 1.0
 
     def _decayed_demand(self, pool: PoolState, now: float) -> dict[str, float]:
-        if now > pool.demand_at:
+        # Decayed a minute at a time: the half-life is hours, and requests come many a minute.
+        if now - pool.demand_at >= 60.0:
             factor = 0.5 ** ((now - pool.demand_at) / DEMAND_HALF_LIFE_S)
             pool.demand = {i: c * factor for i, c in pool.demand.items() if c * factor > 0.01}
             pool.demand_at = now

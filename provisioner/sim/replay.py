@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import random
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -140,8 +140,72 @@ def superimpose(rows: list[TraceRow], scale: int, seed: int) -> list[TraceRow]:
     return out
 
 
+@dataclass
+class Tally:
+    """What a replay measured, in raw sums, so runs over parts of a fleet add up to the whole."""
+
+    end_s: float
+    sessions: int = 0
+    waits: list[float] = field(default_factory=list)
+    starts: dict[str, int] = field(default_factory=dict)
+    vm_s: float = 0.0
+    assigned_vm_s: float = 0.0
+    cost_usd_s: float = 0.0
+    bytes_pulled: int = 0
+    events: int = 0
+    fixed_peak_vms: int = 0
+    fixed_peak_price: float = 0.0
+    samples: list[Sample] = field(default_factory=list)
+
+    def __add__(self, other: Tally) -> Tally:
+        if self.end_s != other.end_s or len(self.samples) != len(other.samples):
+            raise ValueError("tallies of different runs cannot be added")
+        return Tally(
+            self.end_s, self.sessions + other.sessions, self.waits + other.waits,
+            {k: self.starts.get(k, 0) + other.starts.get(k, 0) for k in {**self.starts, **other.starts}},
+            self.vm_s + other.vm_s, self.assigned_vm_s + other.assigned_vm_s, self.cost_usd_s + other.cost_usd_s,
+            self.bytes_pulled + other.bytes_pulled, self.events + other.events,
+            self.fixed_peak_vms + other.fixed_peak_vms, self.fixed_peak_price + other.fixed_peak_price,
+            [Sample(a.t_s, *(x + y for x, y in zip(a[1:], b[1:]))) for a, b in zip(self.samples, other.samples)],
+        )
+
+    def results(self) -> dict:
+        waits = sorted(self.waits)
+        n = self.sessions
+        started = len(waits)
+        hours = self.end_s / 3600.0
+        starts = {k.value: self.starts.get(k.value, 0) for k in StartKind}
+        return {
+            "sessions": n,
+            "started": started,
+            "never_started": n - started,
+            "starts": starts,
+            "model_hours": round(hours, 3),
+            "vm_hours": round(self.vm_s / 3600.0, 3),
+            "assigned_vm_hours": round(self.assigned_vm_s / 3600.0, 3),
+            "fixed_peak_vm_hours": round(self.fixed_peak_vms * hours, 3),
+            "fixed_peak_vms": self.fixed_peak_vms,
+            "idle_vm_hours": round((self.vm_s - self.assigned_vm_s) / 3600.0, 3),
+            "cost_usd": round(self.cost_usd_s / 3600.0, 2),
+            "fixed_peak_cost_usd": round(self.fixed_peak_price * hours, 2),
+            "bytes_pulled": self.bytes_pulled,
+            "fast_start_ratio": round(sum(1 for w in waits if w <= FAST_START_S) / n, 4) if n else 0.0,
+            "exact_start_ratio": round(starts[StartKind.WARM.value] / n, 4) if n else 0.0,
+            "wait_p50_s": _pct(waits, 50),
+            "wait_p95_s": _pct(waits, 95),
+            "wait_p99_s": _pct(waits, 99),
+            "wait_max_s": round(waits[-1], 1) if waits else 0.0,
+            "events": self.events,
+        }
+
+
+def trace_end(rows: list[TraceRow], idle_timeout_s: float) -> float:
+    """When a replay of these rows stops: the last session's end, plus time for the last wipes."""
+    return max(r.arrival_s + r.duration_s + (idle_timeout_s if r.abandon else 0.0) for r in rows) + TAIL_S
+
+
 class Replay(Engine):
-    def __init__(self, fleet: FleetConfig, rows: list[TraceRow], seed: int = 0):
+    def __init__(self, fleet: FleetConfig, rows: list[TraceRow], seed: int = 0, end_s: float | None = None):
         settings = fleet.settings.sessions
         cores = [ClusterCore(c, fleet.catalog, settings, IdSource(c.name, seed)) for c in fleet.clusters]
         super().__init__(cores, seed=seed)
@@ -155,9 +219,12 @@ class Replay(Engine):
             if r.accelerator not in core.pools:
                 raise TraceError(f"session {i + 1}: cluster {core.name} has no pool {r.accelerator!r}")
         self.idle_timeout_s = settings.idle_timeout_s
-        self.end_s = max(r.arrival_s + r.duration_s + (self.idle_timeout_s if r.abandon else 0.0)
-                         for r in rows) + TAIL_S
-        self._next_row = 0
+        self.end_s = trace_end(rows, self.idle_timeout_s) if end_s is None else end_s
+        # Each cluster has its own chain of arrivals, so its events interleave the same way
+        # whether or not other clusters are replayed alongside (see sim.parallel).
+        self._rows_of: dict[str, list[int]] = {c.name: [] for c in cores}
+        for i, r in enumerate(rows):
+            self._rows_of[self.by_region[r.region].name].append(i)
         # Results.
         self.sessions = 0
         self.waits: list[float] = []
@@ -180,8 +247,9 @@ class Replay(Engine):
     # ---- running ----------------------------------------------------------------------
 
     def run(self, progress: Callable[[float], None] | None = None, chunk_s: float = 3600.0) -> None:
-        if self.rows:
-            self.at(self.rows[0].arrival_s, None, self._arrive)
+        for core in self.cores:
+            if rows := self._rows_of[core.name]:
+                self.at(self.rows[rows[0]].arrival_s, core, self._arrive, core, 0)
         self.at(0.0, None, self._sample)
         while self.now < self.end_s:
             self.run_to(min(self.end_s, self.now + chunk_s))
@@ -189,14 +257,13 @@ class Replay(Engine):
                 progress(self.now / self.end_s)
         self._integrate(self.now)
 
-    def _arrive(self, now: float) -> None:
-        """Allocates the next session and schedules the arrival after it (so the heap stays small)."""
-        rows, i = self.rows, self._next_row
-        r = rows[i]
-        self._next_row = i + 1
-        if i + 1 < len(rows):
-            self.at(rows[i + 1].arrival_s, None, self._arrive)
-        core = self.by_region[r.region]
+    def _arrive(self, core: ClusterCore, k: int, now: float) -> None:
+        """Allocates the core's k-th session and schedules its next (so the heap stays small)."""
+        mine = self._rows_of[core.name]
+        i = mine[k]
+        r = self.rows[i]
+        if k + 1 < len(mine):
+            self.at(self.rows[mine[k + 1]].arrival_s, core, self._arrive, core, k + 1)
         spec = SessionSpec(request_id=f"r{i}", user_id=r.user, accelerator=r.accelerator, image=r.image, kind=r.kind)
         s = core.allocate(spec, now)
         self.sessions += 1
@@ -208,7 +275,6 @@ class Replay(Engine):
             self.at(end, core, self._touch_last, core, s.id)  # the user's last activity; the cull does the rest
         else:
             self.at(end, core, self._stop, core, s.id)
-        self.pump(core)
 
     def _sample(self, now: float) -> None:
         demand = assigned = warm = starting = 0
@@ -287,32 +353,13 @@ class Replay(Engine):
 
     # ---- results ------------------------------------------------------------------------
 
+    def tally(self) -> Tally:
+        return Tally(self.now, self.sessions, list(self.waits), dict(self.starts), self.vm_s, self.assigned_vm_s,
+                     self.cost_usd_s, self.bytes_pulled, self.events, self.fixed_peak_vms, self.fixed_peak_price,
+                     list(self.samples))
+
     def results(self) -> dict:
-        waits = sorted(self.waits)
-        n = self.sessions
-        started = len(waits)
-        return {
-            "sessions": n,
-            "started": started,
-            "never_started": n - started,
-            "starts": dict(self.starts),
-            "model_hours": round(self.now / 3600.0, 3),
-            "vm_hours": round(self.vm_s / 3600.0, 3),
-            "assigned_vm_hours": round(self.assigned_vm_s / 3600.0, 3),
-            "fixed_peak_vm_hours": round(self.fixed_peak_vms * self.now / 3600.0, 3),
-            "fixed_peak_vms": self.fixed_peak_vms,
-            "idle_vm_hours": round((self.vm_s - self.assigned_vm_s) / 3600.0, 3),
-            "cost_usd": round(self.cost_usd_s / 3600.0, 2),
-            "fixed_peak_cost_usd": round(self.fixed_peak_price * self.now / 3600.0, 2),
-            "bytes_pulled": self.bytes_pulled,
-            "fast_start_ratio": round(sum(1 for w in waits if w <= FAST_START_S) / n, 4) if n else 0.0,
-            "exact_start_ratio": round(self.starts[StartKind.WARM.value] / n, 4) if n else 0.0,
-            "wait_p50_s": _pct(waits, 50),
-            "wait_p95_s": _pct(waits, 95),
-            "wait_p99_s": _pct(waits, 99),
-            "wait_max_s": round(waits[-1], 1) if waits else 0.0,
-            "events": self.events,
-        }
+        return self.tally().results()
 
 
 def _pct(values: list[float], p: float) -> float:

@@ -1,0 +1,102 @@
+"""Replays groups of clusters in separate processes and adds up what they measured.
+
+In a replay every session goes to the cluster of its home region and clusters share nothing, so
+each group of clusters is an independent run over its own sessions. Each group keeps its own
+seeded physics and ids, so the sum of the groups' tallies is exactly the one-process result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from provisioner.config import FleetConfig, load_fleet
+from provisioner.sim.replay import Replay, Tally, read_trace, superimpose, trace_end, with_policy
+
+# Progress of each worker (fraction done), shared with the parent. Set in each worker process.
+_progress = None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One simulation, described so that a fresh process can rebuild it."""
+
+    trace: str
+    scale: int = 1
+    seed: int = 0
+    clusters_dir: str | None = None
+    policy: str | None = None
+    headroom_fraction: float | None = None
+    warm_vms: int | None = None
+    wait_probability: float | None = None
+
+    def fleet(self) -> FleetConfig:
+        return with_policy(load_fleet(self.clusters_dir), self.policy, self.headroom_fraction, self.warm_vms,
+                           self.wait_probability)
+
+    def rows(self):
+        return superimpose(read_trace(self.trace), self.scale, self.seed)
+
+
+def split(sessions_per_cluster: dict[str, int], jobs: int) -> list[list[str]]:
+    """Clusters in at most `jobs` groups of similar total load (largest first, each to the
+    lightest group), in a deterministic order."""
+    groups: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, min(jobs, len(sessions_per_cluster))))]
+    for name, n in sorted(sessions_per_cluster.items(), key=lambda kv: (-kv[1], kv[0])):
+        i = min(range(len(groups)), key=lambda g: (groups[g][0], g))
+        groups[i] = (groups[i][0] + n, groups[i][1] + [name])
+    return [names for _, names in groups if names]
+
+
+def simulate(run: Run, jobs: int = 1, progress: Callable[[float], None] | None = None) -> Tally:
+    """Replays the run, over `jobs` processes when there is more than one cluster to share out."""
+    fleet, rows = run.fleet(), run.rows()
+    replay = Replay(fleet, rows, seed=run.seed)  # checks every row has a home cluster and pool
+    region_of = {c.name: c.region for c in fleet.clusters}
+    counts = {c.name: 0 for c in fleet.clusters}
+    by_region = {c.region: c.name for c in fleet.clusters}
+    for r in rows:
+        counts[by_region[r.region]] += 1
+    groups = split(counts, jobs)
+    if len(groups) == 1:
+        replay.run(progress)
+        return replay.tally()
+    del replay
+    end_s = trace_end(rows, fleet.settings.sessions.idle_timeout_s)
+    shared = multiprocessing.get_context("spawn").Array("d", len(groups), lock=False)
+    with ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_init_worker, initargs=(shared,)) as pool:
+        futures = [pool.submit(_replay_part, run, [region_of[n] for n in names], end_s, i)
+                   for i, names in enumerate(groups)]
+        while not all(f.done() for f in futures):
+            if progress is not None:
+                progress(min(shared))
+            time.sleep(0.2)
+        tallies = [f.result() for f in futures]
+    if progress is not None:
+        progress(1.0)
+    total = tallies[0]
+    for t in tallies[1:]:
+        total = total + t
+    return total
+
+
+def _init_worker(shared) -> None:
+    global _progress
+    _progress = shared
+
+
+def _replay_part(run: Run, regions: list[str], end_s: float, index: int) -> Tally:
+    fleet = run.fleet()
+    fleet = fleet.model_copy(update={"clusters": tuple(c for c in fleet.clusters if c.region in regions)})
+    rows = [r for r in run.rows() if r.region in regions]
+    replay = Replay(fleet, rows, seed=run.seed, end_s=end_s)
+
+    def progress(done: float) -> None:
+        _progress[index] = done
+
+    replay.run(progress)
+    return replay.tally()
