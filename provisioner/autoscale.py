@@ -15,6 +15,8 @@ SCALE_DOWN_IDLE_S = 600.0
 # Scale-down goes no lower than the most VMs wanted over this window: a VM let go on a dip comes
 # back on the next rise with an empty disk, many minutes of pulls away from useful.
 STABILIZATION_S = 3600.0
+# The predictive autoscaler sees rises coming, so it can let go of VMs sooner.
+PREDICTIVE_STABILIZATION_S = 900.0
 # A zone that answered "stocked out" or "no quota" is skipped this long (as Karpenter does).
 STOCKOUT_MEMORY_S = 180.0
 

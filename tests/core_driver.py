@@ -29,10 +29,13 @@ def fleet() -> FleetConfig:
 
 def make_core(cluster: str = "us-central1", pool: str = POOL, sessions: dict | None = None, seed: int = 0,
               **pool_changes) -> ClusterCore:
-    """A core for one shipped cluster, cut down to one pool (so other pools add no noise)."""
+    """A core for one shipped cluster, cut down to one pool (so other pools add no noise).
+
+    The pool runs the headroom autoscaler with at most 20 VMs unless told otherwise: small,
+    predictable numbers that tests can reason about."""
     f = fleet()
     c = f.cluster(cluster)
-    p = c.pool(pool).model_copy(update=pool_changes)
+    p = c.pool(pool).model_copy(update={"autoscaler": "headroom", "max_vms": 20, **pool_changes})
     c = c.model_copy(update={"pools": (p,)})
     settings = f.settings.sessions.model_copy(update=sessions or {})
     return ClusterCore(c, f.catalog, settings, IdSource(c.name, seed))

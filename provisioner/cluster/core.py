@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from provisioner.assignment import choose_vm, queue_order
 from provisioner.autoscale import (
     SCALE_DOWN_IDLE_S,
+    PREDICTIVE_STABILIZATION_S,
     STABILIZATION_S,
     STOCKOUT_MEMORY_S,
     PoolSnapshot,
@@ -127,7 +128,7 @@ class PoolPolicy:
     autoscaler: str
     recycle: bool
     warm_vms: int = 0
-    wait_probability: float = 0.002
+    wait_probability: float = 0.01
 
     @classmethod
     def of(cls, p: PoolConfig) -> PoolPolicy:
@@ -657,6 +658,7 @@ class ClusterCore:
             pool.forecast_warm = pool.forecast.warm_needed(now, lead_s, policy.wait_probability)
             pool.forecast_at = now
         snap = self.snapshot(pool)
+        pool.peak.window_s = PREDICTIVE_STABILIZATION_S if policy.autoscaler == "predictive" else STABILIZATION_S
         hold = pool.peak.add(now, desired_vms(snap))
         # An upper bound on the VMs idle long enough: the real list is made only to delete some.
         plan = plan_scale(snap, hold, len(pool.ready))
