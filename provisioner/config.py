@@ -101,7 +101,7 @@ class PoolConfig(_Model):
     headroom_fraction: NonNegativeFloat
     autoscaler: Literal["fixed", "headroom", "predictive"] = "headroom"
     warm_vms: NonNegativeInt = 2  # fixed: warm VMs kept above demand
-    wait_probability: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.01  # predictive: target share of requests that wait
+    wait_probability: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.02  # predictive: target share of requests that wait
     recycle: bool = True  # after a session: wipe and return warm (true) or delete (false)
     hourly_price_usd: NonNegativeFloat
     disk_cache_gb: PositiveFloat = 250.0

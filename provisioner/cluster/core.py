@@ -127,8 +127,8 @@ class PoolPolicy:
     headroom_fraction: float
     autoscaler: str
     recycle: bool
-    warm_vms: int = 0
-    wait_probability: float = 0.01
+    warm_vms: int
+    wait_probability: float
 
     @classmethod
     def of(cls, p: PoolConfig) -> PoolPolicy:
