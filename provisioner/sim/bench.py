@@ -101,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--held-out-scale", type=int, default=50, help="scale for the traces not tuned on")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out", default=None, help="also write the table to this file")
+    p.add_argument("--traces", default=str(TRACES), help="directory of traces (default: the bundled ones)")
     args = p.parse_args(argv)
+    traces = Path(args.traces)
     rows: list[Row] = []
     for scale in (int(s) for s in args.scales.split(",")):
         print(f"{TUNED_ON} x{scale}", file=sys.stderr)
-        rows += bench_trace(TRACES / TUNED_ON, scale, args.jobs, ("fixed", "headroom", "predictive"))
-    for trace in sorted(TRACES.glob("*.csv")):
+        rows += bench_trace(traces / TUNED_ON, scale, args.jobs, ("fixed", "headroom", "predictive"))
+    for trace in sorted(traces.glob("*.csv")):
         if trace.name != TUNED_ON:
             print(f"{trace.name} x{args.held_out_scale}", file=sys.stderr)
             rows += bench_trace(trace, args.held_out_scale, args.jobs, ("headroom", "predictive"))
