@@ -86,8 +86,32 @@ class SimCloudConfig(_Model):
 class BackendConfig(_Model):
     kind: Literal["sim", "gce", "gke"] = "sim"
     project: str | None = None
-    endpoint: str | None = None  # API endpoint override, for emulators and fake servers
-    gke_cluster: str | None = None
+    # API endpoint override, for emulators and fake servers: no credentials are sent to it.
+    # Without one, Application Default Credentials reach the real APIs.
+    endpoint: str | None = None
+    gke_cluster: str | None = None  # gke: the GKE cluster whose GPU node pools are the pools
+    gke_location: str | None = None  # gke: its region or zone (default: the cluster's region)
+    gke_endpoint: str | None = None  # gke: HOST:PORT of a ClusterManager emulator (plain gRPC)
+    # gce: the boot disk image (VMs also get each pool's disk_cache_gb) or an instance template.
+    boot_image: str = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
+    instance_template: str | None = None
+    network: str = "global/networks/default"
+    retry_attempts: int = Field(default=5, ge=1)  # per call, on 429 and 5xx
+    retry_total_s: PositiveFloat = 60.0  # per call, all attempts together
+    max_concurrent_calls: int = Field(default=16, ge=1)
+    call_timeout_s: PositiveFloat = 30.0
+    poll_s: PositiveFloat = 2.0  # operations, boot and agent commands are polled this often
+    operation_timeout_s: PositiveFloat = 600.0  # a Compute or GKE operation still running is given up
+    boot_timeout_s: PositiveFloat = 900.0
+    command_timeout_s: PositiveFloat = 3600.0  # an image pull on the VM's agent
+
+    @model_validator(mode="after")
+    def _check(self) -> BackendConfig:
+        if self.kind != "sim" and not self.project:
+            raise _At("project", f"backend {self.kind} needs the Google Cloud project")
+        if self.kind == "gke" and not self.gke_cluster:
+            raise _At("gke_cluster", "backend gke needs the GKE cluster name")
+        return self
 
 
 class PoolConfig(_Model):

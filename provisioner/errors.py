@@ -38,6 +38,13 @@ class FailedPrecondition(ProvisionerError):
     reason = "FAILED_PRECONDITION"
 
 
+class Aborted(ProvisionerError):
+    """Nothing was done and nothing will be: the request came too late. Safe to place elsewhere."""
+
+    grpc_code = "ABORTED"
+    reason = "ABORTED"
+
+
 class QuotaExceeded(ProvisionerError):
     grpc_code = "RESOURCE_EXHAUSTED"
     reason = "QUOTA_EXCEEDED"

@@ -68,6 +68,8 @@ class Session:
     revision: int = 0
     # W3C trace context of the request that created it, so later work joins the same trace.
     trace_context: dict[str, str] = field(default_factory=dict)
+    # Made for a request the front placed elsewhere: erased from the store, ended, then forgotten.
+    discarded: bool = False
 
     def to(self, state: SessionState, reason: str, now: float) -> None:
         check_transition(SESSION_TRANSITIONS, "session", self.id, self.state, state)

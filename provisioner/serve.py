@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from provisioner.api.server import Server
 from provisioner.clock import Clock
@@ -20,23 +22,33 @@ from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import ClusterConfig, FleetConfig
 from provisioner.front import service as front_service
 from provisioner.front.clusters import ClusterClient
+from provisioner.front.placement import Placement
 from provisioner.front.service import Fleet
-from provisioner.store import SqliteStore
+from provisioner.cluster import leader
+from provisioner.store import Store, open_store
 
 log = logging.getLogger(__name__)
 
 
-def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None) -> CloudBackend:
+def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None,
+                 data_dir: Path | None = None) -> CloudBackend:
     kind = cluster.backend.kind
     if kind == "sim":
         from opentelemetry import trace
 
-        from provisioner.cloud.sim import SimCloud
+        from provisioner.cloud.sim import Inventory, SimCloud
 
-        return SimCloud(cluster.sim, clock, tracer=trace.get_tracer("provisioner.cloud.sim",
-                                                                   tracer_provider=tracer_provider))
-    raise NotImplementedError(
-        f"cluster {cluster.name}: backend {kind!r} is not available in this release; use kind: sim")
+        # Under a data dir the simulated cloud's VMs persist, like a real cloud's, across restarts.
+        inventory = Inventory(Path(data_dir) / f"sim-cloud-{cluster.name}.db") if data_dir else None
+        return SimCloud(cluster.sim, clock, inventory=inventory,
+                        tracer=trace.get_tracer("provisioner.cloud.sim", tracer_provider=tracer_provider))
+    if kind == "gce":
+        from provisioner.cloud.gce import GceBackend
+
+        return GceBackend(cluster, clock)
+    from provisioner.cloud.gke import GkeBackend
+
+    return GkeBackend(cluster, clock)
 
 
 @dataclass
@@ -44,25 +56,43 @@ class ClusterProcess:
     config: ClusterConfig
     runtime: ClusterRuntime
     server: Server
-    store: SqliteStore
+    store: Store
+    lease: leader.Lease
+    watchdog: asyncio.Task
 
     @property
     def address(self) -> str:
         return self.server.address
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        self.watchdog.cancel()
         await self.server.stop(grace_s)
         await self.runtime.close()
         self.store.close()
+        self.lease.release()
+
+
+def make_lease(database_url: str | None, data_dir: Path, cluster: str) -> leader.Lease:
+    if database_url and database_url.startswith(("postgresql://", "postgres://")):
+        return leader.PostgresLease(database_url, cluster)
+    return leader.FileLease(Path(data_dir) / f"cluster-{cluster}.lease")
+
+
+async def _exit_when_lease_lost(lease: leader.Lease, cluster: str) -> None:
+    await leader.watch(lease, cluster)
+    os._exit(75)  # crash-only: not one more cloud call once another replica may be acting
 
 
 async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: Path, *,
                         address: str | None = None, backend: CloudBackend | None = None,
-                        tracer_provider=None) -> ClusterProcess:
+                        tracer_provider=None, database_url: str | None = None) -> ClusterProcess:
+    """Waits for the cluster's lease (another replica may lead), then restores and serves."""
     cfg = fleet.cluster(name)
-    store = SqliteStore(Path(data_dir) / f"cluster-{name}.db")
+    lease = make_lease(database_url, data_dir, name)
+    await leader.acquire(lease, name)
+    store = open_store(database_url, Path(data_dir) / f"cluster-{name}.db")
     core = ClusterCore(cfg, fleet.catalog, fleet.settings.sessions, IdSource(name))
-    runtime = ClusterRuntime(core, backend or make_backend(cfg, clock, tracer_provider), clock, store,
+    runtime = ClusterRuntime(core, backend or make_backend(cfg, clock, tracer_provider, data_dir), clock, store,
                              tracer_provider)
     await runtime.start()
     server = Server(address or cfg.address,
@@ -70,14 +100,17 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
                     on_drain=runtime.end_streams)
     await server.start()
     log.info("cluster %s listening on %s", name, server.address)
-    return ClusterProcess(cfg, runtime, server, store)
+    return ClusterProcess(cfg, runtime, server, store, lease,
+                          asyncio.create_task(_exit_when_lease_lost(lease, name)))
 
 
 @dataclass
 class FrontProcess:
     fleet: Fleet
     server: Server
-    store: SqliteStore
+    store: Store
+    placement: Placement
+    resolver: asyncio.Task
 
     @property
     def address(self) -> str:
@@ -85,26 +118,32 @@ class FrontProcess:
 
     async def stop(self, grace_s: float = 5.0) -> None:
         await self.server.stop(grace_s)
+        self.resolver.cancel()
+        await asyncio.gather(self.resolver, return_exceptions=True)
         for client in self.fleet.clients.values():
             await client.close()
         self.store.close()
 
 
 async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, address: str | None = None,
-                      cluster_addresses: dict[str, str] | None = None, tracer_provider=None) -> FrontProcess:
+                      cluster_addresses: dict[str, str] | None = None, tracer_provider=None,
+                      link_interceptors: Sequence = (), database_url: str | None = None) -> FrontProcess:
+    """`link_interceptors` sit on the front's channels to the clusters (tests inject faults there)."""
     addresses = {c.name: c.address for c in fleet_cfg.clusters} | (cluster_addresses or {})
-    clients = [ClusterClient(c.name, c.region, addresses[c.name], clock, tracer_provider) for c in fleet_cfg.clusters]
+    clients = [ClusterClient(c.name, c.region, addresses[c.name], clock, tracer_provider, link_interceptors)
+               for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
     for c in clients:
         c.start()
-    store = SqliteStore(Path(data_dir) / "front.db")
+    store = open_store(database_url, Path(data_dir) / "front.db")
     address = address or fleet_cfg.settings.front.address
     sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock)
     server = Server(address, lambda s: front_service.register(s, sessions), tracer_provider,
                     on_drain=sessions.end_streams)
     await server.start()
     log.info("front listening on %s", server.address)
-    return FrontProcess(fleet, server, store)
+    return FrontProcess(fleet, server, store, sessions.placement,
+                        asyncio.create_task(sessions.placement.run_resolver()))
 
 
 @dataclass
@@ -118,7 +157,8 @@ class LocalFleet:
 
 
 async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, front_address: str | None = None,
-                            cluster_port_base: int | None = None, tracer_provider=None) -> LocalFleet:
+                            cluster_port_base: int | None = None, tracer_provider=None,
+                            database_url: str | None = None) -> LocalFleet:
     """Every cluster of the fleet plus the front, in this process, on loopback.
 
     `cluster_port_base` overrides the configured cluster addresses (0: any free ports).
@@ -128,9 +168,9 @@ async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path
         address = None if cluster_port_base is None else \
             f"127.0.0.1:{cluster_port_base + i if cluster_port_base else 0}"
         clusters.append(await start_cluster(fleet_cfg, c.name, clock, data_dir, address=address,
-                                            tracer_provider=tracer_provider))
+                                            tracer_provider=tracer_provider, database_url=database_url))
     front = await start_front(fleet_cfg, clock, data_dir, address=front_address,
                               cluster_addresses={p.config.name: p.address for p in clusters},
-                              tracer_provider=tracer_provider)
+                              tracer_provider=tracer_provider, database_url=database_url)
     await front.fleet.wait_until_ready(timeout_s=10.0)
     return LocalFleet(front, clusters)

@@ -1,8 +1,10 @@
-"""Durable state: sessions, VMs and the front's idempotency keys, in SQLite (WAL).
+"""Durable state: sessions, VMs, the front's idempotency keys and attempts. SQLite (WAL) on a
+laptop, PostgreSQL in production, behind one class and one schema.
 
 Every batch of changes is written in one transaction before the shell acts on it, so a session
 is durable before its creation is acknowledged and a VM's record exists before the cloud call
-that makes it. Rows keep a few indexed columns plus the full object as JSON.
+that makes it. Rows keep a few indexed columns plus the full object as JSON. The statements are
+written once, in the SQL both databases accept; only the placeholder style differs.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 from provisioner.model import Session, Vm
 
@@ -45,87 +48,218 @@ MIGRATIONS: list[str] = [
         created_at REAL NOT NULL
     );
     """,
+    # Every attempt the front made at placing a request, so an outcome it never heard (a lost
+    # reply, a crash) is looked up later instead of guessed.
+    """
+    CREATE TABLE front_attempts (
+        request_id TEXT NOT NULL,
+        cluster TEXT NOT NULL,
+        commit_by REAL NOT NULL,
+        outcome TEXT NOT NULL,
+        PRIMARY KEY (request_id, cluster)
+    );
+    CREATE INDEX front_attempts_outcome ON front_attempts (outcome);
+    """,
 ]
 
+# Attempt outcomes: sent and not yet answered; answered with a session; answered "not made";
+# unanswered for good (the resolver asks again after commit_by).
+PENDING, MADE, NONE, UNRESOLVED = "pending", "made", "none", "unresolved"
+# Serializes schema upgrades between replicas starting at once (PostgreSQL advisory lock key).
+MIGRATION_LOCK = 0x70726F76
 
-class SqliteStore:
+
+class StoreError(Exception):
+    pass
+
+
+class Store:
+    """The statements; subclasses supply a connection, transactions and the placeholder."""
+
+    placeholder = "?"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    # ---- what subclasses provide ----------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A cursor in one transaction, committed on exit, rolled back on error."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _sql(self, statement: str) -> str:
+        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
+
+    def _rows(self, statement: str, args: tuple = ()) -> list[tuple]:
+        with self.transaction() as cur:
+            cur.execute(self._sql(statement), args)
+            return list(cur.fetchall())
+
+    # ---- schema ---------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        with self.transaction() as cur:
+            self._lock_schema(cur)
+            cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            cur.execute("SELECT max(version) FROM schema_version")
+            current = cur.fetchone()[0] or 0
+            if current > len(MIGRATIONS):
+                raise StoreError(f"the database has schema version {current}; this release knows up to "
+                                 f"{len(MIGRATIONS)}: upgrade the provisioner")
+            for version, sql in enumerate(MIGRATIONS[current:], start=current + 1):
+                for statement in filter(str.strip, sql.split(";")):
+                    cur.execute(statement)
+                cur.execute(self._sql("INSERT INTO schema_version (version) VALUES (?)"), (version,))
+
+    def _lock_schema(self, cur) -> None:
+        """Only one process upgrades the schema at a time."""
+
+    @property
+    def schema_version(self) -> int:
+        return self._rows("SELECT max(version) FROM schema_version")[0][0]
+
+    # ---- a cluster's sessions and VMs -----------------------------------------------------
+
+    def save(self, sessions: Iterable[Session], vms: Iterable[Vm], delete_sessions: Iterable[str] = ()) -> None:
+        """Writes a batch of changed objects (and erases discarded sessions) in one transaction."""
+        s_rows = [(s.id, s.cluster, s.spec.request_id, s.spec.user_id, s.state.value, s.revision,
+                   json.dumps(s.to_dict())) for s in sessions]
+        v_rows = [(v.id, v.cluster, v.pool, v.state.value, v.revision, json.dumps(v.to_dict())) for v in vms]
+        gone = [(sid,) for sid in delete_sessions]
+        if not s_rows and not v_rows and not gone:
+            return
+        with self.transaction() as cur:
+            if s_rows:
+                cur.executemany(self._sql(
+                    "INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, body) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
+                    "revision = excluded.revision, body = excluded.body"), s_rows)
+            if v_rows:
+                cur.executemany(self._sql(
+                    "INSERT INTO vms (id, cluster, pool, state, revision, body) VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (id) DO UPDATE SET state = excluded.state, revision = excluded.revision, "
+                    "body = excluded.body"), v_rows)
+            if gone:
+                cur.executemany(self._sql("DELETE FROM sessions WHERE id = ?"), gone)
+
+    def load_sessions(self, cluster: str) -> list[Session]:
+        rows = self._rows("SELECT body FROM sessions WHERE cluster = ?", (cluster,))
+        return sorted((Session.from_dict(json.loads(body)) for (body,) in rows), key=lambda s: (s.created_at, s.id))
+
+    def load_vms(self, cluster: str) -> list[Vm]:
+        rows = self._rows("SELECT body FROM vms WHERE cluster = ? AND state <> 'deleted'", (cluster,))
+        return sorted((Vm.from_dict(json.loads(body)) for (body,) in rows), key=lambda v: (v.created_at, v.id))
+
+    # ---- the front: request id -> the session it created ----------------------------------
+
+    def remember_request(self, request_id: str, session_id: str, cluster: str, now: float) -> str:
+        """Records the first session for a request id; returns whichever session id won."""
+        with self.transaction() as cur:
+            cur.execute(self._sql("INSERT INTO front_requests VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"),
+                        (request_id, session_id, cluster, now))
+            cur.execute(self._sql("SELECT session_id FROM front_requests WHERE request_id = ?"), (request_id,))
+            return cur.fetchone()[0]
+
+    def session_for_request(self, request_id: str) -> str | None:
+        rows = self._rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
+        return rows[0][0] if rows else None
+
+    def note_attempt(self, request_id: str, cluster: str, commit_by: float) -> None:
+        with self.transaction() as cur:
+            cur.execute(self._sql(
+                "INSERT INTO front_attempts VALUES (?, ?, ?, ?) ON CONFLICT (request_id, cluster) DO UPDATE "
+                "SET commit_by = CASE WHEN excluded.commit_by > front_attempts.commit_by "
+                "THEN excluded.commit_by ELSE front_attempts.commit_by END, outcome = excluded.outcome"),
+                (request_id, cluster, commit_by, PENDING))
+
+    def settle_attempt(self, request_id: str, cluster: str, outcome: str) -> None:
+        with self.transaction() as cur:
+            cur.execute(self._sql("UPDATE front_attempts SET outcome = ? WHERE request_id = ? AND cluster = ?"),
+                        (outcome, request_id, cluster))
+
+    def open_attempts(self, request_id: str | None = None) -> list[tuple[str, str, float]]:
+        """(request id, cluster, commit_by) of attempts whose outcome is not known, oldest first."""
+        where = "outcome IN (?, ?)" + (" AND request_id = ?" if request_id else "")
+        args = (PENDING, UNRESOLVED, *((request_id,) if request_id else ()))
+        return [tuple(r) for r in self._rows(
+            f"SELECT request_id, cluster, commit_by FROM front_attempts WHERE {where} ORDER BY commit_by", args)]
+
+
+class SqliteStore(Store):
     def __init__(self, path: str | Path):
+        super().__init__()
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._migrate()
 
-    def _migrate(self) -> None:
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Cursor]:
         with self._lock:
-            self._db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            row = self._db.execute("SELECT max(version) FROM schema_version").fetchone()
-            current = row[0] or 0
-            for version, sql in enumerate(MIGRATIONS[current:], start=current + 1):
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    for statement in filter(str.strip, sql.split(";")):
-                        self._db.execute(statement)
-                    self._db.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-
-    @property
-    def schema_version(self) -> int:
-        return self._db.execute("SELECT max(version) FROM schema_version").fetchone()[0]
-
-    def save(self, sessions: Iterable[Session], vms: Iterable[Vm]) -> None:
-        """Writes a batch of changed objects in one transaction."""
-        s_rows = [(s.id, s.cluster, s.spec.request_id, s.spec.user_id, s.state.value, s.revision,
-                   json.dumps(s.to_dict())) for s in sessions]
-        v_rows = [(v.id, v.cluster, v.pool, v.state.value, v.revision, json.dumps(v.to_dict())) for v in vms]
-        if not s_rows and not v_rows:
-            return
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany(
-                    "INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, body) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
-                    "revision = excluded.revision, body = excluded.body", s_rows)
-                self._db.executemany(
-                    "INSERT INTO vms (id, cluster, pool, state, revision, body) VALUES (?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (id) DO UPDATE SET state = excluded.state, revision = excluded.revision, "
-                    "body = excluded.body", v_rows)
-                self._db.execute("COMMIT")
+                yield cur
+                cur.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                cur.execute("ROLLBACK")
                 raise
-
-    def load_sessions(self, cluster: str) -> list[Session]:
-        rows = self._db.execute("SELECT body FROM sessions WHERE cluster = ? ORDER BY rowid", (cluster,))
-        return [Session.from_dict(json.loads(body)) for (body,) in rows]
-
-    def load_vms(self, cluster: str) -> list[Vm]:
-        rows = self._db.execute("SELECT body FROM vms WHERE cluster = ? AND state != 'deleted' ORDER BY rowid",
-                                (cluster,))
-        return [Vm.from_dict(json.loads(body)) for (body,) in rows]
-
-    # The front's idempotency keys: request id -> the session it created.
-    def remember_request(self, request_id: str, session_id: str, cluster: str, now: float) -> str:
-        """Records the first session for a request id; returns whichever session id won."""
-        with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO front_requests VALUES (?, ?, ?, ?)",
-                             (request_id, session_id, cluster, now))
-            return self._db.execute("SELECT session_id FROM front_requests WHERE request_id = ?",
-                                    (request_id,)).fetchone()[0]
-
-    def session_for_request(self, request_id: str) -> str | None:
-        row = self._db.execute("SELECT session_id FROM front_requests WHERE request_id = ?",
-                               (request_id,)).fetchone()
-        return row[0] if row else None
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+class PostgresStore(Store):
+    placeholder = "%s"
+
+    def __init__(self, url: str):
+        super().__init__()
+        import psycopg  # only when PostgreSQL is asked for
+
+        self.url = url
+        try:
+            self._db = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        except psycopg.OperationalError as e:
+            raise StoreError(f"cannot connect to {redact(url)}: {e}") from None
+        self._migrate()
+
+    @contextmanager
+    def transaction(self):
+        with self._lock, self._db.transaction(), self._db.cursor() as cur:
+            yield cur
+
+    def _lock_schema(self, cur) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    creds, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***{at}{host}" if ":" in creds else url
+
+
+def open_store(database_url: str | None, default_path: str | Path) -> Store:
+    """PostgreSQL for a postgresql:// URL, else SQLite at the URL's path or `default_path`."""
+    if database_url and database_url.startswith(("postgresql://", "postgres://")):
+        return PostgresStore(database_url)
+    if database_url and database_url.startswith("sqlite:///"):
+        return SqliteStore(database_url.removeprefix("sqlite:///"))
+    if database_url:
+        raise StoreError(f"unsupported database URL {redact(database_url)!r}: use postgresql://... or sqlite:///PATH")
+    return SqliteStore(default_path)

@@ -112,3 +112,24 @@ async def local_fleet(tmp_path):
     yield handle
     await handle.channel.close()
     await handle.fleet.stop(0.5)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for the whole run (see tests/pg.py); skipped loudly if none can start."""
+    from pg import skip_or_fail, start_server
+
+    try:
+        server = start_server()
+    except RuntimeError as e:
+        skip_or_fail(str(e))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """A database URL for each backend the store supports, empty."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("postgres").new_database()

@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 import socket
+import sqlite3
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +30,15 @@ PROVISIONER = Path(sys.executable).with_name("provisioner")
 CLUSTERS = ("us-central1", "europe-west4", "asia-east1")
 STARTUP_S = 20.0
 HEALTH = health_pb2.HealthCheckResponse
+
+
+def sim_cloud_vms(data_dir: Path, cluster: str) -> set[str]:
+    """The VMs a cluster's simulated cloud holds (its inventory file under the data dir)."""
+    db = sqlite3.connect(data_dir / f"sim-cloud-{cluster}.db")
+    try:
+        return {vm_id for (vm_id,) in db.execute("SELECT id FROM vms")}
+    finally:
+        db.close()
 
 
 def free_port() -> int:
@@ -80,9 +90,9 @@ class Fleet:
         await asyncio.gather(*(s.start() for s in self.services))
         await self.wait_routable()
 
-    async def wait_routable(self, timeout: float = 10.0) -> None:
+    async def wait_routable(self, front: Service | None = None, timeout: float = 10.0) -> None:
         """Until the front has every cluster's capacity, so it can route to any of them."""
-        async with grpc.aio.insecure_channel(self.front.address) as ch:
+        async with grpc.aio.insecure_channel((front or self.front).address) as ch:
             admin = admin_grpc.AdminServiceStub(ch)
             deadline = time.monotonic() + timeout
             while True:

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from provisioner.clock import ManualClock
 from provisioner.cloud.base import LABEL_CLUSTER, LABEL_POOL, CloudFailure, CloudVm, LaunchSpec
-from provisioner.cloud.sim import SimCall, SimCloud, SimPhysics
+from provisioner.cloud.sim import Inventory, SimCall, SimCloud, SimPhysics
 from provisioner.errors import Unavailable
 from provisioner.images import Layer
 
@@ -126,16 +126,25 @@ async def test_concurrent_creates_make_one_vm(clock):
     assert len(cloud.vms) == 1
 
 
-async def test_stockout_fails_before_making_anything(clock):
+async def failed(cloud: SimCloud, clock: ManualClock, s: LaunchSpec) -> CloudFailure:
+    task = await spawn(cloud.create(s))
+    await clock.advance(1.9)  # the insert operation fails after create_s (3 +/- 1), like the engine's
+    assert not task.done()
+    await clock.advance(8)
+    failure = task.result()
+    assert isinstance(failure, CloudFailure)
+    return failure
+
+
+async def test_stockout_fails_the_insert_operation_and_makes_nothing(clock):
     cloud = make(clock, stocked_out_zones=["us-central1-a"])
-    result = await cloud.create(spec())  # fails without sleeping
-    assert isinstance(result, CloudFailure)
+    result = await failed(cloud, clock, spec())
     assert result.code == "stockout" and result.zone_exhausted and result.zone == "us-central1-a"
     assert cloud.vms == {}
     assert isinstance(await created(cloud, clock, spec("vm-2", zone="us-central1-b")), CloudVm)
 
     cloud.set_stockout("us-central1-b", True)
-    assert (await cloud.create(spec("vm-3", zone="us-central1-b"))).code == "stockout"
+    assert (await failed(cloud, clock, spec("vm-3", zone="us-central1-b"))).code == "stockout"
     cloud.set_stockout("us-central1-a", False)
     assert isinstance(await created(cloud, clock, spec("vm-4")), CloudVm)
 
@@ -189,8 +198,8 @@ def test_inject_rejects_unknown_op_and_code(clock):
 
 async def test_launch_failure_rate(clock):
     cloud = make(clock, launch_failure_rate=1.0)
-    failure = await cloud.create(spec())
-    assert isinstance(failure, CloudFailure) and failure.code == "unavailable"
+    failure = await failed(cloud, clock, spec())
+    assert failure.code == "unavailable"
     assert cloud.vms == {}
 
 
@@ -345,7 +354,7 @@ async def test_spans_are_children_of_the_callers_span(clock):
     tracer = provider.get_tracer("test")
     cloud = SimCloud(Cfg(stocked_out_zones=["z-stocked"]), clock, tracer=tracer)
     with tracer.start_as_current_span("cluster.allocate") as parent:
-        await cloud.create(spec(zone="z-stocked"))
+        await failed(cloud, clock, spec(zone="z-stocked"))
         await cloud.delete("nope", "z")
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert {"sim.create", "sim.delete", "cluster.allocate"} <= set(spans)
@@ -361,3 +370,26 @@ async def test_untraced_and_unrecorded_mode(clock):
     cloud = SimCloud(Cfg(), clock, tracer=None, record_calls=False)
     await ready(cloud, clock, spec())
     assert cloud.calls == []
+
+
+async def test_a_durable_inventory_outlives_the_cloud_object(clock, tmp_path):
+    path = tmp_path / "cloud.db"
+    cloud = SimCloud(Cfg(boot_jitter_s=0), clock, inventory=Inventory(path))
+    await ready(cloud, clock, spec("vm-1"))
+    await created(cloud, clock, spec("vm-2"))
+    cloud.mark_unhealthy("vm-2", "ECC errors")
+    await cloud.close()
+
+    again = SimCloud(Cfg(boot_jitter_s=0), clock, inventory=Inventory(path))  # a restarted process
+    assert again.vms == cloud.vms and set(again.vms) == {"vm-1", "vm-2"}
+    assert again.vms["vm-1"].status == "running"
+    assert not (await again.health("vm-2", "us-central1-a")).healthy
+    task = await spawn(again.delete("vm-1", "us-central1-a"))
+    await clock.advance(60)
+    assert task.result() is None
+    await again.close()
+    third = Inventory(path)
+    assert set(third) == {"vm-2"}
+    ops = [op for (op,) in third._db.execute("SELECT op FROM calls ORDER BY rowid")]
+    assert ops == ["create", "wait_ready", "create", "delete"]
+    third.close()

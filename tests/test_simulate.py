@@ -175,3 +175,24 @@ def test_parallel_replay_adds_up_to_the_same_results(tmp_path):
     assert one == two and one["sessions"] == 180
     assert split({"a": 50, "b": 30, "c": 20}, 2) == [["a"], ["b", "c"]]
     assert split({"a": 1}, 4) == [["a"]]
+
+
+def test_cli_writes_the_plot(tmp_path, capsys):
+    png = tmp_path / "pool.png"
+    assert main(["simulate", "--trace", str(write_trace(tmp_path)), "--plot", str(png)]) == 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000  # a drawn chart, not an empty canvas
+    assert "plot written to" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(write_trace(tmp_path)), "--plot", str(tmp_path / "no/such/dir.png")]) == 1
+    assert "error:" in capsys.readouterr().err
+
+
+def test_json_names_the_fixed_fleet_at_k_times_the_base_peak(tmp_path, capsys):
+    path = write_trace(tmp_path)
+    base = sum(peak_concurrency(read_trace(path), 3600.0).values())
+    assert main(["simulate", "--trace", str(path), "--scale", "3", "--json", "--jobs", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert base >= 1 and out["scaled_peak_vms"] == 3 * base
+    assert out["scaled_peak_vm_hours"] == pytest.approx(3 * base * out["model_hours"], rel=1e-6)
+    assert main(["simulate", "--trace", str(path), "--scale", "3"]) == 0
+    assert f"fixed at 3 x base peak ({3 * base} VMs)" in capsys.readouterr().out

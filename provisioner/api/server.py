@@ -16,12 +16,17 @@ from provisioner import telemetry
 
 log = logging.getLogger(__name__)
 
+# Clients (the front) ping idle connections every second to notice a hung peer; allow it.
+ACCEPT_PINGS = [("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+                ("grpc.keepalive_permit_without_calls", 1)]
+
 
 class Server:
     def __init__(self, address: str, register: Callable[[grpc.aio.Server], Iterable[str]],
                  tracer_provider=None, on_drain: Callable[[], None] | None = None):
         self.on_drain = on_drain
-        self.server = grpc.aio.server(interceptors=telemetry.server_interceptors(tracer_provider))
+        self.server = grpc.aio.server(interceptors=telemetry.server_interceptors(tracer_provider),
+                                      options=ACCEPT_PINGS)
         self.services = list(register(self.server))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

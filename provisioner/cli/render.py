@@ -88,7 +88,7 @@ def format_duration(seconds: float) -> str:
 
 
 def format_bytes(n: int) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
@@ -475,10 +475,13 @@ def simulation_report(r: dict[str, Any]) -> str:
     def row(name: str, vm_hours: float, cost: float | None) -> list[str]:
         return [name, f"{vm_hours:,.0f}", f"{vm_hours / lower:.2f}x", "" if cost is None else f"${cost:,.0f}"]
 
-    cost = table([row(f"{r['policy']} policy", r["vm_hours"], r["cost_usd"]),
-                  row(f"fixed at peak ({r['fixed_peak_vms']} VMs)", r["fixed_peak_vm_hours"], r["fixed_peak_cost_usd"]),
-                  row("lower bound (assigned)", r["assigned_vm_hours"], None)],
-                 ["", "VM-hours", "vs bound", "cost"])
+    rows = [row(f"{r['policy']} policy", r["vm_hours"], r["cost_usd"]),
+            row(f"fixed at peak ({r['fixed_peak_vms']} VMs)", r["fixed_peak_vm_hours"], r["fixed_peak_cost_usd"])]
+    if r["scale"] > 1:
+        rows.append(row(f"fixed at {r['scale']} x base peak ({r['scaled_peak_vms']} VMs)", r["scaled_peak_vm_hours"],
+                        None))
+    rows.append(row("lower bound (assigned)", r["assigned_vm_hours"], None))
+    cost = table(rows, ["", "VM-hours", "vs bound", "cost"])
     saving = 1 - r["vm_hours"] / r["fixed_peak_vm_hours"] if r["fixed_peak_vm_hours"] else 0.0
     starts = r["starts"]
     n = r["sessions"] or 1

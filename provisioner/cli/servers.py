@@ -65,6 +65,9 @@ def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
                    help="where the SQLite databases and the span file go (env PROVISIONER_DATA_DIR)")
     p.add_argument("--time-scale", type=float, default=time_scale,
                    help=f"model seconds per wall second for the simulated cloud (default {time_scale:g})")
+    p.add_argument("--database-url", default=os.environ.get("PROVISIONER_DATABASE_URL"),
+                   help="postgresql://USER@HOST/DB to share state between replicas (default: SQLite files "
+                        "in --data-dir; env PROVISIONER_DATABASE_URL)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--traces", choices=["none", "console", "otlp", "file"], default=argparse.SUPPRESS,
                    help="trace exporter (default: $PROVISIONER_TRACES, else file: <data-dir>/traces.jsonl)")
@@ -72,7 +75,7 @@ def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
 
 def _setup(args, service: str):
     from provisioner import telemetry
-    from provisioner.clock import RealClock
+    from provisioner.clock import RealClock, shared_origin
     from provisioner.config import ConfigError, load_fleet
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -87,7 +90,9 @@ def _setup(args, service: str):
     provider = telemetry.setup_tracing(service, exporter=exporter, file_path=data_dir / "traces.jsonl")
     if args.time_scale <= 0:
         raise SystemExit("error: --time-scale must be > 0")
-    return fleet, data_dir, RealClock(args.time_scale), provider, exporter
+    # A sped-up clock counts from the fleet's first start, so restarts keep one model time.
+    origin = None if args.time_scale == 1 else shared_origin(data_dir)
+    return fleet, data_dir, RealClock(args.time_scale, origin), provider, exporter
 
 
 def _serve_until_signalled(provider, start) -> int:
@@ -95,16 +100,29 @@ def _serve_until_signalled(provider, start) -> int:
     or Ctrl-C, then drains and flushes the spans."""
     from provisioner.api.server import stop_event_on_signals
 
+    from provisioner.store import StoreError
+
     async def run() -> None:
         stop = stop_event_on_signals()
-        stop_all = await start()
-        await stop.wait()
+        # Starting may wait (a standby replica waits for the lease): a signal meanwhile just exits.
+        starting, stopping = asyncio.create_task(start()), asyncio.create_task(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            print("stopped before starting", file=sys.stderr)
+            return
+        stop_all = starting.result()
+        await stopping
         print("draining: finishing in-flight requests...", file=sys.stderr)
         await stop_all()
         print("stopped", file=sys.stderr)
 
     try:
         asyncio.run(run())
+    except StoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         _flush(provider)
     return 0
@@ -115,14 +133,17 @@ def cmd_up(args) -> int:
 
     async def start():
         from provisioner.serve import start_local_fleet
+        from provisioner.store import redact
 
         local = await start_local_fleet(fleet, clock, data_dir, front_address=args.front_address,
-                                        tracer_provider=provider)
+                                        tracer_provider=provider, database_url=args.database_url)
         print(f"front     {local.front.address}   (public SessionService, AdminService)")
         for c in local.clusters:
             print(f"cluster   {c.address}   {c.config.name}: "
                   f"{', '.join(p.name for p in c.config.pools)} on the simulated cloud")
-        print(f"data      {data_dir}/   (SQLite: front.db, cluster-*.db)")
+        where = (f"PostgreSQL {redact(args.database_url)}" if args.database_url
+                 else "SQLite: front.db, cluster-*.db; simulated cloud: sim-cloud-*.db")
+        print(f"data      {data_dir}/   ({where})")
         if exporter == "file":
             print(f"traces    {data_dir}/traces.jsonl   (provisioner trace SESSION_ID)")
         print(f"time      x{args.time_scale:g} (model seconds per wall second)")
@@ -164,7 +185,8 @@ def cmd_serve_cluster(args) -> int:
     async def start():
         from provisioner.serve import start_cluster
 
-        proc = await start_cluster(fleet, args.name, clock, data_dir, address=args.address, tracer_provider=provider)
+        proc = await start_cluster(fleet, args.name, clock, data_dir, address=args.address, tracer_provider=provider,
+                                   database_url=args.database_url)
         print(f"cluster {args.name} listening on {proc.address}", flush=True)
         return proc.stop
 
@@ -184,7 +206,7 @@ def cmd_serve_front(args) -> int:
         from provisioner.serve import start_front
 
         proc = await start_front(fleet, clock, data_dir, address=args.address, cluster_addresses=overrides,
-                                 tracer_provider=provider)
+                                 tracer_provider=provider, database_url=args.database_url)
         print(f"front listening on {proc.address}", flush=True)
         return proc.stop
 
@@ -214,6 +236,7 @@ def cmd_simulate(args) -> int:
 
     from provisioner.config import ConfigError
     from provisioner.sim.parallel import Run, simulate
+    from provisioner.sim.parallel import results as results_of
     from provisioner.sim.replay import TraceError
 
     if args.scale < 1 or args.jobs < 1:
@@ -247,11 +270,15 @@ def cmd_simulate(args) -> int:
         return 1
     print(file=sys.stderr)
     results = {"trace": Path(args.trace).name, "scale": args.scale, "policy": args.policy or "per pool",
-               **tally.results(), "wall_s": round(time.monotonic() - started, 2)}
+               **results_of(run, tally), "wall_s": round(time.monotonic() - started, 2)}
     if args.plot:
         from provisioner.sim.plot import write_plot
 
-        write_plot(args.plot, tally.samples, f"{results['trace']} x{args.scale}, {results['policy']} policy")
+        try:
+            write_plot(args.plot, tally.samples, f"{results['trace']} x{args.scale}, {results['policy']} policy")
+        except OSError as e:
+            print(f"error: cannot write the plot: {e}", file=sys.stderr)
+            return 1
         print(f"plot written to {args.plot}", file=sys.stderr)
     if args.json:
         print(json.dumps(results))

@@ -9,10 +9,16 @@ faults injected by tests and demos.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
+import os
 import random
+import sqlite3
+import time
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol, Sequence
 
 from opentelemetry import trace
@@ -124,6 +130,67 @@ class _Vm:
     def snapshot(self) -> CloudVm:
         return CloudVm(self.vm_id, self.zone, self.status, dict(self.labels), self.endpoint)  # type: ignore[arg-type]
 
+    def to_json(self) -> str:
+        d = {f: getattr(self, f) for f in self.__slots__}
+        d["health"] = dataclasses.asdict(self.health) if self.health else None
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, body: str) -> _Vm:
+        d = json.loads(body)
+        d["health"] = HealthReport(**d["health"]) if d["health"] else None
+        return cls(**d)
+
+
+class Inventory(dict):
+    """The cloud's VMs by id. Given a path, also kept in SQLite: VMs then outlive the process that
+    made them, as a real cloud's do, and every replica of a cluster sees one cloud. The file
+    also logs each call with the calling process, to show who acted when."""
+
+    def __init__(self, path: str | Path | None = None):
+        super().__init__()
+        self._db: sqlite3.Connection | None = None
+        if path is None:
+            return
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute("CREATE TABLE IF NOT EXISTS vms (id TEXT PRIMARY KEY, body TEXT NOT NULL)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS calls (wall REAL NOT NULL, pid INTEGER NOT NULL, "
+                         "op TEXT NOT NULL, vm_id TEXT NOT NULL, zone TEXT NOT NULL)")
+        for vm_id, body in self._db.execute("SELECT id, body FROM vms"):
+            super().__setitem__(vm_id, _Vm.from_json(body))
+
+    def __setitem__(self, vm_id: str, vm: _Vm) -> None:
+        super().__setitem__(vm_id, vm)
+        self.save(vm)
+
+    def __delitem__(self, vm_id: str) -> None:
+        super().__delitem__(vm_id)
+        if self._db is not None:
+            self._db.execute("DELETE FROM vms WHERE id = ?", (vm_id,))
+
+    def pop(self, vm_id: str, default: Any = None) -> Any:
+        if vm_id not in self:
+            return default
+        vm = self[vm_id]
+        del self[vm_id]
+        return vm
+
+    def save(self, vm: _Vm) -> None:
+        """Writes a VM whose fields changed."""
+        if self._db is not None:
+            self._db.execute("INSERT INTO vms VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+                             (vm.vm_id, vm.to_json()))
+
+    def log_call(self, op: str, vm_id: str, zone: str) -> None:
+        if self._db is not None:
+            self._db.execute("INSERT INTO calls VALUES (?, ?, ?, ?, ?)", (time.time(), os.getpid(), op, vm_id, zone))
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+
 
 @dataclass(slots=True)
 class _Fault:
@@ -160,13 +227,14 @@ class SimCloud:
         physics: SimPhysics | None = None,
         tracer: trace.Tracer | None = _DEFAULT,
         record_calls: bool = True,
+        inventory: Inventory | None = None,
     ):
         self.clock = clock
         self.physics = physics or SimPhysics(config)
         self._tracer = _tracer if tracer is _DEFAULT else tracer  # None: no spans
         self._record = record_calls
         self.calls: list[SimCall] = []
-        self._vms: dict[str, _Vm] = {}
+        self._vms = inventory if inventory is not None else Inventory()
         self._faults: dict[str, list[_Fault]] = {}
 
     # -- fault injection and inspection --------------------------------------------------------
@@ -185,7 +253,9 @@ class SimCloud:
         self._faults.setdefault(op, []).append(_Fault(code, count, zone))
 
     def mark_unhealthy(self, vm_id: str, detail: str, hardware_errors: int = 1, temperature_c: float = 95.0) -> None:
-        self._vms[vm_id].health = HealthReport(False, temperature_c, hardware_errors, detail)
+        vm = self._vms[vm_id]
+        vm.health = HealthReport(False, temperature_c, hardware_errors, detail)
+        self._vms.save(vm)
 
     def kill(self, vm_id: str) -> bool:
         """The VM vanishes as if preempted or deleted outside us; False if there was none."""
@@ -236,7 +306,7 @@ class SimCloud:
             return vm.health or HealthReport(True, self.physics.gpu_temperature_c(vm_id))
 
     async def close(self) -> None:
-        return None
+        self._vms.close()
 
     # -- operations ----------------------------------------------------------------------------
 
@@ -248,9 +318,11 @@ class SimCloud:
         if vm is not None:  # a retried create finds the VM it already made
             return vm.snapshot()
         failure = self.physics.launch_outcome(spec.zone)
-        if failure is not None:
-            return failure
         create_s = self.physics.create_s()
+        if failure is not None:
+            # The insert is accepted and its operation fails later, leaving nothing behind.
+            await self.clock.sleep(create_s)
+            return failure
         now = self.clock.now()
         cluster = spec.labels.get(LABEL_CLUSTER, spec.cluster)
         # The cloud holds the VM from the moment it accepts the insert: a caller that gives up
@@ -283,6 +355,7 @@ class SimCloud:
                 return _not_found(vm_id, zone, "while booting")
         if vm.status == "provisioning":
             vm.status = "running"
+            self._vms.save(vm)
         return vm.snapshot()
 
     async def _pull(
@@ -301,9 +374,11 @@ class SimCloud:
             return None
         duration = self.physics.pull_s(total)
         steps = max(1, min(PULL_MAX_STEPS, math.ceil(duration / PULL_STEP_S)))
-        step_s = duration / steps
+        start = self.clock.now()
         for i in range(1, steps + 1):
-            await self.clock.sleep(step_s)
+            # Each step wakes at its own offset from the start, so the pull ends exactly at
+            # start + duration (as the simulator's engine has it), not at a sum of rounded steps.
+            await self.clock.sleep(start + (duration if i == steps else duration * i / steps) - self.clock.now())
             if self._vms.get(vm_id) is not vm:
                 return _not_found(vm_id, zone, "during the pull")
             if on_progress is not None:
@@ -330,6 +405,7 @@ class SimCloud:
         if vm is None:
             return None  # already gone counts as deleted
         vm.status = "stopping"
+        self._vms.save(vm)
         await self.clock.sleep(self.physics.delete_s())
         if self._vms.get(vm_id) is vm:
             del self._vms[vm_id]
@@ -361,6 +437,8 @@ class SimCloud:
     def _enter(self, op: str, vm_id: str, zone: str) -> Any:
         if self._record:
             self.calls.append(SimCall(op, vm_id, zone))
+        if op != "health":
+            self._vms.log_call(op, vm_id, zone)
         if self._tracer is None:
             return _NO_SPAN
         attrs = {"cloud.provider": "sim", "cloud.zone": zone}

@@ -31,6 +31,7 @@ from provisioner.autoscale import (
     zones_available,
 )
 from provisioner.cloud.base import CloudFailure, HealthReport
+from provisioner.cluster.reconcile import Plan
 from provisioner.config import ClusterConfig, PoolConfig, SessionsConfig
 from provisioner.errors import FailedPrecondition, InvalidArgument, NotFound
 from provisioner.forecast import Forecast
@@ -344,7 +345,20 @@ class ClusterCore:
         if not s.terminal:
             raise FailedPrecondition(f"session {session_id} is {s.state}; only ended sessions can be forgotten")
         del self.sessions[session_id]
-        del self.by_request[s.spec.request_id]
+        if self.by_request.get(s.spec.request_id) == session_id:
+            del self.by_request[s.spec.request_id]
+
+    def discard(self, request_id: str, reason: str, now: float) -> Session | None:
+        """Ends the session made for `request_id`, which the front never acknowledged, and marks
+        it for erasure. Its request id is free again at once. None if there was none."""
+        sid = self.by_request.pop(request_id, None)
+        if sid is None:
+            return None
+        s = self.sessions[sid]
+        self.stop(sid, f"discarded: {reason}", now)
+        s.discarded = True
+        self._session_changed(s)
+        return s
 
     def _end(self, s: Session, state: SessionState, reason: str, now: float) -> None:
         s.ended_at = now
@@ -579,6 +593,31 @@ class ClusterCore:
         vm = self.vms.get(vm_id)
         if vm is not None and vm.state is V.DELETING:
             self._set_vm(vm, V.FAILED, f"delete failed: {failure.code}: {failure.message}", now)
+
+    def reconciled(self, plan: Plan, now: float) -> None:
+        """Applies what the reconciler found comparing records with the cloud's inventory."""
+        for vm_id in plan.lost:
+            self._vm_lost(self.vms[vm_id], now)
+        for vm_id in plan.deleted:
+            vm = self.vms[vm_id]
+            if vm.state is V.DELETING:
+                self.vm_deleted(vm_id, now)
+            else:
+                self._set_vm(vm, V.DELETED, "nothing was left in the cloud", now)
+        for vm_id in plan.retry_delete:
+            self._delete(self.vms[vm_id], "the reconciler retries the delete of a failed VM", now)
+
+    def _vm_lost(self, vm: Vm, now: float) -> None:
+        """The VM is gone from the cloud (preempted, deleted outside us) while we counted on it."""
+        s = self.sessions.get(vm.session_id)
+        if s is not None and not s.terminal:
+            if s.state is S.STOPPING:
+                self._end(s, S.STOPPED, s.reason, now)
+            else:
+                self._end(s, S.FAILED, "the VM is gone from the cloud (preempted or deleted outside)", now)
+        vm.session_id, vm.pulling = "", ""
+        self._set_vm(vm, V.FAILED, "gone from the cloud", now)
+        self._set_vm(vm, V.DELETED, "nothing was left in the cloud", now)
 
     def vm_health(self, vm_id: str, report: HealthReport, now: float) -> None:
         """An unhealthy warm VM leaves the warm set; a session on one is told and ends."""

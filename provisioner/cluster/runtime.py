@@ -27,6 +27,7 @@ from provisioner.cloud.base import (
     LaunchSpec,
 )
 from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, Wipe
+from provisioner.cluster.reconcile import Plan, reconcile
 from provisioner.errors import Unavailable
 from provisioner.model import Session, SessionSpec, Vm
 from provisioner.states import VmState
@@ -35,6 +36,7 @@ from provisioner.store import SqliteStore
 log = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 60.0
+RECONCILE_S = 300.0
 
 
 class ClusterRuntime:
@@ -48,6 +50,7 @@ class ClusterRuntime:
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._watchers: dict[str, set[asyncio.Queue]] = {}
+        self._unclaimed: dict[str, float] = {}  # VMs seen in the cloud with no record, since when
         # Replaced on every notice, so each capacity stream sees every change (none clears it for others).
         self._capacity_changed = asyncio.Event()
         # Set when draining: open streams end instead of holding the shutdown.
@@ -56,14 +59,47 @@ class ClusterRuntime:
     # ---- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Restores from the store, reconciles with the cloud, then runs the control loops."""
         if self.store is not None:
             name = self.core.name
             self.core.restore(self.store.load_sessions(name), self.store.load_vms(name), self.clock.now())
         self._apply()
+        try:
+            await self.reconcile()
+        except Exception:
+            log.exception("cluster %s: reconciling with the cloud at start failed; the loop retries", self.core.name)
         self._loops = [
             asyncio.create_task(self._supervise("tick", self.core.config.tick_s, self._tick)),
             asyncio.create_task(self._supervise("health", HEALTH_CHECK_S, self._check_health)),
+            asyncio.create_task(self._supervise("reconcile", RECONCILE_S, self.reconcile)),
         ]
+
+    async def reconcile(self) -> Plan:
+        """Compares the records with the cloud's inventory and settles the differences."""
+        cloud = await self.backend.list_vms(self.core.name)
+        now = self.clock.now()
+        plan = reconcile(self.core.vms.values(), cloud, now, self._unclaimed)
+        self._unclaimed = plan.unclaimed_since
+        self.core.reconciled(plan, now)
+        self._apply()
+        for vm in plan.strays:
+            log.warning("cluster %s: deleting VM %s in %s, which no record claims", self.core.name, vm.vm_id, vm.zone)
+            self._spawn(self._delete_stray(vm.vm_id, vm.zone))
+        if plan.changes:
+            log.info("cluster %s reconciled: %d lost, %d deleted, %d deletes retried, %d strays",
+                     self.core.name, len(plan.lost), len(plan.deleted), len(plan.retry_delete), len(plan.strays))
+        return plan
+
+    async def _delete_stray(self, vm_id: str, zone: str) -> None:
+        failure = await self.backend.delete(vm_id, zone)
+        if failure is not None:
+            log.warning("cluster %s: deleting stray VM %s failed (%s); the next pass retries",
+                        self.core.name, vm_id, failure.code)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def end_streams(self) -> None:
         """Ends every Watch and WatchCapacity stream (their clients resume where they were)."""
@@ -164,19 +200,26 @@ class ClusterRuntime:
 
     # ---- applying the core's output ------------------------------------------------------
 
+    def discard(self, request_id: str, reason: str) -> bool:
+        discarded = self.core.discard(request_id, reason, self.clock.now()) is not None
+        self._apply()
+        return discarded
+
     def _apply(self) -> None:
         sessions, vms = self.core.take_changes()
         if self.store is not None:
-            self.store.save(sessions, vms)
+            gone = [s.id for s in sessions if s.discarded]
+            self.store.save([s for s in sessions if not s.discarded], vms, delete_sessions=gone)
+        for s in sessions:
+            if s.discarded and s.terminal:
+                self.core.forget(s.id)
         for s in sessions:
             for q in self._watchers.get(s.id, ()):
                 q.put_nowait(_snapshot(s))
         if sessions or vms:
             self._notify_capacity()
         for cmd in self.core.take_commands():
-            task = asyncio.create_task(self._run(cmd))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._run(cmd))
 
     async def _run(self, cmd: Command) -> None:
         """Carries out one command inside the trace of the session it serves."""

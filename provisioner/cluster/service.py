@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from opentelemetry import trace
 
 from provisioner import telemetry
@@ -9,7 +11,7 @@ from provisioner.api import convert
 from provisioner.api.status import stream, unary
 from provisioner.cluster.core import PoolState
 from provisioner.cluster.runtime import ClusterRuntime
-from provisioner.errors import InvalidArgument, NotFound
+from provisioner.errors import Aborted, InvalidArgument, NotFound
 from provisioner.model import Session
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -58,7 +60,12 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
 
     @unary
     async def Allocate(self, request, context):
-        session = self.rt.allocate(convert.spec_from_pb(request.spec))
+        spec = convert.spec_from_pb(request.spec)
+        # Wall time, as the front set it (the runtime's clock may run faster than the wall).
+        late = request.HasField("commit_by") and time.time() > request.commit_by.ToNanoseconds() / 1e9
+        if late and spec.request_id not in self.rt.core.by_request:
+            raise Aborted(f"request {spec.request_id} arrived after its commit deadline; nothing was made")
+        session = self.rt.allocate(spec)
         _annotate(session)
         return cluster_pb.AllocateResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
 
@@ -94,6 +101,12 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     async def Watch(self, request, context):
         async for session in self.rt.watch(request.session_id, request.after_revision):
             yield cluster_pb.WatchResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+
+    @unary
+    async def Discard(self, request, context):
+        if not request.request_id:
+            raise InvalidArgument("request_id must not be empty", field="request_id")
+        return cluster_pb.DiscardResponse(discarded=self.rt.discard(request.request_id, request.reason))
 
     @stream
     async def WatchCapacity(self, request, context):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Sequence
 
 import grpc
 
 from provisioner import telemetry
 from provisioner.clock import Clock
+from provisioner.front.breaker import CircuitBreaker
 from provisioner.front.router import ClusterView, PoolView
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -18,16 +20,25 @@ from provisioner.v1 import types_pb2 as pb
 log = logging.getLogger(__name__)
 
 RECONNECT_S = 1.0
+# Pings when nothing has been heard for a second, so a cluster that hangs (not just one that
+# dies and resets its connections) is noticed within about three seconds. grpc 1.85 times the
+# ping out with ping_timeout_ms, not keepalive_timeout_ms. The cluster's server accepts them.
+KEEPALIVE = [("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_timeout_ms", 2000),
+             ("grpc.http2.ping_timeout_ms", 2000), ("grpc.keepalive_permit_without_calls", 1),
+             ("grpc.http2.max_pings_without_data", 0), ("grpc.http2.min_time_between_pings_ms", 1000)]
 
 
 class ClusterClient:
     """One cluster: its stubs, and its capacity as last streamed. Unhealthy while the stream is down."""
 
-    def __init__(self, name: str, region: str, address: str, clock: Clock, tracer_provider=None):
+    def __init__(self, name: str, region: str, address: str, clock: Clock, tracer_provider=None,
+                 interceptors: Sequence[grpc.aio.ClientInterceptor] = ()):
         self.name, self.region, self.address = name, region, address
         self.clock = clock
         self.channel = grpc.aio.insecure_channel(
-            address, interceptors=telemetry.client_interceptors(tracer_provider))
+            address, options=KEEPALIVE,
+            interceptors=[*telemetry.client_interceptors(tracer_provider), *interceptors])
+        self.breaker = CircuitBreaker()
         self.sessions = cluster_grpc.ClusterServiceStub(self.channel)
         self.admin = admin_grpc.AdminServiceStub(self.channel)
         self.capacity: pb.ClusterCapacity | None = None
@@ -68,5 +79,5 @@ class ClusterClient:
                 pools[p.pool] = PoolView(
                     warm_by_image={ic.image: ic.count for ic in p.warm_by_image}, warm=p.warm, booting=p.booting,
                     assigned=p.assigned, queued=p.queued, max_vms=p.max_vms, cold_start_s=p.cold_start_s)
-        return ClusterView(self.name, self.region, self.healthy and cap is not None,
-                           bool(cap and cap.draining), pools)
+        routable = self.healthy and cap is not None and self.breaker.allows(self.clock.now())
+        return ClusterView(self.name, self.region, routable, bool(cap and cap.draining), pools)

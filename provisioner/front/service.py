@@ -22,6 +22,8 @@ from provisioner.cluster.service import page
 from provisioner.config import FleetConfig
 from provisioner.errors import InvalidArgument, NotFound, Unavailable
 from provisioner.front.clusters import ClusterClient
+from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
+from provisioner.front.retry import TRIES, retrying
 from provisioner.front.router import rank
 from provisioner.store import SqliteStore
 from provisioner.validation import validate_spec
@@ -34,12 +36,8 @@ from provisioner.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# Longest single attempt at one cluster, so a stuck cluster leaves time to try another.
-ATTEMPT_TIMEOUT_S = 5.0
 DEFAULT_DEADLINE_S = 30.0
-# Codes after which another cluster may well succeed.
-SPILL_CODES = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
-               grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DEADLINE_EXCEEDED}
+STATUS_TIMEOUT_S = 1.0
 LIVE_STATES = [pb.SESSION_STATE_QUEUED, pb.SESSION_STATE_PROVISIONING, pb.SESSION_STATE_PULLING_IMAGE,
                pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_STOPPING]
 WEEK_S = 7 * 24 * 3600.0
@@ -69,12 +67,15 @@ class Fleet:
         await asyncio.wait([asyncio.create_task(first(c)) for c in self.clients.values()], timeout=timeout_s)
 
 
-async def call(rpc, request, timeout: float | None = None):
-    """One RPC to a cluster; its error status goes back to our caller unchanged."""
-    try:
-        return await rpc(request, timeout=timeout)
-    except grpc.aio.AioRpcError as err:
-        raise RemoteError(err) from None
+async def call(rpc, request, timeout: float | None = None, tries: int = TRIES):
+    """An idempotent RPC to a cluster, repeated on ambiguous failures (tenacity, backoff with
+    jitter); the last error status goes back to our caller unchanged."""
+    async for try_ in retrying(timeout or DEFAULT_DEADLINE_S, tries):
+        with try_:
+            try:
+                return await rpc(request, timeout=timeout)
+            except grpc.aio.AioRpcError as err:
+                raise RemoteError(err) from None
 
 
 def _remaining(context) -> float:
@@ -88,6 +89,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.fleet = fleet
         self.store = store
         self.clock = clock
+        self.placement = Placement(fleet.clients, store, clock)
         self.pools = {p.name for c in config.clusters for p in c.pools}
         self.limits = config.settings
         self._streams: set = set()
@@ -102,54 +104,23 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
         span.set_attributes({telemetry.ATTR_REQUEST_ID: spec.request_id, telemetry.ATTR_USER: spec.user_id,
                              telemetry.ATTR_IMAGE: image, telemetry.ATTR_POOL: spec.accelerator})
-        if known := self.store.session_for_request(spec.request_id):
-            span.add_event("duplicate request", {"session.id": known})
-            resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
-            return session_pb.CreateSessionResponse(session=resp.session)
-        candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
-                          spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
-        for cand in candidates:
-            span.add_event("candidate", {"cluster": cand.cluster, "expected_s": cand.expected_s, "how": cand.how,
-                                         "region_penalty_s": cand.region_penalty_s, "load": cand.load})
-        if not candidates:
-            where = f" in {spec.region_hint}" if spec.region_required else ""
-            raise Unavailable(f"no healthy cluster{where} can take {spec.accelerator} sessions now")
-        last: Exception | None = None
-        for cand in candidates:
-            client = self.fleet.clients[cand.cluster]
-            timeout = min(ATTEMPT_TIMEOUT_S, _remaining(context))
-            if timeout <= 0:
-                break
-            span.add_event("attempt", {"cluster": cand.cluster})
-            try:
-                resp = await call(client.sessions.Allocate, cluster_pb.AllocateRequest(spec=request.spec), timeout)
-            except RemoteError as err:
-                if err.code is grpc.StatusCode.DEADLINE_EXCEEDED:
-                    # The cluster may have committed before the deadline hit: ask before moving on.
-                    resp = await self._find(client, spec.request_id)
-                    if resp is None:
-                        last = err
-                        continue
-                elif err.code in SPILL_CODES:
-                    span.add_event("refused", {"cluster": cand.cluster, "code": err.code.name})
-                    last = err
-                    continue
-                else:
-                    raise
-            winner = self.store.remember_request(spec.request_id, resp.session.id, cand.cluster, self.clock.now())
-            span.set_attributes({telemetry.ATTR_SESSION_ID: winner, telemetry.ATTR_CLUSTER: cand.cluster,
-                                 telemetry.ATTR_START: pb.StartKind.Name(resp.session.start)
-                                 .removeprefix("START_KIND_").lower()})
-            return session_pb.CreateSessionResponse(session=resp.session)
-        if isinstance(last, RemoteError):
-            raise last
-        raise Unavailable("every candidate cluster refused the session")
-
-    async def _find(self, client: ClusterClient, request_id: str):
-        try:
-            return await call(client.sessions.Get, cluster_pb.GetRequest(request_id=request_id), ATTEMPT_TIMEOUT_S)
-        except RemoteError:
-            return None
+        deadline = asyncio.get_running_loop().time() + _remaining(context)
+        async with self.placement.exclusive(spec.request_id):
+            if known := self.store.session_for_request(spec.request_id):
+                span.add_event("duplicate request", {"session.id": known})
+                resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
+                return session_pb.CreateSessionResponse(session=resp.session)
+            candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
+                              spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
+            for cand in candidates:
+                span.add_event("candidate", {"cluster": cand.cluster, "expected_s": cand.expected_s,
+                                             "how": cand.how, "region_penalty_s": cand.region_penalty_s,
+                                             "load": cand.load})
+            if not candidates:
+                where = f" in {spec.region_hint}" if spec.region_required else ""
+                raise Unavailable(f"no healthy cluster{where} can take {spec.accelerator} sessions now")
+            session = await self.placement.place(request.spec, candidates, deadline)
+            return session_pb.CreateSessionResponse(session=session)
 
     @unary
     async def GetSession(self, request, context):
@@ -250,14 +221,18 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
     @unary
     async def ListClusters(self, request, context):
         async def one(c: ClusterClient) -> pb.Cluster:
-            out = pb.Cluster(name=c.name, region=c.region, address=c.address, healthy=c.healthy,
-                             draining=bool(c.capacity and c.capacity.draining))
-            if c.healthy:
+            # Healthy means routable: its capacity stream is up and its circuit breaker lets calls through.
+            view = c.view()
+            out = pb.Cluster(name=c.name, region=c.region, address=c.address, healthy=view.healthy,
+                             draining=view.draining)
+            if view.healthy:
                 try:
-                    resp = await call(c.admin.ListPools, admin_pb.ListPoolsRequest(cluster=c.name), ATTEMPT_TIMEOUT_S)
+                    # Briefly, once: a hung cluster must not hold up the fleet's status.
+                    resp = await call(c.admin.ListPools, admin_pb.ListPoolsRequest(cluster=c.name),
+                                      STATUS_TIMEOUT_S, tries=1)
                     out.pools.extend(resp.pools)
-                except RemoteError:
-                    out.healthy = False
+                except RemoteError as err:
+                    log.warning("cluster %s did not list its pools: %s", c.name, err.code.name)
             return out
 
         clusters = await asyncio.gather(*(one(c) for c in self.fleet.clients.values()))
@@ -265,8 +240,8 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
 
     @unary
     async def ListPools(self, request, context):
-        results = await asyncio.gather(*(call(c.admin.ListPools, admin_pb.ListPoolsRequest(cluster=c.name))
-                                         for c in self._targets(request.cluster)))
+        results = await asyncio.gather(*(call(c.admin.ListPools, admin_pb.ListPoolsRequest(cluster=c.name),
+                                              ATTEMPT_TIMEOUT_S) for c in self._targets(request.cluster)))
         return admin_pb.ListPoolsResponse(pools=[p for r in results for p in r.pools])
 
     @unary
@@ -281,10 +256,19 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
         """Forwards, then lets the capacity stream carry the new flag before answering (bounded
         wait), so routing right after this call already sees it."""
         client = self.fleet.get(request.cluster)
-        client.updated.clear()
         resp = await call(getattr(client.admin, rpc), request)
+        want = rpc == "DrainCluster"
+
+        async def carried() -> None:
+            # An update already on its way may still carry the old flag: wait for the new one.
+            while True:
+                client.updated.clear()
+                if client.capacity is not None and client.capacity.draining == want:
+                    return
+                await client.updated.wait()
+
         try:
-            await asyncio.wait_for(client.updated.wait(), timeout=2.0)
+            await asyncio.wait_for(carried(), timeout=2.0)
         except asyncio.TimeoutError:
             pass
         return resp
@@ -295,13 +279,14 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
 
     @unary
     async def PrewarmImage(self, request, context):
-        return await call(self.fleet.get(request.cluster).admin.PrewarmImage, request)
+        # Not idempotent (each call starts more VMs): sent once.
+        return await call(self.fleet.get(request.cluster).admin.PrewarmImage, request, tries=1)
 
     @unary
     async def ListVms(self, request, context):
         results = await asyncio.gather(*(
-            call(c.admin.ListVms, admin_pb.ListVmsRequest(cluster=c.name, pool=request.pool, states=request.states))
-            for c in self._targets(request.cluster)))
+            call(c.admin.ListVms, admin_pb.ListVmsRequest(cluster=c.name, pool=request.pool, states=request.states),
+                 ATTEMPT_TIMEOUT_S) for c in self._targets(request.cluster)))
         return admin_pb.ListVmsResponse(vms=[vm for r in results for vm in r.vms])
 
     @unary

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from provisioner.sim.parallel import Run, simulate
+from provisioner.sim.parallel import Run, results as results_of, simulate
 
 TRACES = Path(__file__).parent / "traces"
 TUNED_ON = "genai-sessions.csv"
@@ -37,7 +37,8 @@ class Row:
 
 
 def command(run: Run) -> str:
-    parts = ["provisioner simulate", f"--trace {run.trace}", f"--scale {run.scale}", f"--policy {run.policy}"]
+    trace = os.path.relpath(run.trace) if not os.path.relpath(run.trace).startswith("..") else run.trace
+    parts = ["provisioner simulate", f"--trace {trace}", f"--scale {run.scale}", f"--policy {run.policy}"]
     if run.warm_vms is not None:
         parts.append(f"--warm-vms {run.warm_vms}")
     if run.headroom_fraction is not None:
@@ -60,7 +61,7 @@ def measure(run: Run, jobs: int) -> dict:
     def progress(done: float) -> None:
         print(f"\r  {label}: {done:6.1%}", end="", file=sys.stderr, flush=True)
 
-    results = simulate(run, jobs, progress).results()
+    results = results_of(run, simulate(run, jobs, progress))
     results["wall_s"] = round(time.monotonic() - started, 1)
     print(f"\r  {label}: {results['wall_s']}s, {results['vm_hours'] / results['assigned_vm_hours']:.3f}x bound, "
           f"fast starts {results['fast_start_ratio']:.2%}", file=sys.stderr, flush=True)
@@ -75,22 +76,24 @@ def bench_trace(trace: Path, scale: int, jobs: int, policies: tuple[str, ...]) -
              "predictive": [replace(base, policy="predictive")]}
     for policy in policies:
         run, results = best([(r, measure(r, jobs)) for r in grids[policy]])
-        knob = {"fixed": f"{run.warm_vms} warm", "headroom": f"{run.headroom_fraction:g} of demand",
-                "predictive": "wait probability per pool config"}[policy]
+        knob = (f"{run.warm_vms} warm" if policy == "fixed" else
+                f"{run.headroom_fraction:g} of demand" if policy == "headroom" else
+                "wait probability per pool config")
         rows.append(Row(trace.name, scale, policy, knob, results, command(run)))
     return rows
 
 
 def table(rows: list[Row]) -> str:
-    head = ("| trace | scale | policy | setting | VM-hours | vs assigned | vs fixed at peak | fast starts "
-            "| exact image | wait p99 | wall | command |")
+    head = ("| trace | scale | policy | setting | VM-hours | vs assigned | vs fixed at peak | vs K x base peak "
+            "| fast starts | exact image | wait p99 | wall | command |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         x = r.results
         lines.append(
             f"| {r.trace}{' (tuned on)' if r.trace == TUNED_ON else ''} | {r.scale} | {r.policy} | {r.knob} "
             f"| {x['vm_hours']:,.0f} | {x['vm_hours'] / x['assigned_vm_hours']:.2f}x "
-            f"| {1 - x['vm_hours'] / x['fixed_peak_vm_hours']:.0%} less | {x['fast_start_ratio']:.2%} "
+            f"| {1 - x['vm_hours'] / x['fixed_peak_vm_hours']:.0%} less "
+            f"| {1 - x['vm_hours'] / x['scaled_peak_vm_hours']:.0%} less | {x['fast_start_ratio']:.2%} "
             f"| {x['exact_start_ratio']:.2%} | {x['wait_p99_s']:.0f} s | {x['wall_s']:.0f} s | `{r.command}` |")
     return "\n".join(lines)
 
@@ -104,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--traces", default=str(TRACES), help="directory of traces (default: the bundled ones)")
     args = p.parse_args(argv)
     traces = Path(args.traces)
+    if not (traces / TUNED_ON).is_file():
+        print(f"error: {traces} has no {TUNED_ON} (the trace the autoscaler was tuned on)", file=sys.stderr)
+        return 1
     rows: list[Row] = []
     for scale in (int(s) for s in args.scales.split(",")):
         print(f"{TUNED_ON} x{scale}", file=sys.stderr)

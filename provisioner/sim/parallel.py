@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from provisioner.config import FleetConfig, load_fleet
-from provisioner.sim.replay import Replay, Tally, read_trace, superimpose, trace_end, with_policy
+from provisioner.sim.replay import Replay, Tally, peak_concurrency, read_trace, superimpose, trace_end, with_policy
 
 # Progress of each worker (fraction done), shared with the parent. Set in each worker process.
 _progress = None
@@ -39,6 +39,21 @@ class Run:
 
     def rows(self):
         return superimpose(read_trace(self.trace), self.scale, self.seed)
+
+    def scaled_peak_vms(self) -> int:
+        """K times the base trace's peak (per region and pool): a fixed fleet sized the way the
+        base trace would size it, grown with the workload. The superimposed copies' own peak,
+        which random offsets flatten, is the harder baseline (`fixed_peak_vms`)."""
+        idle = self.fleet().settings.sessions.idle_timeout_s
+        return self.scale * sum(peak_concurrency(read_trace(self.trace), idle).values())
+
+
+def results(run: Run, tally: Tally) -> dict:
+    """The tally's results plus the fixed fleet sized at K times the base trace's peak."""
+    out = tally.results()
+    out["scaled_peak_vms"] = run.scaled_peak_vms()
+    out["scaled_peak_vm_hours"] = round(out["scaled_peak_vms"] * out["model_hours"], 3)
+    return out
 
 
 def split(sessions_per_cluster: dict[str, int], jobs: int) -> list[list[str]]:

@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from provisioner.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -8,10 +11,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AllocateRequest(_message.Message):
-    __slots__ = ("spec",)
+    __slots__ = ("spec", "commit_by")
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_BY_FIELD_NUMBER: _ClassVar[int]
     spec: _types_pb2.SessionSpec
-    def __init__(self, spec: _Optional[_Union[_types_pb2.SessionSpec, _Mapping]] = ...) -> None: ...
+    commit_by: _timestamp_pb2.Timestamp
+    def __init__(self, spec: _Optional[_Union[_types_pb2.SessionSpec, _Mapping]] = ..., commit_by: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class AllocateResponse(_message.Message):
     __slots__ = ("session",)
@@ -104,3 +109,17 @@ class WatchCapacityResponse(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     capacity: _types_pb2.ClusterCapacity
     def __init__(self, capacity: _Optional[_Union[_types_pb2.ClusterCapacity, _Mapping]] = ...) -> None: ...
+
+class DiscardRequest(_message.Message):
+    __slots__ = ("request_id", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    reason: str
+    def __init__(self, request_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DiscardResponse(_message.Message):
+    __slots__ = ("discarded",)
+    DISCARDED_FIELD_NUMBER: _ClassVar[int]
+    discarded: bool
+    def __init__(self, discarded: _Optional[bool] = ...) -> None: ...

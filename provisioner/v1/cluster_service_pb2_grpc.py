@@ -70,6 +70,11 @@ class ClusterServiceStub:
                 request_serializer=provisioner_dot_v1_dot_cluster__service__pb2.WatchCapacityRequest.SerializeToString,
                 response_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.WatchCapacityResponse.FromString,
                 _registered_method=True)
+        self.Discard = channel.unary_unary(
+                '/provisioner.v1.ClusterService/Discard',
+                request_serializer=provisioner_dot_v1_dot_cluster__service__pb2.DiscardRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.DiscardResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -122,6 +127,14 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Discard(self, request, context):
+        """Erases the session an Allocate made for this request id if the front never acknowledged it
+        (the reply was lost and the request was placed elsewhere). Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +172,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.WatchCapacity,
                     request_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.WatchCapacityRequest.FromString,
                     response_serializer=provisioner_dot_v1_dot_cluster__service__pb2.WatchCapacityResponse.SerializeToString,
+            ),
+            'Discard': grpc.unary_unary_rpc_method_handler(
+                    servicer.Discard,
+                    request_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.DiscardRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_cluster__service__pb2.DiscardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +369,33 @@ class ClusterService:
             '/provisioner.v1.ClusterService/WatchCapacity',
             provisioner_dot_v1_dot_cluster__service__pb2.WatchCapacityRequest.SerializeToString,
             provisioner_dot_v1_dot_cluster__service__pb2.WatchCapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Discard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.ClusterService/Discard',
+            provisioner_dot_v1_dot_cluster__service__pb2.DiscardRequest.SerializeToString,
+            provisioner_dot_v1_dot_cluster__service__pb2.DiscardResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,343 @@
+"""The Compute Engine backend: one GPU VM per pool VM, through google-cloud-compute (REST).
+
+- create: instances.insert with the pool's machine type and GPUs, onHostMaintenance TERMINATE,
+  a boot disk of the pool's cache size (or an instance template), our labels, and the images to
+  prewarm in metadata. The instance name is our VM id and the insert carries a request id
+  derived from it, so an insert retried after a timeout finds the VM it already made (the API
+  dedupes the request id; a 409 "already exists" counts as made). The operation is polled
+  (zoneOperations.get every `poll_s`, up to `operation_timeout_s`) with our own
+  ZoneOperationsClient: the client library's own poller would use the default endpoint, and
+  zoneOperations.wait would hold a call slot for minutes. A failed operation with ZONE_RESOURCE_POOL_EXHAUSTED is a stockout, QUOTA_EXCEEDED
+  a quota failure: the cluster core remembers the zone and tries another.
+- the VM's agent: the image comes with an agent that reports `provisioner/ready` as a guest
+  attribute once the VM is up, and carries out one command at a time given in the
+  `provisioner-command` metadata item (JSON: id, op pull|wipe, layers, bytes), reporting
+  `provisioner/progress-<id>` (bytes) and `provisioner/done-<id>` (`ok` or an error); a fault it
+  sees is `provisioner/healthy` 0 with `provisioner/health-detail`. A new command (new id)
+  supersedes the one before.
+- delete: instances.delete; 404 counts as done. list: aggregatedList filtered by our labels.
+- every call: at most `max_concurrent_calls` at once; 429 (or 403 rateLimitExceeded), 5xx, timeouts
+  and broken connections retried with exponential backoff and jitter, bounded by `retry_attempts`
+  and `retry_total_s`. A stockout or quota error is never retried in the same zone, whether it
+  comes as the operation's error or as the insert's own answer.
+
+Credentials: Application Default Credentials, unless an `endpoint` override is configured (an
+emulator or a fake server), which gets anonymous ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import uuid
+from typing import Any, Callable, Sequence
+
+import requests
+from google.api_core import exceptions as gexc
+from google.api_core.client_options import ClientOptions
+from google.auth import exceptions as auth_exceptions
+from google.cloud import compute_v1
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
+
+from provisioner.clock import Clock
+from provisioner.cloud.base import CloudFailure, CloudVm, HealthReport, LaunchSpec, ProgressCallback
+from provisioner.config import BackendConfig, ClusterConfig
+from provisioner.images import Layer
+
+log = logging.getLogger(__name__)
+
+LABEL_PREFIX = "provisioner-"
+COMMAND_KEY = "provisioner-command"
+IMAGES_KEY = "provisioner-images"
+GUEST_PATH = "provisioner/"
+# Request ids are UUIDs; one per VM id, so every retry of an insert carries the same one.
+REQUEST_NAMESPACE = uuid.UUID("6f1c2a52-9d0e-4f5e-8a43-6d2b1c0e7a11")
+STATUS = {"PROVISIONING": "provisioning", "STAGING": "provisioning", "RUNNING": "running",
+          "STOPPING": "stopping", "SUSPENDING": "stopping", "REPAIRING": "provisioning",
+          "TERMINATED": "terminated", "STOPPED": "terminated", "SUSPENDED": "terminated"}
+
+
+def request_id(vm_id: str) -> str:
+    return str(uuid.uuid5(REQUEST_NAMESPACE, f"insert:{vm_id}"))
+
+
+def gce_label(value: str) -> str:
+    """A valid label value: lowercase letters, digits, _ and -, at most 63 characters."""
+    return re.sub(r"[^a-z0-9_-]", "_", value.lower())[:63]
+
+
+def retryable(err: BaseException) -> bool:
+    return isinstance(err, gexc.GoogleAPICallError) and failure_of(err, "").retryable
+
+
+@contextlib.contextmanager
+def transport_errors():
+    """A timeout or a broken connection as a 503: like a server error, its outcome is unknown."""
+    try:
+        yield
+    except (requests.RequestException, auth_exceptions.TransportError) as err:
+        raise gexc.ServiceUnavailable(f"transport: {err}") from err
+
+
+def failure_of(err: gexc.GoogleAPICallError, zone: str) -> CloudFailure:
+    text = str(err)
+    # The REST error's reasons (e.g. quotaExceeded, rateLimitExceeded) are not in its message.
+    signals = " ".join([text, err.reason or ""] + [str(e.get("reason", "")) for e in err.errors or ()
+                                                    if isinstance(e, dict)])
+    if "ZONE_RESOURCE_POOL_EXHAUSTED" in signals:
+        return CloudFailure("stockout", text, zone)
+    if isinstance(err, gexc.TooManyRequests) or "rateLimitExceeded" in signals:
+        return CloudFailure("rate_limited", text, zone)
+    if "QUOTA_EXCEEDED" in signals or "quotaExceeded" in signals:
+        return CloudFailure("quota", text, zone)
+    if isinstance(err, gexc.ServerError):
+        return CloudFailure("unavailable", text, zone)
+    if isinstance(err, gexc.NotFound):
+        return CloudFailure("not_found", text, zone)
+    if isinstance(err, (gexc.BadRequest, gexc.Forbidden)):
+        return CloudFailure("invalid", text, zone)
+    return CloudFailure("internal", text, zone)
+
+
+def operation_failure(op: compute_v1.Operation, zone: str) -> CloudFailure | None:
+    if not op.error or not op.error.errors:
+        return None
+    first = op.error.errors[0]
+    code = {"ZONE_RESOURCE_POOL_EXHAUSTED": "stockout", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": "stockout",
+            "QUOTA_EXCEEDED": "quota"}.get(first.code, "internal")
+    return CloudFailure(code, f"{first.code}: {first.message}", zone)  # type: ignore[arg-type]
+
+
+class GceBackend:
+    name = "gce"
+
+    def __init__(self, cluster: ClusterConfig, clock: Clock, credentials=None):
+        self.cluster = cluster
+        self.config: BackendConfig = cluster.backend
+        self.project = self.config.project or ""
+        self.clock = clock
+        options = ClientOptions(api_endpoint=self.config.endpoint) if self.config.endpoint else None
+        if self.config.endpoint and credentials is None:
+            from google.auth.credentials import AnonymousCredentials
+
+            credentials = AnonymousCredentials()
+        # credentials None: Application Default Credentials.
+        self.credentials, self.client_options = credentials, options
+        self.instances = compute_v1.InstancesClient(credentials=credentials, client_options=options)
+        self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options)
+        self._slots = asyncio.Semaphore(self.config.max_concurrent_calls)
+        self._pools = {p.name: p for p in cluster.pools}
+
+    # ---- calls -----------------------------------------------------------------------------
+
+    def _retrying(self) -> AsyncRetrying:
+        """Retries on 429 and 5xx, with backoff and jitter, within the configured bounds."""
+        cfg = self.config
+        return AsyncRetrying(retry=retry_if_exception(retryable), reraise=True,
+                             stop=stop_after_attempt(cfg.retry_attempts) | stop_after_delay(cfg.retry_total_s),
+                             wait=wait_random_exponential(multiplier=0.2, max=10.0))
+
+    async def _call(self, fn: Callable[..., Any], **kwargs) -> Any:
+        """One API call in a worker thread, retried."""
+        async for attempt in self._retrying():
+            with attempt:
+                async with self._slots:
+                    with transport_errors():
+                        return await asyncio.to_thread(fn, timeout=self.config.call_timeout_s, **kwargs)
+
+    async def _all(self, pages) -> list:
+        """Every item of a pager (iterating it fetches the next pages), as bounded as a call."""
+        def drain() -> list:
+            with transport_errors():
+                return list(pages)
+
+        async with self._slots:
+            return await asyncio.to_thread(drain)
+
+    async def _wait(self, op: compute_v1.Operation, zone: str) -> CloudFailure | None:
+        """Until the zone operation is done; its error, or the failure to follow it, as a failure."""
+        deadline = self.clock.now() + self.config.operation_timeout_s
+        try:
+            while op.status != compute_v1.Operation.Status.DONE:
+                if self.clock.now() >= deadline:
+                    return CloudFailure("unavailable", f"operation {op.name} not done in "
+                                                       f"{self.config.operation_timeout_s:.0f}s", zone)
+                await self.clock.sleep(self.config.poll_s)
+                op = await self._call(self.operations.get, project=self.project, zone=zone, operation=op.name)
+        except gexc.GoogleAPICallError as err:
+            return failure_of(err, zone)
+        return operation_failure(op, zone)
+
+    # ---- CloudBackend ----------------------------------------------------------------------
+
+    def instance_for(self, spec: LaunchSpec) -> compute_v1.Instance:
+        pool = self._pools[spec.pool]
+        labels = {gce_label(k): gce_label(v) for k, v in spec.labels.items()}
+        items = [compute_v1.Items(key=IMAGES_KEY, value=",".join(spec.images))]
+        instance = compute_v1.Instance(name=spec.vm_id, labels=labels, metadata=compute_v1.Metadata(items=items))
+        if self.config.instance_template:
+            return instance  # the template supplies shape, disks and network
+        z = spec.zone
+        instance.machine_type = f"zones/{z}/machineTypes/{spec.machine_type}"
+        instance.guest_accelerators = [compute_v1.AcceleratorConfig(
+            accelerator_type=f"zones/{z}/acceleratorTypes/{spec.accelerator}", accelerator_count=spec.accelerator_count)]
+        # GPUs cannot live-migrate: the VM stops for host maintenance instead.
+        instance.scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=True)
+        instance.disks = [compute_v1.AttachedDisk(
+            boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
+                source_image=self.config.boot_image, disk_size_gb=int(pool.disk_cache_gb)))]
+        instance.network_interfaces = [compute_v1.NetworkInterface(network=self.config.network)]
+        return instance
+
+    async def create(self, spec: LaunchSpec) -> CloudVm | CloudFailure:
+        request = compute_v1.InsertInstanceRequest(
+            project=self.project, zone=spec.zone, instance_resource=self.instance_for(spec),
+            request_id=request_id(spec.vm_id))
+        if self.config.instance_template:
+            request.source_instance_template = self.config.instance_template
+        try:
+            op = await self._call(self.instances.insert_unary, request=request)
+        except gexc.Conflict:
+            return await self._get(spec.vm_id, spec.zone)  # made by an earlier attempt
+        except gexc.GoogleAPICallError as err:
+            failure = failure_of(err, spec.zone)
+        else:
+            failure = await self._wait(op, spec.zone)
+            if failure is None:
+                return await self._get(spec.vm_id, spec.zone)
+        if failure.retryable:
+            # Retries ran out with the outcome unknown (the insert may be committed): look first.
+            found = await self._get(spec.vm_id, spec.zone)
+            if isinstance(found, CloudVm):
+                return found
+        return failure
+
+    async def where(self, vm_id: str, zone: str) -> tuple[str, str]:
+        """The instance name and zone of one of our VMs: here its own id, where the core put it."""
+        return vm_id, zone
+
+    async def _get(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        try:
+            name, zone = await self.where(vm_id, zone)
+            inst = await self._call(self.instances.get, project=self.project, zone=zone, instance=name)
+        except gexc.GoogleAPICallError as err:
+            return failure_of(err, zone)
+        return vm_of(inst, zone)
+
+    async def _guest(self, vm_id: str, zone: str) -> dict[str, str] | CloudFailure:
+        try:
+            name, zone = await self.where(vm_id, zone)
+            attrs = await self._call(self.instances.get_guest_attributes, request=compute_v1.GetGuestAttributesInstanceRequest(
+                project=self.project, zone=zone, instance=name, query_path=GUEST_PATH))
+        except gexc.GoogleAPICallError as err:
+            return failure_of(err, zone)
+        return {item.key: item.value for item in attrs.query_value.items}
+
+    async def wait_ready(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        deadline = self.clock.now() + self.config.boot_timeout_s
+        while self.clock.now() < deadline:
+            vm = await self._get(vm_id, zone)
+            if isinstance(vm, CloudFailure) and vm.code != "unavailable":
+                return vm
+            if isinstance(vm, CloudVm) and vm.status == "terminated":
+                return CloudFailure("unavailable", f"{vm_id} stopped while booting", zone)
+            if isinstance(vm, CloudVm) and vm.status == "running":
+                guest = await self._guest(vm_id, zone)
+                if isinstance(guest, dict) and guest.get("ready") == "1":
+                    return vm
+            await self.clock.sleep(self.config.poll_s)
+        return CloudFailure("unavailable", f"{vm_id} did not report ready in {self.config.boot_timeout_s:.0f}s", zone)
+
+    async def _command(self, vm_id: str, zone: str, command: dict, on_progress: ProgressCallback | None,
+                       ) -> CloudFailure | None:
+        """Hands the agent a command through metadata and follows its guest attributes."""
+        cid = uuid.uuid4().hex[:12]
+        command = {"id": cid, **command}
+        for _ in range(self.config.retry_attempts):  # a concurrent metadata change: read and try again
+            try:
+                name, where = await self.where(vm_id, zone)
+                inst = await self._call(self.instances.get, project=self.project, zone=where, instance=name)
+                items = [i for i in inst.metadata.items if i.key != COMMAND_KEY]
+                items.append(compute_v1.Items(key=COMMAND_KEY, value=json.dumps(command)))
+                op = await self._call(self.instances.set_metadata_unary, project=self.project, zone=where,
+                                      instance=name, metadata_resource=compute_v1.Metadata(
+                                          fingerprint=inst.metadata.fingerprint, items=items))
+                break
+            except gexc.PreconditionFailed:
+                continue
+            except gexc.GoogleAPICallError as err:
+                return failure_of(err, zone)
+        else:
+            return CloudFailure("unavailable", f"metadata of {vm_id} kept changing", zone)
+        if (failure := await self._wait(op, where)) is not None:
+            return failure
+        reported, deadline = -1, self.clock.now() + self.config.command_timeout_s
+        while self.clock.now() < deadline:
+            guest = await self._guest(vm_id, zone)
+            if isinstance(guest, CloudFailure):
+                if guest.code != "unavailable":
+                    return guest
+            else:
+                progress = int(guest.get(f"progress-{cid}", "0") or 0)
+                if on_progress is not None and progress != reported:
+                    on_progress(progress)
+                    reported = progress
+                done = guest.get(f"done-{cid}")
+                if done is not None:
+                    return None if done == "ok" else CloudFailure("internal", f"agent: {done}", zone)
+            await self.clock.sleep(self.config.poll_s)
+        return CloudFailure("unavailable", f"the agent of {vm_id} did not finish {command['op']}", zone)
+
+    async def pull(self, vm_id: str, zone: str, layers: Sequence[Layer],
+                   on_progress: ProgressCallback | None = None) -> CloudFailure | None:
+        total = sum(layer.size_bytes for layer in layers)
+        return await self._command(vm_id, zone, {"op": "pull", "layers": [layer.id for layer in layers],
+                                                 "bytes": total}, on_progress)
+
+    async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
+        return await self._command(vm_id, zone, {"op": "wipe"}, None)
+
+    async def delete(self, vm_id: str, zone: str) -> CloudFailure | None:
+        # One request id per delete, kept by its retries: a later delete must not get this one's answer.
+        try:
+            op = await self._call(self.instances.delete_unary, request=compute_v1.DeleteInstanceRequest(
+                project=self.project, zone=zone, instance=vm_id, request_id=str(uuid.uuid4())))
+        except gexc.NotFound:
+            return None  # already gone
+        except gexc.GoogleAPICallError as err:
+            return failure_of(err, zone)
+        return await self._wait(op, zone)
+
+    async def list_vms(self, cluster: str) -> list[CloudVm]:
+        return [vm_of(inst, zone) for inst, zone in await self._labelled(cluster)]
+
+    async def _labelled(self, cluster: str) -> list[tuple[compute_v1.Instance, str]]:
+        """Every instance carrying this cluster's label, with its zone."""
+        pages = await self._call(self.instances.aggregated_list, request=compute_v1.AggregatedListInstancesRequest(
+            project=self.project, filter=f"labels.{LABEL_PREFIX}cluster = {gce_label(cluster)}"))
+        return [(inst, scope.rsplit("/", 1)[-1]) for scope, scoped in await self._all(pages)
+                for inst in scoped.instances]
+
+    async def health(self, vm_id: str, zone: str) -> HealthReport:
+        vm = await self._get(vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return HealthReport(vm.code == "unavailable", detail=vm.message)  # unknown is not unhealthy
+        if vm.status != "running":
+            return HealthReport(False, detail=f"the VM is {vm.status}")
+        guest = await self._guest(vm_id, zone)
+        if isinstance(guest, dict) and guest.get("healthy") == "0":
+            return HealthReport(False, detail=guest.get("health-detail", "the agent reports a fault"))
+        return HealthReport(True)
+
+    async def close(self) -> None:
+        for client in (self.instances, self.operations):
+            client.transport.close()
+
+
+def vm_of(inst: compute_v1.Instance, zone: str) -> CloudVm:
+    # Our id is in the request label (a GKE node's instance name is GKE's own).
+    vm_id = inst.labels.get(f"{LABEL_PREFIX}request") or inst.name
+    return CloudVm(vm_id, zone, STATUS.get(inst.status, "provisioning"), dict(inst.labels))  # type: ignore[arg-type]

@@ -1,0 +1,112 @@
+"""Only one replica of a cluster provisioner acts: it holds the cluster's lease.
+
+With PostgreSQL the lease is a session advisory lock on a connection of its own: the server
+releases it the moment that connection ends, so when the leader dies a standby polling once a
+second takes over within about a second. With SQLite (one machine) it is an exclusive lock on
+a file next to the database. A leader that loses its lease (its connection broke) must stop
+acting at once; a new leader waits out a grace period first, so the two never overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import zlib
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+# A new leader waits this long before acting: a deposed leader notices within one POLL_S.
+GRACE_S = 2.0 * POLL_S
+NAMESPACE = 0x70726F7600000000  # the advisory lock keys of this system: "prov" in the high bytes
+
+
+class Lease(Protocol):
+    def try_acquire(self) -> bool: ...
+
+    def held(self) -> bool:
+        """Whether the lease is still ours (checked against the database)."""
+        ...
+
+    def release(self) -> None: ...
+
+
+def lock_key(cluster: str) -> int:
+    return (NAMESPACE | zlib.crc32(cluster.encode())) - (1 << 63)  # a signed 64-bit key
+
+
+class PostgresLease:
+    def __init__(self, url: str, cluster: str):
+        import psycopg
+
+        self._psycopg = psycopg
+        self.url, self.key = url, lock_key(cluster)
+        self._db = None
+
+    def try_acquire(self) -> bool:
+        try:
+            if self._db is None or self._db.closed:
+                self._db = self._psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+            return bool(self._db.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()[0])
+        except self._psycopg.OperationalError as e:
+            log.warning("lease: cannot reach the database: %s", e)
+            self._db = None
+            return False
+
+    def held(self) -> bool:
+        # A session-level advisory lock lasts as long as the session: alive means still ours.
+        try:
+            return self._db is not None and self._db.execute("SELECT 1").fetchone()[0] == 1
+        except self._psycopg.Error:
+            return False
+
+    def release(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+class FileLease:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def held(self) -> bool:
+        return self._fd is not None  # the kernel keeps a file lock until the process ends
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+async def acquire(lease: Lease, cluster: str) -> None:
+    """Waits until this process holds the lease, then out the grace period if it had to wait."""
+    if lease.try_acquire():
+        return
+    log.info("cluster %s: another replica leads; standing by", cluster)
+    while not lease.try_acquire():
+        await asyncio.sleep(POLL_S)
+    log.info("cluster %s: took over the lease; acting in %.0f s", cluster, GRACE_S)
+    await asyncio.sleep(GRACE_S)
+
+
+async def watch(lease: Lease, cluster: str) -> None:
+    """Returns when the lease is lost."""
+    while lease.held():
+        await asyncio.sleep(POLL_S)
+    log.critical("cluster %s: lost the lease; another replica may act now", cluster)

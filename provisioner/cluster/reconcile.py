@@ -1,0 +1,75 @@
+"""Records against the cloud's inventory: what to adopt, what is gone, what nobody claims.
+
+Pure. A VM's record is written before the cloud is asked for it, so every VM of ours in the cloud
+should have a record, and every live record a VM:
+
+- a record with its VM: adopted as it is (the restored core carries on with it);
+- a warm, assigned or recycling record whose VM is gone (or terminated): lost, the core fails
+  it and any session on it;
+- a deleting or failed record whose VM is gone: the delete is done;
+- creating and booting records are left to their launch, which creates idempotently by id and
+  fails the VM itself if it vanished;
+- a VM carrying our labels that no live record claims: leaked, deleted once it has been seen
+  unclaimed for `grace_s` (in case a record and the inventory were read a moment apart);
+- a failed record whose VM is still there: its delete is retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from provisioner.cloud.base import CloudVm
+from provisioner.model import Vm
+from provisioner.states import VmState
+
+V = VmState
+LIVE = frozenset({V.WARM, V.ASSIGNED, V.RECYCLING})
+ENDING = frozenset({V.DELETING, V.FAILED})
+GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    adopted: list[str] = field(default_factory=list)  # records whose VM is there
+    lost: list[str] = field(default_factory=list)  # live records whose VM is gone
+    deleted: list[str] = field(default_factory=list)  # ending records whose VM is gone
+    retry_delete: list[str] = field(default_factory=list)  # failed records whose VM is still there
+    strays: list[CloudVm] = field(default_factory=list)  # unclaimed long enough: delete
+    # Unclaimed VMs not yet old enough, with when each was first seen unclaimed.
+    unclaimed_since: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def changes(self) -> int:
+        return len(self.lost) + len(self.deleted) + len(self.retry_delete) + len(self.strays)
+
+
+def reconcile(records: Iterable[Vm], cloud: Iterable[CloudVm], now: float,
+              unclaimed_since: dict[str, float] | None = None, grace_s: float = GRACE_S) -> Plan:
+    cloud = list(cloud)
+    present = {c.vm_id for c in cloud if c.status != "terminated"}
+    plan = Plan()
+    claimed = set()
+    for vm in records:
+        if vm.state is V.DELETED:
+            continue
+        claimed.add(vm.id)
+        there = vm.id in present
+        if vm.state in LIVE:
+            (plan.adopted if there else plan.lost).append(vm.id)
+        elif vm.state in ENDING and not there:
+            plan.deleted.append(vm.id)
+        elif vm.state is V.FAILED:
+            plan.retry_delete.append(vm.id)
+        elif there:
+            plan.adopted.append(vm.id)
+    seen = unclaimed_since or {}
+    for c in cloud:
+        if c.vm_id in claimed:
+            continue
+        since = seen.get(c.vm_id, now)
+        if now - since >= grace_s:
+            plan.strays.append(c)
+        else:
+            plan.unclaimed_since[c.vm_id] = since
+    return plan

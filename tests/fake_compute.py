@@ -1,0 +1,370 @@
+"""A local fake of the Compute Engine REST endpoints the gce and gke backends use, for the real
+google-cloud-compute client to talk to: instances (insert, get, delete, aggregated list,
+setMetadata, setLabels, getGuestAttributes), managed instance groups (listManagedInstances,
+deleteInstances: a GKE node pool's nodes) and zone operations (get).
+
+It plays the VM's agent too: a booted instance reports `provisioner/ready`, and a command set in
+the `provisioner-command` metadata item is carried out after a delay, reporting progress and
+completion as guest attributes. Fault injection: stocked-out or over-quota zones (the insert's
+operation fails, as on GCE, or with `sync_zone_errors` the insert itself answers 503 or 403), the
+next N calls of a method answering an HTTP error (429, 503, 403 with a reason), slow
+operations, a slow API (every answer delayed), failed operations, and an insert that commits and
+then answers 503 or answers nothing until the client has timed out (the client retries it with
+the same request id). Every request is logged, and the most requests ever in flight at once kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+ZONE_PATH = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/(?P<rest>.*)$")
+AGGREGATED = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$")
+
+
+@dataclass
+class Call:
+    method: str  # HTTP verb
+    op: str  # insert, get, delete, list, setMetadata, getGuestAttributes, operations.get, ...
+    project: str
+    zone: str
+    instance: str
+    query: dict
+    body: dict
+    status: int = 200
+
+
+@dataclass
+class Instance:
+    name: str
+    zone: str
+    body: dict
+    created: float
+    status: str = "PROVISIONING"
+    guest: dict[str, str] = field(default_factory=dict)  # key under provisioner/ -> value
+
+
+class FakeCompute:
+    def __init__(self, boot_s: float = 0.2, op_s: float = 0.05, command_s: float = 0.1):
+        self.boot_s, self.op_s, self.command_s = boot_s, op_s, command_s
+        self.instances: dict[tuple[str, str], Instance] = {}  # (project, name)
+        self.operations: dict[str, dict] = {}
+        self.by_request_id: dict[str, str] = {}  # insert/delete request id -> operation name
+        self.migs: dict[tuple[str, str, str], list[str]] = {}  # (project, zone, group) -> instance names
+        self.log: list[Call] = []
+        self.stocked_out: set[str] = set()
+        self.over_quota: set[str] = set()
+        self.sync_zone_errors = False  # stockout and quota as the insert's answer, not the operation's
+        self.failing: dict[str, list[tuple[int, str]]] = {}  # op -> (status, reason) for its next calls
+        self.fail_operations = 0  # the next N operations end with an error
+        self.commit_then_fail = 0  # the next N inserts are made, then answered 503
+        self.commit_then_stall = 0  # the next N inserts are made, then answered after stall_s
+        self.stall_s = 1.0
+        self.latency_s = 0.0  # every answer waits this long
+        self.in_flight = self.max_in_flight = 0
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeCompute:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # ---- fault injection and inspection -----------------------------------------------------
+
+    def fail_next(self, op: str, status: int, count: int = 1, reason: str = "") -> None:
+        self.failing.setdefault(op, []).extend([(status, reason)] * count)
+
+    def calls(self, op: str | None = None) -> list[Call]:
+        with self._lock:
+            return [c for c in self.log if op is None or c.op == op]
+
+    def plant(self, project: str, zone: str, name: str, labels: dict[str, str]) -> None:
+        """A running instance nobody asked this fake for (e.g. left behind by a lost record)."""
+        with self._lock:
+            self.instances[(project, name)] = Instance(name, zone, {"name": name, "labels": labels}, time.time() - 60,
+                                                       "RUNNING", {"ready": "1"})
+
+    def names(self, project: str) -> set[str]:
+        with self._lock:
+            return {name for (p, name) in self.instances if p == project}
+
+    # ---- behaviour --------------------------------------------------------------------------
+
+    def _tick(self, inst: Instance) -> None:
+        """Advances an instance by wall time: boot, then the agent's commands."""
+        now = time.time()
+        if inst.status == "PROVISIONING" and now - inst.created >= self.boot_s:
+            inst.status = "RUNNING"
+            inst.guest["ready"] = "1"
+        pending = inst.guest.get("_pending")
+        if pending and inst.status == "RUNNING":
+            cmd = json.loads(pending)
+            done_at = cmd["_at"] + self.command_s
+            if now >= done_at:
+                inst.guest.pop("_pending")
+                inst.guest[f"done-{cmd['id']}"] = "ok"
+                inst.guest[f"progress-{cmd['id']}"] = str(cmd.get("bytes", 0))
+            else:
+                share = max(0.0, (now - cmd["_at"]) / self.command_s)
+                inst.guest[f"progress-{cmd['id']}"] = str(int(cmd.get("bytes", 0) * share))
+
+    def _operation(self, project: str, zone: str, kind: str, target: str, error: dict | None = None) -> dict:
+        name = f"operation-{next(self._ids)}"
+        if error is None and self.fail_operations:
+            self.fail_operations -= 1
+            error = {"code": "INTERNAL_ERROR", "message": "injected operation failure"}
+        op = {"kind": "compute#operation", "id": str(next(self._ids)), "name": name, "zone": zone,
+              "operationType": kind, "targetLink": f"projects/{project}/zones/{zone}/instances/{target}",
+              "status": "RUNNING", "_done_at": time.time() + self.op_s, "_error": error}
+        self.operations[name] = op
+        return op
+
+    def _op_view(self, op: dict) -> dict:
+        view = {k: v for k, v in op.items() if not k.startswith("_")}
+        if time.time() >= op["_done_at"]:
+            view["status"] = "DONE"
+            if op["_error"]:
+                view["error"] = {"errors": [op["_error"]]}
+                view["httpErrorStatusCode"] = 503 if op["_error"]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED" else 500
+        return view
+
+    def _instance_view(self, inst: Instance) -> dict:
+        self._tick(inst)
+        return {**inst.body, "name": inst.name, "status": inst.status, "kind": "compute#instance",
+                "zone": f"projects/x/zones/{inst.zone}", "id": str(abs(hash(inst.name)) % 10**12)}
+
+    def handle(self, method: str, url: str, body: dict) -> tuple[int, dict, float]:
+        """(HTTP status, body, seconds to wait before answering)."""
+        parsed = urlparse(url)
+        query = {k: v[0] for k, v in parse_qs(parsed.query).items()}
+        path = parsed.path
+        with self._lock:
+            if m := AGGREGATED.match(path):
+                return self._logged(Call(method, "list", m["project"], "", "", query, body), self._list(m["project"], query))
+            m = ZONE_PATH.match(path)
+            if not m:
+                return 404, _error(404, f"no route {method} {path}")
+            project, zone, rest = m["project"], m["zone"], m["rest"]
+            parts = rest.split("/")
+            if parts[0] == "operations" and len(parts) == 2:
+                call = Call(method, "operations.get", project, zone, "", query, body)
+                return self._logged(call, self._get_operation(parts[1]))
+            if parts[0] == "instanceGroupManagers" and len(parts) == 3:
+                call = Call(method, parts[2], project, zone, parts[1], query, body)
+                handler = {"listManagedInstances": self._mig_list, "deleteInstances": self._mig_delete}.get(parts[2])
+                if handler is None:
+                    return self._logged(call, (404, _error(404, f"no route {method} {path}")))
+                return self._logged(call, handler(project, zone, parts[1], body))
+            instance = parts[1] if len(parts) > 1 else body.get("name", "")
+            op = {("POST", 1): "insert", ("GET", 2): "get", ("DELETE", 2): "delete"}.get((method, len(parts)))
+            if op is None and len(parts) == 3:
+                op = parts[2]  # setMetadata, getGuestAttributes
+            call = Call(method, op or "?", project, zone, instance, query, body)
+            if self.failing.get(call.op):
+                status, reason = self.failing[call.op].pop(0)
+                return self._logged(call, (status, _error(status, f"injected {status} {reason}", reason)))
+            handler = {"insert": self._insert, "get": self._get, "delete": self._delete, "setLabels": self._set_labels,
+                       "setMetadata": self._set_metadata, "getGuestAttributes": self._guest}.get(call.op)
+            if handler is None:
+                return self._logged(call, (404, _error(404, f"no route {method} {path}")))
+            return self._logged(call, handler(project, zone, instance, query, body))
+
+    def _logged(self, call: Call, result: tuple) -> tuple[int, dict, float]:
+        call.status = result[0]
+        self.log.append(call)
+        return result if len(result) == 3 else (*result, self.latency_s)
+
+    def _insert(self, project, zone, name, query, body):
+        rid = query.get("requestId")
+        if rid and rid in self.by_request_id:  # a retried insert: the operation it already started
+            return 200, self._op_view(self.operations[self.by_request_id[rid]])
+        if (project, name) in self.instances:
+            return 409, _error(409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
+                               "alreadyExists")
+        if zone in self.stocked_out or zone in self.over_quota:
+            code = "ZONE_RESOURCE_POOL_EXHAUSTED" if zone in self.stocked_out else "QUOTA_EXCEEDED"
+            if self.sync_zone_errors:  # as GCE words them: the code is only in the reason
+                if zone in self.stocked_out:
+                    return 503, _error(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough "
+                                            "resources available to fulfill the request.", code)
+                return 403, _error(403, "Quota 'NVIDIA_P100_GPUS' exceeded. Limit: 0.0 in region.", "quotaExceeded")
+            op = self._operation(project, zone, "insert", name, {"code": code, "message": f"injected {code} in {zone}"})
+        else:
+            body = {**body, "metadata": {**body.get("metadata", {}), "fingerprint": f"fp-{next(self._ids)}"}}
+            self.instances[(project, name)] = Instance(name, zone, body, time.time())
+            op = self._operation(project, zone, "insert", name)
+        if rid:
+            self.by_request_id[rid] = op["name"]
+        if self.commit_then_fail and (project, name) in self.instances:
+            self.commit_then_fail -= 1
+            return 503, _error(503, "injected: the insert was committed but the answer was lost")
+        if self.commit_then_stall and (project, name) in self.instances:
+            self.commit_then_stall -= 1
+            return 200, self._op_view(op), self.stall_s
+        return 200, self._op_view(op)
+
+    def _set_labels(self, project, zone, name, query, body):
+        inst = self.instances.get((project, name))
+        if inst is None or inst.zone != zone:
+            return 404, _error(404, "not found")
+        inst.body["labels"] = dict(body.get("labels", {}))
+        return 200, self._op_view(self._operation(project, zone, "setLabels", name))
+
+    # ---- managed instance groups (the nodes of a GKE node pool) -------------------------------
+
+    def resize_group(self, project: str, zone: str, group: str, size: int) -> None:
+        """What GKE does to a node pool's instance group on a resize: grow with fresh instances,
+        shrink by the newest."""
+        with self._lock:
+            names = self.migs.setdefault((project, zone, group), [])
+            while len(names) < size:
+                name = f"{group}-{next(self._ids):04d}"
+                body = {"name": name, "labels": {"goog-gke-node": ""}, "metadata": {"fingerprint": "fp-node"}}
+                self.instances[(project, name)] = Instance(name, zone, body, time.time())
+                names.append(name)
+            while len(names) > size:
+                self.instances.pop((project, names.pop()), None)
+
+    def _mig_list(self, project, zone, group, body):
+        names = self.migs.get((project, zone, group))
+        if names is None:
+            return 404, _error(404, f"instance group manager {group} not found")
+        out = [{"instance": f"https://compute.googleapis.com/compute/v1/projects/{project}/zones/{zone}/instances/{n}",
+                "instanceStatus": self._instance_view(self.instances[(project, n)])["status"], "currentAction": "NONE"}
+               for n in names]
+        return 200, {"managedInstances": out}
+
+    def _mig_delete(self, project, zone, group, body):
+        names = self.migs.get((project, zone, group))
+        if names is None:
+            return 404, _error(404, f"instance group manager {group} not found")
+        for url in body.get("instances", []):
+            name = url.rsplit("/", 1)[-1]
+            if name in names:
+                names.remove(name)
+                self.instances.pop((project, name), None)
+        return 200, self._op_view(self._operation(project, zone, "deleteInstances", group))
+
+    def _get(self, project, zone, name, query, body):
+        inst = self.instances.get((project, name))
+        if inst is None or inst.zone != zone:
+            return 404, _error(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        return 200, self._instance_view(inst)
+
+    def _delete(self, project, zone, name, query, body):
+        inst = self.instances.get((project, name))
+        if inst is None or inst.zone != zone:
+            return 404, _error(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        del self.instances[(project, name)]
+        return 200, self._op_view(self._operation(project, zone, "delete", name))
+
+    def _set_metadata(self, project, zone, name, query, body):
+        inst = self.instances.get((project, name))
+        if inst is None or inst.zone != zone:
+            return 404, _error(404, "not found")
+        current = inst.body.get("metadata", {}).get("fingerprint", "")
+        if body.get("fingerprint", "") != current:
+            return 412, _error(412, "Supplied fingerprint does not match current metadata fingerprint.",
+                               "conditionNotMet")
+        items = {i["key"]: i.get("value", "") for i in body.get("items", [])}
+        inst.body["metadata"] = {"items": body.get("items", []), "fingerprint": f"fp-{next(self._ids)}"}
+        if "provisioner-command" in items:
+            cmd = json.loads(items["provisioner-command"])
+            cmd["_at"] = time.time()
+            inst.guest["_pending"] = json.dumps(cmd)
+        return 200, self._op_view(self._operation(project, zone, "setMetadata", name))
+
+    def _guest(self, project, zone, name, query, body):
+        inst = self.instances.get((project, name))
+        if inst is None or inst.zone != zone:
+            return 404, _error(404, "not found")
+        self._tick(inst)
+        prefix = query.get("queryPath", "").removeprefix("provisioner/")
+        items = [{"namespace": "provisioner", "key": k, "value": v} for k, v in sorted(inst.guest.items())
+                 if not k.startswith("_") and k.startswith(prefix)]
+        return 200, {"kind": "compute#guestAttributes", "queryPath": query.get("queryPath", ""),
+                     "queryValue": {"items": items}}
+
+    def _get_operation(self, name: str):
+        op = self.operations.get(name)
+        if op is None:
+            return 404, _error(404, f"operation {name} not found")
+        return 200, self._op_view(op)
+
+    def _list(self, project: str, query: dict):
+        wanted = _label_filter(query.get("filter", ""))
+        zones: dict[str, dict] = {}
+        for (p, _), inst in self.instances.items():
+            labels = inst.body.get("labels", {})
+            if p == project and all(labels.get(k) == v for k, v in wanted.items()):
+                zones.setdefault(f"zones/{inst.zone}", {"instances": []})["instances"].append(self._instance_view(inst))
+        return 200, {"kind": "compute#instanceAggregatedList", "items": zones}
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _serve(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else {}
+                with fake._lock:
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                try:
+                    status, out, stall_s = fake.handle(method, self.path, body)
+                    time.sleep(stall_s)
+                finally:
+                    with fake._lock:
+                        fake.in_flight -= 1
+                data = json.dumps(out).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (a stalled answer)
+
+            def do_GET(self):
+                self._serve("GET")
+
+            def do_POST(self):
+                self._serve("POST")
+
+            def do_DELETE(self):
+                self._serve("DELETE")
+
+            def log_message(self, *args):  # the request log is fake.log
+                pass
+
+        return Handler
+
+
+def _error(status: int, message: str, reason: str = "") -> dict:
+    reason = reason or {404: "notFound", 409: "alreadyExists", 429: "rateLimitExceeded",
+                        503: "backendError"}.get(status, "error")
+    return {"error": {"code": status, "message": message, "errors": [{"reason": reason, "message": message}]}}
+
+
+def _label_filter(text: str) -> dict[str, str]:
+    """labels.KEY = VALUE terms, joined by AND (the subset of the filter syntax the backend uses)."""
+    return {k: v.strip('"') for k, v in re.findall(r"labels\.([\w-]+)\s*=\s*(\"[^\"]*\"|\S+)", text)}

@@ -1,0 +1,128 @@
+"""Crash recovery: SIGKILL the cluster process at random moments under load, 20 times.
+
+The cluster runs as its own process on the simulated cloud, whose VMs persist in a file under
+the data dir like a real cloud's. Clients keep creating and stopping sessions. After every kill
+the store must hold every acknowledged session, with no VM serving two sessions; after every
+restart each acknowledged session is there through the API, and an acknowledged stop is never
+undone. At the end, once the cluster has reconciled, its records and the cloud agree: no VM is
+leaked and no record points to a VM that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sqlite3
+import time
+from collections import Counter
+
+import grpc
+import pytest
+
+from provisioner.config import default_clusters_dir
+from provisioner.v1 import cluster_service_pb2 as c_pb
+from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
+from provisioner.v1 import types_pb2 as pb
+from test_processes import PROVISIONER, Service, free_port, sim_cloud_vms
+
+CLUSTER = "us-central1"
+KILLS = 20
+LIVE = ("provisioning", "pulling_image", "running")
+STOPPED_PB = (pb.SESSION_STATE_STOPPING, pb.SESSION_STATE_STOPPED)
+
+
+def read_store(data_dir) -> tuple[dict, dict]:
+    db = sqlite3.connect(data_dir / f"cluster-{CLUSTER}.db")
+    try:
+        sessions = {json.loads(b)["spec"]["request_id"]: json.loads(b) for (b,) in db.execute("SELECT body FROM sessions")}
+        vms = {json.loads(b)["id"]: json.loads(b) for (b,) in db.execute("SELECT body FROM vms")}
+        return sessions, vms
+    finally:
+        db.close()
+
+
+def check_store(data_dir, acked: dict[str, str], stopped: set[str]) -> None:
+    sessions, vms = read_store(data_dir)
+    missing = [rid for rid in acked if rid not in sessions]
+    assert not missing, f"acknowledged sessions lost: {missing[:5]}"
+    assert all(sessions[rid]["id"] == sid for rid, sid in acked.items())
+    assert all(sessions[rid]["state"] in ("stopping", "stopped") for rid in stopped)
+    assigned = Counter(v["session_id"] for v in vms.values() if v["state"] == "assigned" and v["session_id"])
+    assert [sid for sid, n in assigned.items() if n > 1] == [], "a VM assigned to two sessions"
+    on = Counter(s["vm_id"] for s in sessions.values() if s["state"] in LIVE and s["vm_id"])
+    assert [vm for vm, n in on.items() if n > 1] == [], "two live sessions on one VM"
+    for s in sessions.values():
+        if s["state"] == "running":
+            vm = vms[s["vm_id"]]
+            assert vm["state"] == "assigned" and vm["session_id"] == s["id"], (s["id"], vm["state"])
+
+
+@pytest.mark.timeout(300)
+async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_path):
+    data_dir = tmp_path / "data"
+    address = f"127.0.0.1:{free_port()}"
+    service = Service([str(PROVISIONER), "serve", "cluster", "--name", CLUSTER, "--address", address,
+                       "--traces", "none", "--clusters", str(default_clusters_dir()), "--data-dir", str(data_dir),
+                       "--time-scale", "300"], address, tmp_path / "cluster.log")
+    rng = random.Random(2026)
+    acked: dict[str, str] = {}  # request id -> session id, for every create that was answered
+    stopped: set[str] = set()  # request ids whose stop was answered
+    counter = iter(range(1_000_000))
+
+    async def worker(stub, k: int, stop: asyncio.Event) -> None:
+        wrng = random.Random(k * 7919 + len(acked))
+        while not stop.is_set():
+            try:
+                if acked and wrng.random() < 0.3:
+                    rid = wrng.choice(list(acked))
+                    await stub.Stop(c_pb.StopRequest(session_id=acked[rid], reason="done"), timeout=5)
+                    stopped.add(rid)
+                else:
+                    rid = f"crash-{next(counter)}"
+                    spec = pb.SessionSpec(request_id=rid, user_id=f"u{wrng.randrange(40)}",
+                                          accelerator=wrng.choice(("gpu-p100", "gpu-t4x2")),
+                                          image=wrng.choice(("gpu:latest", "gpu:v150", "gpu:v158")))
+                    resp = await stub.Allocate(c_pb.AllocateRequest(spec=spec), timeout=5)
+                    acked[rid] = resp.session.id
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.01)  # the process is being killed: not acknowledged
+            await asyncio.sleep(wrng.uniform(0.0, 0.02))
+
+    try:
+        for round_ in range(KILLS):
+            await service.start()
+            async with grpc.aio.insecure_channel(address) as ch:
+                stub = c_grpc.ClusterServiceStub(ch)
+                for rid, sid in acked.items():  # everything acknowledged before is still there
+                    got = (await stub.Get(c_pb.GetRequest(request_id=rid), timeout=5)).session
+                    assert got.id == sid
+                    if rid in stopped:
+                        assert got.state in STOPPED_PB
+                stop = asyncio.Event()
+                workers = [asyncio.create_task(worker(stub, k, stop)) for k in range(4)]
+                await asyncio.sleep(rng.uniform(0.2, 1.5))
+                await service.kill()  # SIGKILL, mid-whatever
+                stop.set()
+                await asyncio.gather(*workers)
+            check_store(data_dir, acked, stopped)
+        print(f"{KILLS} kills; {len(acked)} sessions acknowledged, {len(stopped)} stops")
+        assert len(acked) >= 200
+
+        # Last start: the cluster reconciles; records and the cloud must come to agree.
+        await service.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            _, vms = read_store(data_dir)
+            records = {vid for vid, v in vms.items() if v["state"] != "deleted"}
+            settled = all(v["state"] in ("warm", "assigned", "deleted") for v in vms.values())
+            if settled and records == sim_cloud_vms(data_dir, CLUSTER):
+                break
+            await asyncio.sleep(0.2)
+        _, vms = read_store(data_dir)
+        records = {vid for vid, v in vms.items() if v["state"] != "deleted"}
+        cloud = sim_cloud_vms(data_dir, CLUSTER)
+        assert cloud - records == set(), "VMs in the cloud that no record claims (leaked)"
+        assert records - cloud == set(), "records pointing to VMs the cloud does not have"
+    finally:
+        await service.kill()

@@ -1,0 +1,86 @@
+"""Reconciliation: records against the cloud's inventory (pure), and the core applying it."""
+
+from __future__ import annotations
+
+from core_driver import Driver, make_core
+from provisioner.cloud.base import CloudFailure, CloudVm
+from provisioner.cluster.reconcile import reconcile
+from provisioner.model import Vm
+from provisioner.states import SessionState, VmState
+
+V = VmState
+
+
+def record(vm_id: str, state: VmState) -> Vm:
+    vm = Vm(id=vm_id, cluster="c", pool="p", zone="z", cache=None, created_at=0.0)  # type: ignore[arg-type]
+    vm.state = state
+    return vm
+
+
+def cloud(vm_id: str, status: str = "running") -> CloudVm:
+    return CloudVm(vm_id, "z", status)  # type: ignore[arg-type]
+
+
+def test_each_kind_of_difference_is_found():
+    records = [record("warm-here", V.WARM), record("assigned-gone", V.ASSIGNED), record("recycling-gone", V.RECYCLING),
+               record("deleting-gone", V.DELETING), record("deleting-here", V.DELETING),
+               record("failed-gone", V.FAILED), record("failed-here", V.FAILED), record("creating-gone", V.CREATING),
+               record("booting-here", V.BOOTING), record("deleted-here", V.DELETED),
+               record("warm-terminated", V.WARM)]
+    inventory = [cloud("warm-here"), cloud("deleting-here"), cloud("failed-here"), cloud("booting-here"),
+                 cloud("deleted-here"), cloud("stray"), cloud("warm-terminated", "terminated")]
+    plan = reconcile(records, inventory, now=100.0, grace_s=0.0)
+    assert plan.adopted == ["warm-here", "deleting-here", "booting-here"]  # the delete goes on
+    assert plan.lost == ["assigned-gone", "recycling-gone", "warm-terminated"]
+    assert plan.deleted == ["deleting-gone", "failed-gone"]
+    assert plan.retry_delete == ["failed-here"]
+    # A deleted record claims nothing: its VM, still there, is a stray like one never recorded.
+    assert [c.vm_id for c in plan.strays] == ["deleted-here", "stray"]
+    assert "creating-gone" not in plan.lost + plan.deleted  # its launch decides
+    assert plan.changes == 3 + 2 + 1 + 2
+
+
+def test_a_stray_is_deleted_only_after_being_unclaimed_for_the_grace_period():
+    first = reconcile([], [cloud("x")], now=100.0, grace_s=60.0)
+    assert first.strays == [] and first.unclaimed_since == {"x": 100.0}
+    early = reconcile([], [cloud("x")], now=130.0, unclaimed_since=first.unclaimed_since, grace_s=60.0)
+    assert early.strays == [] and early.unclaimed_since == {"x": 100.0}
+    late = reconcile([], [cloud("x")], now=160.0, unclaimed_since=early.unclaimed_since, grace_s=60.0)
+    assert [c.vm_id for c in late.strays] == ["x"]
+    claimed = reconcile([record("x", V.WARM)], [cloud("x")], now=160.0, unclaimed_since=first.unclaimed_since)
+    assert claimed.strays == [] and claimed.unclaimed_since == {}  # a record appeared: forgotten
+
+
+def test_core_fails_a_session_whose_vm_vanished_and_replaces_the_vm():
+    d = Driver(make_core())
+    d.advance(1_500)  # the pool fills and pulls the latest image
+    s = d.allocate(user="ada", image="gpu:latest")
+    d.advance(10)
+    vm_id = d.core.sessions[s.id].vm_id
+    assert d.core.sessions[s.id].state is SessionState.RUNNING
+    present = [cloud(v.id) for v in d.core.vms.values() if v.state is not V.DELETED and v.id != vm_id]
+    plan = reconcile(d.core.vms.values(), present, d.now)
+    assert plan.lost == [vm_id]
+    d.core.reconciled(plan, d.now)
+    d.pump()
+    assert d.core.sessions[s.id].state is SessionState.FAILED
+    assert "gone from the cloud" in d.core.sessions[s.id].reason
+    assert [h.state for h in d.vms[vm_id].history][-2:] == ["failed", "deleted"]
+    d.advance(200)  # the pool makes up for it
+    assert sum(v.state is V.WARM for v in d.core.vms.values()) >= d.core.pools["gpu-p100"].policy.min_vms
+
+
+def test_core_finishes_deletes_and_retries_failed_ones():
+    d = Driver(make_core())
+    d.advance(200)
+    a, b = [v for v in d.core.vms.values() if v.state is V.WARM][:2]
+    d.core.evict(a.id, "test", d.now)  # deleting; its VM is already gone from the cloud
+    d.core.evict(b.id, "test", d.now)
+    d.core.delete_failed(b.id, CloudFailure("internal", "boom", b.zone), d.now)  # failed for good
+    d.core.take_commands()
+    plan = reconcile(d.core.vms.values(), [cloud(v.id) for v in d.core.vms.values() if v.id != a.id], d.now)
+    assert plan.deleted == [a.id] and plan.retry_delete == [b.id]
+    d.core.reconciled(plan, d.now)
+    assert d.core.vms.get(a.id) is None or d.core.vms[a.id].state is V.DELETED
+    assert d.core.vms[b.id].state is V.DELETING
+    assert [c.vm_id for c in d.core.take_commands()] == [b.id]

@@ -1,0 +1,106 @@
+"""Routing (a pure function) and the circuit breaker, property-tested where it matters."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from provisioner.front.breaker import CircuitBreaker
+from provisioner.front.router import ClusterView, PoolView, rank
+
+REGIONS = ("us-central1", "europe-west4", "asia-east1")
+IMAGES = ("gpu:v158", "gpu:v159", "gpu:v160")
+PENALTY_S = 30.0
+
+pools = st.builds(
+    lambda warm_by_image, booting, assigned, queued, max_vms, cold: PoolView(
+        warm_by_image={i: n for i, n in warm_by_image.items() if n}, warm=sum(warm_by_image.values()),
+        booting=booting, assigned=assigned, queued=queued, max_vms=max_vms, cold_start_s=cold),
+    st.dictionaries(st.sampled_from(IMAGES), st.integers(0, 3)), st.integers(0, 3), st.integers(0, 10),
+    st.integers(0, 5), st.integers(1, 20), st.floats(60, 900))
+
+
+@st.composite
+def fleets(draw) -> list[ClusterView]:
+    n = draw(st.integers(1, 6))
+    return [ClusterView(f"c{i}", draw(st.sampled_from(REGIONS)), draw(st.booleans()), draw(st.booleans()),
+                        {"gpu-p100": draw(pools)}) for i in range(n)]
+
+
+requests = st.tuples(st.sampled_from(IMAGES), st.sampled_from(REGIONS), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), requests)
+def test_drained_or_unhealthy_clusters_are_never_candidates(clusters, req):
+    image, region, required = req
+    usable = {c.name for c in clusters if c.healthy and not c.draining}
+    chosen = [cand.cluster for cand in rank(clusters, "gpu-p100", image, region, required, PENALTY_S)]
+    assert set(chosen) <= usable
+    assert len(chosen) == len(set(chosen))  # each cluster at most once: ordered spillover, no fan-out
+    if not required:
+        assert set(chosen) == usable
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), requests)
+def test_a_demanded_region_is_never_left(clusters, req):
+    image, region, _ = req
+    chosen = rank(clusters, "gpu-p100", image, region, True, PENALTY_S)
+    by_name = {c.name: c for c in clusters}
+    assert all(by_name[cand.cluster].region == region for cand in chosen)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), requests)
+def test_an_exact_image_warm_vm_in_the_preferred_region_wins(clusters, req):
+    image, region, required = req
+    home_exact = [c.name for c in clusters if c.healthy and not c.draining and c.region == region
+                  and c.pools["gpu-p100"].warm_by_image.get(image, 0) > 0]
+    chosen = rank(clusters, "gpu-p100", image, region, required, PENALTY_S)
+    if home_exact:
+        assert chosen[0].cluster in home_exact and chosen[0].how == "warm"
+
+
+def test_order_is_time_to_ready_then_region_then_load():
+    def pool(**kw):
+        base = dict(warm_by_image={}, warm=0, booting=0, assigned=0, queued=0, max_vms=10, cold_start_s=600.0)
+        return PoolView(**(base | kw))
+
+    clusters = [
+        ClusterView("far-warm", "asia-east1", True, False, {"gpu-p100": pool(warm_by_image={"gpu:v160": 1}, warm=1)}),
+        ClusterView("home-cold", "us-central1", True, False, {"gpu-p100": pool()}),
+        ClusterView("home-partial-busy", "us-central1", True, False,
+                    {"gpu-p100": pool(warm_by_image={"gpu:v150": 1}, warm=1, assigned=8)}),
+        ClusterView("home-partial-idle", "us-central1", True, False,
+                    {"gpu-p100": pool(warm_by_image={"gpu:v150": 1}, warm=1)}),
+        ClusterView("home-full", "us-central1", True, False, {"gpu-p100": pool(assigned=10, queued=3)}),
+    ]
+    order = [c.cluster for c in rank(clusters, "gpu-p100", "gpu:v160", "us-central1", False, PENALTY_S)]
+    # A remote warm VM (1 s + 30 s penalty) beats a home partial pull (120 s) and a cold start.
+    assert order == ["far-warm", "home-partial-idle", "home-partial-busy", "home-cold", "home-full"]
+
+
+def test_breaker_opens_after_repeated_failures_and_lets_one_trial_through_later():
+    b = CircuitBreaker(failures_to_open=3, open_s=5.0)
+    for t in (0.0, 0.1):
+        b.failure(t)
+        assert b.allows(t)  # two failures: still closed
+    b.failure(0.2)
+    assert b.state(0.2) == "open" and not b.allows(4.0)
+    assert b.state(5.2) == "half-open" and b.allows(5.2)
+    b.attempt(5.2)
+    assert not b.allows(5.3)  # one trial at a time
+    b.failure(5.4)  # the trial failed: wait again
+    assert not b.allows(10.0) and b.allows(10.4)
+    b.attempt(10.4)
+    b.success()
+    assert b.state(10.5) == "closed" and b.allows(10.5) and b.failures == 0
+
+
+def test_an_answer_resets_the_count():
+    b = CircuitBreaker(failures_to_open=2)
+    b.failure(0.0)
+    b.success()
+    b.failure(1.0)
+    assert b.state(1.0) == "closed"

@@ -1,0 +1,132 @@
+"""The store, against SQLite and a real PostgreSQL server: schema, round trips, transactions,
+the front's idempotency keys and attempts."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from core_driver import Driver, make_core
+from provisioner.model import Session, Vm
+from provisioner.store import MIGRATIONS, MADE, UNRESOLVED, StoreError, open_store, redact
+
+
+@pytest.fixture
+def store(store_url, tmp_path):
+    s = open_store(store_url, tmp_path / "unused.db")
+    yield s
+    s.close()
+
+
+def some_state():
+    d = Driver(make_core())
+    d.advance(200)  # the pool fills
+    a = d.allocate(user="ada", image="gpu:v160")
+    b = d.allocate(user="bob", image="gpu:v141")
+    d.advance(30)
+    return d.core, a, b
+
+
+def test_schema_is_at_the_latest_version_and_reopening_keeps_it(store_url, tmp_path):
+    s = open_store(store_url, tmp_path / "x.db")
+    assert s.schema_version == len(MIGRATIONS)
+    s.close()
+    again = open_store(store_url, tmp_path / "x.db")  # nothing left to migrate
+    assert again.schema_version == len(MIGRATIONS)
+    again.close()
+
+
+def test_sessions_and_vms_round_trip(store):
+    core, a, b = some_state()
+    store.save(core.sessions.values(), core.vms.values())
+    sessions = store.load_sessions(core.name)
+    assert [s.to_dict() for s in sessions] == [s.to_dict() for s in sorted(core.sessions.values(),
+                                                                          key=lambda s: (s.created_at, s.id))]
+    vms = store.load_vms(core.name)
+    assert {v.id for v in vms} == {v.id for v in core.vms.values() if v.state.value != "deleted"}
+    assert all(isinstance(v, Vm) for v in vms) and all(isinstance(s, Session) for s in sessions)
+    assert store.load_sessions("elsewhere") == [] and store.load_vms("elsewhere") == []
+
+
+def test_save_updates_in_place_and_deletes_discarded_sessions(store):
+    core, a, b = some_state()
+    store.save(core.sessions.values(), core.vms.values())
+    core.stop(a.id, "done", 300.0)
+    store.save([core.sessions[a.id]], [], delete_sessions=[b.id])
+    loaded = {s.id: s for s in store.load_sessions(core.name)}
+    assert set(loaded) == {a.id} and loaded[a.id].state == core.sessions[a.id].state
+
+
+def test_a_failed_batch_leaves_nothing_behind(store):
+    core, a, b = some_state()
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        with store.transaction() as cur:
+            cur.execute(store._sql("INSERT INTO front_requests VALUES (?, ?, ?, ?)"), ("r", "s", "c", 1.0))
+            raise Boom()
+    assert store.session_for_request("r") is None
+    # One bad row (a second session for one request id in one cluster) rolls back the whole batch.
+    dup = Session.from_dict({**a.to_dict(), "id": "us-central1.s-other"})
+    with pytest.raises(Exception):
+        store.save([a, dup], list(core.vms.values()))
+    assert store.load_sessions(core.name) == [] and store.load_vms(core.name) == []
+
+
+def test_first_session_for_a_request_id_wins(store):
+    assert store.remember_request("r1", "c1.s-a", "c1", 1.0) == "c1.s-a"
+    assert store.remember_request("r1", "c2.s-b", "c2", 2.0) == "c1.s-a"
+    assert store.session_for_request("r1") == "c1.s-a" and store.session_for_request("r2") is None
+
+
+def test_first_writer_wins_across_threads(store_url, tmp_path):
+    """Two front replicas racing to record the winner: both see the same one."""
+    stores = [open_store(store_url, tmp_path / "race.db") for _ in range(4)]
+    seen: list[str] = []
+    barrier = threading.Barrier(4)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        seen.append(stores[i].remember_request("race", f"c{i}.s-{i}", f"c{i}", float(i)))
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert len(set(seen)) == 1 and len(seen) == 4
+
+
+def test_attempts_stay_open_until_settled(store):
+    store.note_attempt("r1", "c1", 100.0)
+    store.note_attempt("r1", "c2", 105.0)
+    store.note_attempt("r2", "c1", 90.0)
+    assert store.open_attempts() == [("r2", "c1", 90.0), ("r1", "c1", 100.0), ("r1", "c2", 105.0)]
+    store.settle_attempt("r1", "c1", MADE)
+    store.settle_attempt("r1", "c2", UNRESOLVED)
+    assert store.open_attempts("r1") == [("r1", "c2", 105.0)]
+    store.note_attempt("r1", "c2", 101.0)  # a retry re-opens it, keeping the later commit_by
+    assert store.open_attempts("r1") == [("r1", "c2", 105.0)]
+
+
+def test_bad_urls_are_clear_errors(tmp_path):
+    with pytest.raises(StoreError, match="unsupported database URL 'mysql://u:\\*\\*\\*@h/db'"):
+        open_store("mysql://u:secret@h/db", tmp_path / "x.db")
+    with pytest.raises(StoreError, match="cannot connect") as e:
+        open_store("postgresql://u:secret@127.0.0.1:1/db", tmp_path / "x.db")
+    assert "secret" not in str(e.value)
+    assert redact("postgresql://u:pw@h:5432/d") == "postgresql://u:***@h:5432/d"
+
+
+def test_a_newer_schema_is_refused(store_url, tmp_path):
+    s = open_store(store_url, tmp_path / "x.db")
+    with s.transaction() as cur:
+        cur.execute(s._sql("INSERT INTO schema_version (version) VALUES (?)"), (len(MIGRATIONS) + 1,))
+    s.close()
+    with pytest.raises(StoreError, match="upgrade the provisioner"):
+        open_store(store_url, tmp_path / "x.db")
