@@ -109,19 +109,26 @@ async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_pat
         print(f"{KILLS} kills; {len(acked)} sessions acknowledged, {len(stopped)} stops")
         assert len(acked) >= 200
 
-        # Last start: the cluster reconciles; records and the cloud must come to agree.
+        # Last start: the cluster reconciles. Every session is stopped so the pools come to rest,
+        # then its records and the cloud must agree VM for VM.
         await service.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        async with grpc.aio.insecure_channel(address) as ch:
+            stub = c_grpc.ClusterServiceStub(ch)
+            for rid, sid in acked.items():
+                if rid not in stopped:
+                    await stub.Stop(c_pb.StopRequest(session_id=sid, reason="test over"), timeout=5)
+        deadline = time.monotonic() + 90
+        while True:
+            before = sim_cloud_vms(data_dir, CLUSTER)
             _, vms = read_store(data_dir)
+            cloud = sim_cloud_vms(data_dir, CLUSTER)
             records = {vid for vid, v in vms.items() if v["state"] != "deleted"}
-            settled = all(v["state"] in ("warm", "assigned", "deleted") for v in vms.values())
-            if settled and records == sim_cloud_vms(data_dir, CLUSTER):
+            settled = before == cloud and all(v["state"] in ("warm", "deleted") for v in vms.values())
+            if (settled and records == cloud) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)
-        _, vms = read_store(data_dir)
-        records = {vid for vid, v in vms.items() if v["state"] != "deleted"}
-        cloud = sim_cloud_vms(data_dir, CLUSTER)
+        unsettled = {vid: (v["state"], v["reason"]) for vid, v in vms.items() if v["state"] not in ("warm", "deleted")}
+        assert unsettled == {}, "VMs still busy with every session stopped"
         assert cloud - records == set(), "VMs in the cloud that no record claims (leaked)"
         assert records - cloud == set(), "records pointing to VMs the cloud does not have"
     finally:
