@@ -4,6 +4,7 @@ The front and three clusters run as their own OS processes (`provisioner serve .
 creating sessions; one cluster is killed without warning. Creates that may go elsewhere must
 still succeed, the dead cluster must leave routing within seconds, and after it comes back and
 the front has settled what it never heard, no request id has two sessions in any cluster's store.
+A healthy cluster, on the other hand, must never drop out of routing.
 """
 
 from __future__ import annotations
@@ -166,3 +167,22 @@ async def test_a_front_restart_keeps_request_ids_and_watches_resume(fleet):
         resumed = (await asyncio.wait_for(watch.read(), 10)).session
         watch.cancel()
         assert resumed.id == first.id and resumed.revision > seen[-1].revision
+
+
+async def test_healthy_clusters_keep_their_capacity_streams(tmp_path, caplog):
+    """The front pings each cluster every second to notice a hang; the clusters must allow that
+    rather than close the connection (GOAWAY too_many_pings), which would drop every stream on it
+    and take the cluster out of routing for a second, every few seconds."""
+    from conftest import fleet_config, start_fleet
+
+    handle = await start_fleet(fleet_config(tmp_path), tmp_path / "data", time_scale=1)  # quiet streams
+    try:
+        clients = list(handle.fleet.front.fleet.clients.values())
+        end = time.monotonic() + 8.0  # long enough for several rounds of ping strikes
+        while time.monotonic() < end:
+            assert [c.name for c in clients if not c.healthy] == []
+            await asyncio.sleep(0.05)
+        assert "lost capacity stream" not in caplog.text
+    finally:
+        await handle.channel.close()
+        await handle.fleet.stop(0.5)

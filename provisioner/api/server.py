@@ -17,7 +17,9 @@ from provisioner import telemetry
 log = logging.getLogger(__name__)
 
 # Clients (the front) ping idle connections every second to notice a hung peer; allow it.
-ACCEPT_PINGS = [("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+# (Without this the server answers the third early ping with GOAWAY "too_many_pings", dropping
+# every stream on the connection.)
+ACCEPT_PINGS = [("grpc.http2.min_ping_interval_without_data_ms", 500),
                 ("grpc.keepalive_permit_without_calls", 1)]
 
 
