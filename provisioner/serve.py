@@ -130,7 +130,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
                       link_interceptors: Sequence = (), database_url: str | None = None) -> FrontProcess:
     """`link_interceptors` sit on the front's channels to the clusters (tests inject faults there)."""
     addresses = {c.name: c.address for c in fleet_cfg.clusters} | (cluster_addresses or {})
-    clients = [ClusterClient(c.name, c.region, addresses[c.name], clock, tracer_provider, link_interceptors)
+    clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors)
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
     for c in clients:

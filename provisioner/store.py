@@ -45,7 +45,7 @@ MIGRATIONS: list[str] = [
         request_id TEXT PRIMARY KEY,
         session_id TEXT NOT NULL,
         cluster TEXT NOT NULL,
-        created_at REAL NOT NULL
+        created_at DOUBLE PRECISION NOT NULL
     );
     """,
     # Every attempt the front made at placing a request, so an outcome it never heard (a lost
@@ -54,7 +54,7 @@ MIGRATIONS: list[str] = [
     CREATE TABLE front_attempts (
         request_id TEXT NOT NULL,
         cluster TEXT NOT NULL,
-        commit_by REAL NOT NULL,
+        commit_by DOUBLE PRECISION NOT NULL,
         outcome TEXT NOT NULL,
         PRIMARY KEY (request_id, cluster)
     );
@@ -157,12 +157,17 @@ class Store:
     # ---- the front: request id -> the session it created ----------------------------------
 
     def remember_request(self, request_id: str, session_id: str, cluster: str, now: float) -> str:
-        """Records the first session for a request id; returns whichever session id won."""
+        """Records the first session for a request id; returns whichever session id won. If this
+        one won, its attempt is settled as made in the same transaction."""
         with self.transaction() as cur:
             cur.execute(self._sql("INSERT INTO front_requests VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"),
                         (request_id, session_id, cluster, now))
             cur.execute(self._sql("SELECT session_id FROM front_requests WHERE request_id = ?"), (request_id,))
-            return cur.fetchone()[0]
+            winner = cur.fetchone()[0]
+            if winner == session_id:
+                cur.execute(self._sql("UPDATE front_attempts SET outcome = ? WHERE request_id = ? AND cluster = ?"),
+                            (MADE, request_id, cluster))
+            return winner
 
     def session_for_request(self, request_id: str) -> str | None:
         rows = self._rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
@@ -223,19 +228,25 @@ class PostgresStore(Store):
 
     def __init__(self, url: str):
         super().__init__()
+        self.url = url
+        self._db = self._connect()
+        self._migrate()
+
+    def _connect(self):
         import psycopg  # only when PostgreSQL is asked for
 
-        self.url = url
         try:
-            self._db = psycopg.connect(url, autocommit=True, connect_timeout=10)
+            return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
         except psycopg.OperationalError as e:
-            raise StoreError(f"cannot connect to {redact(url)}: {e}") from None
-        self._migrate()
+            raise StoreError(f"cannot connect to {redact(self.url)}: {e}") from None
 
     @contextmanager
     def transaction(self):
-        with self._lock, self._db.transaction(), self._db.cursor() as cur:
-            yield cur
+        with self._lock:
+            if self._db.closed:  # lost with a server restart or failover: the next call reconnects
+                self._db = self._connect()
+            with self._db.transaction(), self._db.cursor() as cur:
+                yield cur
 
     def _lock_schema(self, cur) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))

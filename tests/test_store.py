@@ -82,6 +82,20 @@ def test_first_session_for_a_request_id_wins(store):
     assert store.session_for_request("r1") == "c1.s-a" and store.session_for_request("r2") is None
 
 
+def test_the_winning_session_settles_its_attempt_in_the_same_write(store):
+    store.note_attempt("r1", "c1", 100.0)
+    store.note_attempt("r1", "c2", 100.0)
+    assert store.remember_request("r1", "c1.s-a", "c1", 1.0) == "c1.s-a"
+    assert store.remember_request("r1", "c2.s-b", "c2", 2.0) == "c1.s-a"
+    assert store.open_attempts("r1") == [("r1", "c2", 100.0)]  # the loser's stays open until discarded
+
+
+def test_wall_clock_times_keep_their_precision(store):
+    commit_by = 1_795_000_000.123  # a wall-clock deadline: a 4-byte float would round it to 128 s
+    store.note_attempt("r1", "c1", commit_by)
+    assert store.open_attempts("r1") == [("r1", "c1", commit_by)]
+
+
 def test_first_writer_wins_across_threads(store_url, tmp_path):
     """Two front replicas racing to record the winner: both see the same one."""
     stores = [open_store(store_url, tmp_path / "race.db") for _ in range(4)]
@@ -130,3 +144,20 @@ def test_a_newer_schema_is_refused(store_url, tmp_path):
     s.close()
     with pytest.raises(StoreError, match="upgrade the provisioner"):
         open_store(store_url, tmp_path / "x.db")
+
+
+def test_postgresql_store_reconnects_after_losing_its_connection(postgres, tmp_path):
+    import psycopg
+
+    url = postgres.new_database()
+    s = open_store(url, tmp_path / "unused.db")
+    try:
+        s.remember_request("r1", "c1.s-a", "c1", 1.0)
+        with psycopg.connect(postgres.admin_url, autocommit=True) as admin:  # as a server failover would
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s AND pid <> pg_backend_pid()", (url.rsplit("/", 1)[1],))
+        with pytest.raises(psycopg.OperationalError):
+            s.session_for_request("r1")  # the call in flight fails...
+        assert s.session_for_request("r1") == "c1.s-a"  # ...and the next one reconnects
+    finally:
+        s.close()

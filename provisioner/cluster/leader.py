@@ -95,13 +95,13 @@ class FileLease:
 
 
 async def acquire(lease: Lease, cluster: str) -> None:
-    """Waits until this process holds the lease, then out the grace period if it had to wait."""
-    if lease.try_acquire():
-        return
-    log.info("cluster %s: another replica leads; standing by", cluster)
-    while not lease.try_acquire():
-        await asyncio.sleep(POLL_S)
-    log.info("cluster %s: took over the lease; acting in %.0f s", cluster, GRACE_S)
+    """Waits until this process holds the lease, then out the grace period: even a lease taken at
+    once may have been freed a moment ago by a leader that has not yet noticed it lost it."""
+    if not lease.try_acquire():
+        log.info("cluster %s: another replica leads; standing by", cluster)
+        while not lease.try_acquire():
+            await asyncio.sleep(POLL_S)
+    log.info("cluster %s: holding the lease; acting in %.0f s", cluster, GRACE_S)
     await asyncio.sleep(GRACE_S)
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Sequence
 
 import grpc
 
 from provisioner import telemetry
-from provisioner.clock import Clock
 from provisioner.front.breaker import CircuitBreaker
 from provisioner.front.router import ClusterView, PoolView
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -31,10 +31,9 @@ KEEPALIVE = [("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_timeout_ms", 200
 class ClusterClient:
     """One cluster: its stubs, and its capacity as last streamed. Unhealthy while the stream is down."""
 
-    def __init__(self, name: str, region: str, address: str, clock: Clock, tracer_provider=None,
+    def __init__(self, name: str, region: str, address: str, tracer_provider=None,
                  interceptors: Sequence[grpc.aio.ClientInterceptor] = ()):
         self.name, self.region, self.address = name, region, address
-        self.clock = clock
         self.channel = grpc.aio.insecure_channel(
             address, options=KEEPALIVE,
             interceptors=[*telemetry.client_interceptors(tracer_provider), *interceptors])
@@ -69,7 +68,7 @@ class ClusterClient:
             except Exception:
                 log.exception("capacity stream of cluster %s failed", self.name)
             self.healthy = False
-            await self.clock.sleep(RECONNECT_S)
+            await asyncio.sleep(RECONNECT_S)  # network timing runs on the wall clock
 
     def view(self) -> ClusterView:
         cap = self.capacity
@@ -79,5 +78,5 @@ class ClusterClient:
                 pools[p.pool] = PoolView(
                     warm_by_image={ic.image: ic.count for ic in p.warm_by_image}, warm=p.warm, booting=p.booting,
                     assigned=p.assigned, queued=p.queued, max_vms=p.max_vms, cold_start_s=p.cold_start_s)
-        routable = self.healthy and cap is not None and self.breaker.allows(self.clock.now())
+        routable = self.healthy and cap is not None and self.breaker.allows(time.monotonic())
         return ClusterView(self.name, self.region, routable, bool(cap and cap.draining), pools)

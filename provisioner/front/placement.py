@@ -32,9 +32,9 @@ from provisioner.clock import Clock
 from provisioner.cluster.core import cluster_of
 from provisioner.errors import Unavailable
 from provisioner.front.clusters import ClusterClient
-from provisioner.front.retry import ambiguous, retrying
+from provisioner.front.retry import ambiguous, call, retrying
 from provisioner.front.router import Candidate
-from provisioner.store import MADE, NONE, UNRESOLVED, SqliteStore
+from provisioner.store import NONE, UNRESOLVED, SqliteStore
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
 
@@ -97,19 +97,25 @@ class Placement:
                     raise  # the request itself is wrong: another cluster would say the same
                 last = err
                 continue
+            # Until this is recorded the attempt stays open, so a retry after a failure here asks the
+            # same cluster again (idempotent) instead of placing a second session elsewhere.
             winner = self.store.remember_request(rid, session.id, cand.cluster, self.clock.now())
             if winner != session.id:  # another front replica placed it first
-                await self._discard(client, rid, f"request placed as {winner}")
-                log.info("request %s: another front placed it as %s; discarded %s", rid, winner, session.id)
+                try:
+                    await self._discard(client, rid, f"request placed as {winner}")
+                    self.store.settle_attempt(rid, cand.cluster, NONE)
+                    log.info("request %s: another front placed it as %s; discarded %s", rid, winner, session.id)
+                except grpc.aio.AioRpcError:
+                    self.store.settle_attempt(rid, cand.cluster, UNRESOLVED)  # the resolver discards it later
                 owner = self.clients[cluster_of(winner)]
-                return (await _call(owner.sessions.Get, cluster_pb.GetRequest(session_id=winner),
+                return (await call(owner.sessions.Get, cluster_pb.GetRequest(session_id=winner),
                                     ATTEMPT_TIMEOUT_S)).session
             span.add_event("placed", {"cluster": cand.cluster, "session.id": session.id})
             span.set_attributes({telemetry.ATTR_SESSION_ID: session.id, telemetry.ATTR_CLUSTER: cand.cluster,
                                  telemetry.ATTR_START: pb.StartKind.Name(session.start)
                                  .removeprefix("START_KIND_").lower()})
             return session
-        if isinstance(last, RemoteError):
+        if last is not None:
             raise last
         raise Unavailable("no candidate cluster could be tried before the deadline")
 
@@ -127,21 +133,21 @@ class Placement:
                                      "wait_s": round(state.next_action.sleep, 3)})
 
         try:
-            async for try_ in retrying(deadline - _loop_now(), on_retry=on_retry):
+            # Retries stay within this attempt's budget: past commit_by the cluster makes nothing new.
+            async for try_ in retrying(budget, on_retry=on_retry):
                 with try_:
                     span.add_event("attempt", {"cluster": client.name, "try": try_.retry_state.attempt_number})
-                    client.breaker.attempt(self.clock.now())
+                    client.breaker.attempt(time.monotonic())
                     timeout = max(0.01, min(budget, deadline - _loop_now()))
-                    resp = await _call(client.sessions.Allocate, msg, timeout)
+                    resp = await call(client.sessions.Allocate, msg, timeout, tries=1)  # retried by the loop above
         except RemoteError as err:
             if ambiguous(err):
-                client.breaker.failure(self.clock.now())
+                client.breaker.failure(time.monotonic())
                 # Ask before moving on: the cluster may have made it and only the reply was lost.
                 if (found := await self._ask(client, rid, deadline)) is not None:
                     span.add_event("found", {"cluster": client.name, "session.id": found.id})
                     client.breaker.success()
-                    self.store.settle_attempt(rid, client.name, MADE)
-                    return found
+                    return found  # settled as made once recorded as the request's answer
                 # "Not found" is final only after commit_by: the resolver asks again then.
                 self.store.settle_attempt(rid, client.name, UNRESOLVED)
                 span.add_event("unresolved", {"cluster": client.name, "code": err.code.name})
@@ -151,7 +157,6 @@ class Placement:
                 span.add_event("refused", {"cluster": client.name, "code": err.code.name})
             raise
         client.breaker.success()
-        self.store.settle_attempt(rid, client.name, MADE)
         return resp.session
 
     async def _ask(self, client: ClusterClient, request_id: str, deadline: float) -> pb.Session | None:
@@ -186,7 +191,6 @@ class Placement:
                 continue
             winner = self.store.remember_request(rid, resp.session.id, cluster, now)
             if winner == resp.session.id:
-                self.store.settle_attempt(rid, cluster, MADE)
                 self.adopted += 1
                 log.info("request %s: adopted session %s found in %s", rid, winner, cluster)
             else:
@@ -210,13 +214,6 @@ class Placement:
                 raise
             except Exception:
                 log.exception("resolving unanswered attempts failed; trying again later")
-
-
-async def _call(rpc, request, timeout: float):
-    try:
-        return await rpc(request, timeout=timeout)
-    except grpc.aio.AioRpcError as err:
-        raise RemoteError(err) from None
 
 
 def _loop_now() -> float:

@@ -15,6 +15,8 @@ from provisioner.api.status import RemoteError
 AMBIGUOUS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                        grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN})
 TRIES = 3
+# For a call whose caller gave no deadline.
+DEFAULT_DEADLINE_S = 30.0
 BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
 
@@ -33,3 +35,14 @@ def retrying(budget_s: float, tries: int = TRIES,
         before_sleep=on_retry,
         reraise=True,
     )
+
+
+async def call(rpc, request, timeout: float | None = None, tries: int = TRIES):
+    """An RPC to a cluster, made up to `tries` times on ambiguous failures (more than once only
+    for idempotent calls); the last error status goes back to our caller unchanged."""
+    async for try_ in retrying(timeout or DEFAULT_DEADLINE_S, tries):
+        with try_:
+            try:
+                return await rpc(request, timeout=timeout)
+            except grpc.aio.AioRpcError as err:
+                raise RemoteError(err) from None

@@ -23,7 +23,7 @@ from provisioner.config import FleetConfig
 from provisioner.errors import InvalidArgument, NotFound, Unavailable
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
-from provisioner.front.retry import TRIES, retrying
+from provisioner.front.retry import DEFAULT_DEADLINE_S, call
 from provisioner.front.router import rank
 from provisioner.store import SqliteStore
 from provisioner.validation import validate_spec
@@ -36,7 +36,6 @@ from provisioner.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DEADLINE_S = 30.0
 STATUS_TIMEOUT_S = 1.0
 LIVE_STATES = [pb.SESSION_STATE_QUEUED, pb.SESSION_STATE_PROVISIONING, pb.SESSION_STATE_PULLING_IMAGE,
                pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_STOPPING]
@@ -65,17 +64,6 @@ class Fleet:
         async def first(c: ClusterClient):
             await c.updated.wait()
         await asyncio.wait([asyncio.create_task(first(c)) for c in self.clients.values()], timeout=timeout_s)
-
-
-async def call(rpc, request, timeout: float | None = None, tries: int = TRIES):
-    """An idempotent RPC to a cluster, repeated on ambiguous failures (tenacity, backoff with
-    jitter); the last error status goes back to our caller unchanged."""
-    async for try_ in retrying(timeout or DEFAULT_DEADLINE_S, tries):
-        with try_:
-            try:
-                return await rpc(request, timeout=timeout)
-            except grpc.aio.AioRpcError as err:
-                raise RemoteError(err) from None
 
 
 def _remaining(context) -> float:
@@ -291,7 +279,8 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
 
     @unary
     async def EvictVm(self, request, context):
-        return await call(self.fleet.get(request.cluster).admin.EvictVm, request)
+        # Sent once: a retry after a lost reply would fail because the VM is already gone.
+        return await call(self.fleet.get(request.cluster).admin.EvictVm, request, tries=1)
 
 
 SERVICE_NAMES = (
