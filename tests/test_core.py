@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from provisioner.autoscale import SCALE_DOWN_IDLE_S, STABILIZATION_S, STOCKOUT_MEMORY_S, desired_vms
+from provisioner.cloud.base import CloudFailure
 from provisioner.cluster.core import Delete, Launch, Pull, Wipe
 from provisioner.errors import FailedPrecondition
 from provisioner.images import ImageCatalog
@@ -175,6 +176,15 @@ def test_stocked_out_zone_is_avoided_for_its_memory():
     d.core.set_policy(POOL, d.now, min_vms=3)
     d.advance(d.tick_s)
     assert d.commands(Launch)[-1].zone == ZONE_C
+
+
+def test_a_stockout_is_remembered_for_the_zone_the_cloud_names():
+    d = driver(min_vms=1, max_vms=5)
+    d.run_until(lambda: len(d.commands(Launch)) == 1, 60)
+    launch = d.commands(Launch)[0]
+    other = ZONE_F if launch.zone == ZONE_C else ZONE_C  # e.g. a GKE node pool's own zone
+    d.core.launch_failed(launch.vm_id, CloudFailure("stockout", "ZONE_RESOURCE_POOL_EXHAUSTED", other), d.now)
+    assert list(d.core.pools[POOL].stocked_out_until) == [other]
 
 
 def test_all_zones_stocked_out_queues_until_the_memory_expires():

@@ -31,7 +31,8 @@ def test_each_kind_of_difference_is_found():
                  cloud("deleted-here"), cloud("stray"), cloud("warm-terminated", "terminated")]
     plan = reconcile(records, inventory, now=100.0, grace_s=0.0)
     assert plan.adopted == ["warm-here", "deleting-here", "booting-here"]  # the delete goes on
-    assert plan.lost == ["assigned-gone", "recycling-gone", "warm-terminated"]
+    assert plan.lost == ["assigned-gone", "recycling-gone"]
+    assert plan.terminated == ["warm-terminated"]
     assert plan.deleted == ["deleting-gone", "failed-gone"]
     assert plan.retry_delete == ["failed-here"]
     # A deleted record claims nothing: its VM, still there, is a stray like one never recorded.
@@ -68,6 +69,39 @@ def test_core_fails_a_session_whose_vm_vanished_and_replaces_the_vm():
     assert [h.state for h in d.vms[vm_id].history][-2:] == ["failed", "deleted"]
     d.advance(200)  # the pool makes up for it
     assert sum(v.state is V.WARM for v in d.core.vms.values()) >= d.core.pools["gpu-p100"].policy.min_vms
+
+
+def test_core_fails_a_session_whose_vm_was_terminated_and_deletes_the_vm():
+    d = Driver(make_core())
+    d.advance(1_500)
+    s = d.allocate(user="ada", image="gpu:latest")
+    d.advance(10)
+    vm_id = d.core.sessions[s.id].vm_id
+    d.core.take_commands()
+    inventory = [cloud(v.id, "terminated" if v.id == vm_id else "running")
+                 for v in d.core.vms.values() if v.state is not V.DELETED]
+    plan = reconcile(d.core.vms.values(), inventory, d.now)
+    assert plan.terminated == [vm_id] and plan.lost == []
+    d.core.reconciled(plan, d.now)
+    assert d.core.sessions[s.id].state is SessionState.FAILED
+    assert d.core.vms[vm_id].state is V.DELETING  # what is left of it (its disk) is deleted
+    assert [c.vm_id for c in d.core.take_commands() if type(c).__name__ == "Delete"] == [vm_id]
+
+
+def test_a_wipe_result_for_a_vm_the_reconciler_removed_is_ignored():
+    d = Driver(make_core())
+    d.advance(1_500)
+    s = d.allocate(user="ada", image="gpu:latest")
+    d.advance(10)
+    vm_id = d.core.sessions[s.id].vm_id
+    d.core.stop(s.id, "done", d.now)  # the VM is being wiped...
+    assert d.core.vms[vm_id].state is V.RECYCLING
+    present = [cloud(v.id) for v in d.core.vms.values() if v.state is not V.DELETED and v.id != vm_id]
+    d.core.reconciled(reconcile(d.core.vms.values(), present, d.now), d.now)  # ...when it vanishes
+    assert vm_id not in d.core.vms  # deleted and forgotten
+    d.core.wipe_done(vm_id, d.now)  # the wipe's answer arrives late: nothing to do
+    d.core.wipe_failed(vm_id, CloudFailure("not_found", "gone", "z"), d.now)
+    assert vm_id not in d.core.vms
 
 
 def test_core_finishes_deletes_and_retries_failed_ones():

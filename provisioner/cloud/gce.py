@@ -43,13 +43,13 @@ from google.cloud import compute_v1
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from provisioner.clock import Clock
-from provisioner.cloud.base import CloudFailure, CloudVm, HealthReport, LaunchSpec, ProgressCallback
+from provisioner.cloud.base import (LABEL_CLUSTER, LABEL_REQUEST, CloudFailure, CloudVm, HealthReport, LaunchSpec,
+                                     ProgressCallback)
 from provisioner.config import BackendConfig, ClusterConfig
 from provisioner.images import Layer
 
 log = logging.getLogger(__name__)
 
-LABEL_PREFIX = "provisioner-"
 COMMAND_KEY = "provisioner-command"
 IMAGES_KEY = "provisioner-images"
 GUEST_PATH = "provisioner/"
@@ -75,10 +75,11 @@ def retryable(err: BaseException) -> bool:
 
 @contextlib.contextmanager
 def transport_errors():
-    """A timeout or a broken connection as a 503: like a server error, its outcome is unknown."""
+    """A timeout, a broken connection or a failed token refresh as a 503: like a server error, its
+    outcome is unknown (and it is retried within the same bounds)."""
     try:
         yield
-    except (requests.RequestException, auth_exceptions.TransportError) as err:
+    except (requests.RequestException, auth_exceptions.TransportError, auth_exceptions.RefreshError) as err:
         raise gexc.ServiceUnavailable(f"transport: {err}") from err
 
 
@@ -317,7 +318,7 @@ class GceBackend:
     async def _labelled(self, cluster: str) -> list[tuple[compute_v1.Instance, str]]:
         """Every instance carrying this cluster's label, with its zone."""
         pages = await self._call(self.instances.aggregated_list, request=compute_v1.AggregatedListInstancesRequest(
-            project=self.project, filter=f"labels.{LABEL_PREFIX}cluster = {gce_label(cluster)}"))
+            project=self.project, filter=f"labels.{LABEL_CLUSTER} = {gce_label(cluster)}"))
         return [(inst, scope.rsplit("/", 1)[-1]) for scope, scoped in await self._all(pages)
                 for inst in scoped.instances]
 
@@ -339,5 +340,5 @@ class GceBackend:
 
 def vm_of(inst: compute_v1.Instance, zone: str) -> CloudVm:
     # Our id is in the request label (a GKE node's instance name is GKE's own).
-    vm_id = inst.labels.get(f"{LABEL_PREFIX}request") or inst.name
+    vm_id = inst.labels.get(LABEL_REQUEST) or inst.name
     return CloudVm(vm_id, zone, STATUS.get(inst.status, "provisioning"), dict(inst.labels))  # type: ignore[arg-type]

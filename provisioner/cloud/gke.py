@@ -10,6 +10,8 @@
   what is left, so the pool's declared size stays the truth;
 - everything a node does as a VM (boot, the agent's pulls and wipes, health, listing by label)
   goes through Compute Engine as in the gce backend: a GKE node is a Compute Engine instance.
+- reconciliation sees our labelled nodes and every unlabelled node of our node pools (left by
+  a create that died before labelling it), which no record claims and so is deleted.
 
 Resizes of one node pool are serialized. The GPU node pools must be zonal (one zone, one
 instance group): setSize counts nodes per zone, so growing a multi-zone node pool by one would
@@ -30,8 +32,8 @@ from google.cloud.container_v1 import ClusterManagerAsyncClient, types
 from google.cloud.container_v1.services.cluster_manager.transports import ClusterManagerGrpcAsyncIOTransport
 
 from provisioner.clock import Clock
-from provisioner.cloud.base import CloudFailure, CloudVm, LaunchSpec
-from provisioner.cloud.gce import LABEL_PREFIX, GceBackend, failure_of, gce_label, vm_of
+from provisioner.cloud.base import LABEL_REQUEST, CloudFailure, CloudVm, LaunchSpec
+from provisioner.cloud.gce import GceBackend, failure_of, gce_label, vm_of
 from provisioner.config import ClusterConfig, PoolConfig
 
 log = logging.getLogger(__name__)
@@ -128,7 +130,7 @@ class GkeBackend(GceBackend):
 
     async def where(self, vm_id: str, zone: str) -> tuple[str, str]:
         if vm_id not in self._where:
-            await self.list_vms(self.cluster.name)  # learns the node of every labelled VM
+            await self._our_nodes(self.cluster.name)
         return self._where.get(vm_id, (vm_id, zone))
 
     async def create(self, spec: LaunchSpec) -> CloudVm | CloudFailure:
@@ -160,7 +162,7 @@ class GkeBackend(GceBackend):
             return failure_of(err, spec.zone)
 
     async def _made(self, vm_id: str) -> CloudVm | None:
-        return next((vm for vm in await self.list_vms(self.cluster.name) if vm.vm_id == vm_id), None)
+        return next((vm for vm in await self._our_nodes(self.cluster.name) if vm.vm_id == vm_id), None)
 
     async def delete(self, vm_id: str, zone: str) -> CloudFailure | None:
         try:
@@ -190,10 +192,23 @@ class GkeBackend(GceBackend):
             return failure_of(err, zone)
 
     async def list_vms(self, cluster: str) -> list[CloudVm]:
+        """Our labelled nodes, plus every unlabelled node of our node pools: a create that died
+        between growing the node pool and labelling its node left it, and as a VM no record
+        claims, the reconciler deletes it. A node pool with a create under way is skipped, since
+        its new node is not labelled yet."""
+        out = await self._our_nodes(cluster)
+        named = {self._where[vm.vm_id][0] for vm in out}
+        for pool in (await self.node_pools()).values():
+            if not pool.lock.locked():
+                out += [CloudVm(name, zone, "running") for name, zone in await self._nodes(pool) if name not in named]
+        return out
+
+    async def _our_nodes(self, cluster: str) -> list[CloudVm]:
+        """The nodes labelled as our VMs; learns where each is."""
         out = []
         for inst, zone in await self._labelled(cluster):
             vm = vm_of(inst, zone)
-            if vm.labels.get(f"{LABEL_PREFIX}request"):
+            if vm.labels.get(LABEL_REQUEST):
                 self._where[vm.vm_id] = (inst.name, zone)
                 out.append(vm)
         return out

@@ -509,7 +509,8 @@ class ClusterCore:
         vm = self.vms[vm_id]
         pool = self.pools[vm.pool]
         if failure.zone_exhausted:
-            pool.stocked_out_until[vm.zone] = now + STOCKOUT_MEMORY_S
+            # The cloud's word on where (a GKE node pool has its own zone), else where we asked.
+            pool.stocked_out_until[failure.zone or vm.zone] = now + STOCKOUT_MEMORY_S
         created = vm.state is V.BOOTING
         self._set_vm(vm, V.FAILED, f"{failure.code}: {failure.message}", now)
         if created:  # something may be left in the cloud
@@ -565,7 +566,9 @@ class ClusterCore:
                 self._enqueue(s, "the image pull failed; waiting for another VM", now)
 
     def wipe_done(self, vm_id: str, now: float) -> None:
-        vm = self.vms[vm_id]
+        vm = self.vms.get(vm_id)
+        if vm is None or vm.state is not V.RECYCLING:  # the reconciler found it gone meanwhile
+            return
         s = self.sessions.get(vm.session_id)
         vm.session_id = ""
         self._set_vm(vm, V.WARM, "wiped", now)
@@ -574,7 +577,9 @@ class ClusterCore:
         self._after_vm_freed(vm, now)
 
     def wipe_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
-        vm = self.vms[vm_id]
+        vm = self.vms.get(vm_id)
+        if vm is None or vm.state is not V.RECYCLING:
+            return
         s = self.sessions.get(vm.session_id)
         self._delete(vm, f"wipe failed ({failure.code}); never reused unwiped", now)
         if s is not None and s.state is S.STOPPING:
@@ -598,6 +603,8 @@ class ClusterCore:
         """Applies what the reconciler found comparing records with the cloud's inventory."""
         for vm_id in plan.lost:
             self._vm_lost(self.vms[vm_id], now)
+        for vm_id in plan.terminated:
+            self._vm_lost(self.vms[vm_id], now, still_there=True)
         for vm_id in plan.deleted:
             vm = self.vms[vm_id]
             if vm.state is V.DELETING:
@@ -607,8 +614,9 @@ class ClusterCore:
         for vm_id in plan.retry_delete:
             self._delete(self.vms[vm_id], "the reconciler retries the delete of a failed VM", now)
 
-    def _vm_lost(self, vm: Vm, now: float) -> None:
-        """The VM is gone from the cloud (preempted, deleted outside us) while we counted on it."""
+    def _vm_lost(self, vm: Vm, now: float, still_there: bool = False) -> None:
+        """The VM is gone from the cloud (preempted, deleted outside us) while we counted on it;
+        `still_there`: it was terminated, so what is left of it is deleted."""
         s = self.sessions.get(vm.session_id)
         if s is not None and not s.terminal:
             if s.state is S.STOPPING:
@@ -616,8 +624,11 @@ class ClusterCore:
             else:
                 self._end(s, S.FAILED, "the VM is gone from the cloud (preempted or deleted outside)", now)
         vm.session_id, vm.pulling = "", ""
-        self._set_vm(vm, V.FAILED, "gone from the cloud", now)
-        self._set_vm(vm, V.DELETED, "nothing was left in the cloud", now)
+        self._set_vm(vm, V.FAILED, "terminated in the cloud" if still_there else "gone from the cloud", now)
+        if still_there:
+            self._delete(vm, "terminated: nothing runs on it any more", now)
+        else:
+            self._set_vm(vm, V.DELETED, "nothing was left in the cloud", now)
 
     def vm_health(self, vm_id: str, report: HealthReport, now: float) -> None:
         """An unhealthy warm VM leaves the warm set; a session on one is told and ends."""

@@ -26,6 +26,10 @@ NAMESPACE = 0x70726F7600000000  # the advisory lock keys of this system: "prov" 
 
 
 class Lease(Protocol):
+    # Whether a new holder must wait before acting: a lease freed by the database may belong to
+    # a leader that is alive and has not yet noticed it lost it.
+    grace: bool
+
     def try_acquire(self) -> bool: ...
 
     def held(self) -> bool:
@@ -40,6 +44,8 @@ def lock_key(cluster: str) -> int:
 
 
 class PostgresLease:
+    grace = True
+
     def __init__(self, url: str, cluster: str):
         import psycopg
 
@@ -71,6 +77,8 @@ class PostgresLease:
 
 
 class FileLease:
+    grace = False  # the kernel frees the lock only when its holder is dead
+
     def __init__(self, path: Path):
         self.path = Path(path)
         self._fd: int | None = None
@@ -95,14 +103,15 @@ class FileLease:
 
 
 async def acquire(lease: Lease, cluster: str) -> None:
-    """Waits until this process holds the lease, then out the grace period: even a lease taken at
-    once may have been freed a moment ago by a leader that has not yet noticed it lost it."""
+    """Waits until this process holds the lease, then out the grace period if the lease has one:
+    even a lease taken at once may have been freed a moment ago."""
     if not lease.try_acquire():
         log.info("cluster %s: another replica leads; standing by", cluster)
         while not lease.try_acquire():
             await asyncio.sleep(POLL_S)
-    log.info("cluster %s: holding the lease; acting in %.0f s", cluster, GRACE_S)
-    await asyncio.sleep(GRACE_S)
+    if lease.grace:
+        log.info("cluster %s: holding the lease; acting in %.0f s", cluster, GRACE_S)
+        await asyncio.sleep(GRACE_S)
 
 
 async def watch(lease: Lease, cluster: str) -> None:

@@ -4,8 +4,9 @@ Pure. A VM's record is written before the cloud is asked for it, so every VM of 
 should have a record, and every live record a VM:
 
 - a record with its VM: adopted as it is (the restored core carries on with it);
-- a warm, assigned or recycling record whose VM is gone (or terminated): lost, the core fails
-  it and any session on it;
+- a warm, assigned or recycling record whose VM is gone: lost, the core fails it and any
+  session on it; if the VM is there but terminated (it still bills for its disk, and may be
+  restarted), the same, and the core deletes it;
 - a deleting or failed record whose VM is gone: the delete is done;
 - creating and booting records are left to their launch, which creates idempotently by id and
   fails the VM itself if it vanished;
@@ -33,6 +34,7 @@ GRACE_S = 60.0
 class Plan:
     adopted: list[str] = field(default_factory=list)  # records whose VM is there
     lost: list[str] = field(default_factory=list)  # live records whose VM is gone
+    terminated: list[str] = field(default_factory=list)  # live records whose VM is there, terminated
     deleted: list[str] = field(default_factory=list)  # ending records whose VM is gone
     retry_delete: list[str] = field(default_factory=list)  # failed records whose VM is still there
     strays: list[CloudVm] = field(default_factory=list)  # unclaimed long enough: delete
@@ -41,13 +43,14 @@ class Plan:
 
     @property
     def changes(self) -> int:
-        return len(self.lost) + len(self.deleted) + len(self.retry_delete) + len(self.strays)
+        return len(self.lost) + len(self.terminated) + len(self.deleted) + len(self.retry_delete) + len(self.strays)
 
 
 def reconcile(records: Iterable[Vm], cloud: Iterable[CloudVm], now: float,
               unclaimed_since: dict[str, float] | None = None, grace_s: float = GRACE_S) -> Plan:
     cloud = list(cloud)
     present = {c.vm_id for c in cloud if c.status != "terminated"}
+    terminated = {c.vm_id for c in cloud if c.status == "terminated"}
     plan = Plan()
     claimed = set()
     for vm in records:
@@ -56,7 +59,7 @@ def reconcile(records: Iterable[Vm], cloud: Iterable[CloudVm], now: float,
         claimed.add(vm.id)
         there = vm.id in present
         if vm.state in LIVE:
-            (plan.adopted if there else plan.lost).append(vm.id)
+            (plan.adopted if there else plan.terminated if vm.id in terminated else plan.lost).append(vm.id)
         elif vm.state in ENDING and not there:
             plan.deleted.append(vm.id)
         elif vm.state is V.FAILED:
