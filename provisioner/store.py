@@ -88,6 +88,11 @@ class Store:
         """A cursor in one transaction, committed on exit, rolled back on error."""
         raise NotImplementedError
 
+    @contextmanager
+    def reading(self) -> Iterator[Any]:
+        """A cursor for one read: no transaction, so no write lock taken and no extra round trips."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -95,7 +100,7 @@ class Store:
         return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
 
     def _rows(self, statement: str, args: tuple = ()) -> list[tuple]:
-        with self.transaction() as cur:
+        with self.reading() as cur:
             cur.execute(self._sql(statement), args)
             return list(cur.fetchall())
 
@@ -186,6 +191,12 @@ class Store:
             cur.execute(self._sql("UPDATE front_attempts SET outcome = ? WHERE request_id = ? AND cluster = ?"),
                         (outcome, request_id, cluster))
 
+    def prune_attempts(self, before: float) -> None:
+        """Forgets settled attempts whose commit_by is older than `before`: their outcome is known."""
+        with self.transaction() as cur:
+            cur.execute(self._sql("DELETE FROM front_attempts WHERE outcome IN (?, ?) AND commit_by < ?"),
+                        (MADE, NONE, before))
+
     def open_attempts(self, request_id: str | None = None) -> list[tuple[str, str, float]]:
         """(request id, cluster, commit_by) of attempts whose outcome is not known, oldest first."""
         where = "outcome IN (?, ?)" + (" AND request_id = ?" if request_id else "")
@@ -218,6 +229,11 @@ class SqliteStore(Store):
                 cur.execute("ROLLBACK")
                 raise
 
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Cursor]:
+        with self._lock:
+            yield self._db.cursor()  # autocommit: the statement reads one snapshot
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
@@ -243,10 +259,19 @@ class PostgresStore(Store):
     @contextmanager
     def transaction(self):
         with self._lock:
-            if self._db.closed:  # lost with a server restart or failover: the next call reconnects
-                self._db = self._connect()
-            with self._db.transaction(), self._db.cursor() as cur:
+            with self._connection().transaction(), self._db.cursor() as cur:
                 yield cur
+
+    @contextmanager
+    def reading(self):
+        with self._lock:
+            with self._connection().cursor() as cur:  # autocommit: one statement, one snapshot
+                yield cur
+
+    def _connection(self):
+        if self._db.closed:  # lost with a server restart or failover: the next call reconnects
+            self._db = self._connect()
+        return self._db
 
     def _lock_schema(self, cur) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))

@@ -126,6 +126,10 @@ def test_attempts_stay_open_until_settled(store):
     assert store.open_attempts("r1") == [("r1", "c2", 105.0)]
     store.note_attempt("r1", "c2", 101.0)  # a retry re-opens it, keeping the later commit_by
     assert store.open_attempts("r1") == [("r1", "c2", 105.0)]
+    store.prune_attempts(before=200.0)  # settled ones go; open ones stay, however old
+    with store.reading() as cur:
+        cur.execute("SELECT request_id, cluster FROM front_attempts ORDER BY request_id, cluster")
+        assert [tuple(r) for r in cur.fetchall()] == [("r1", "c2"), ("r2", "c1")]
 
 
 def test_bad_urls_are_clear_errors(tmp_path):

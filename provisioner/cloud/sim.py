@@ -145,7 +145,10 @@ class _Vm:
 class Inventory(dict):
     """The cloud's VMs by id. Given a path, also kept in SQLite: VMs then outlive the process that
     made them, as a real cloud's do, and every replica of a cluster sees one cloud. The file
-    also logs each call with the calling process, to show who acted when."""
+    also logs each call with the calling process, to show who acted when (for a day)."""
+
+    CALLS_KEPT_S = 86_400.0
+    PRUNE_EVERY = 10_000  # calls
 
     def __init__(self, path: str | Path | None = None):
         super().__init__()
@@ -154,7 +157,10 @@ class Inventory(dict):
             return
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # Survives a killed process, as the cloud must; a simulation need not survive power loss.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
+        self._calls = 0
         self._db.execute("CREATE TABLE IF NOT EXISTS vms (id TEXT PRIMARY KEY, body TEXT NOT NULL)")
         self._db.execute("CREATE TABLE IF NOT EXISTS calls (wall REAL NOT NULL, pid INTEGER NOT NULL, "
                          "op TEXT NOT NULL, vm_id TEXT NOT NULL, zone TEXT NOT NULL)")
@@ -185,7 +191,11 @@ class Inventory(dict):
 
     def log_call(self, op: str, vm_id: str, zone: str) -> None:
         if self._db is not None:
-            self._db.execute("INSERT INTO calls VALUES (?, ?, ?, ?, ?)", (time.time(), os.getpid(), op, vm_id, zone))
+            now = time.time()
+            self._db.execute("INSERT INTO calls VALUES (?, ?, ?, ?, ?)", (now, os.getpid(), op, vm_id, zone))
+            self._calls += 1
+            if self._calls % self.PRUNE_EVERY == 0:
+                self._db.execute("DELETE FROM calls WHERE wall < ?", (now - self.CALLS_KEPT_S,))
 
     def close(self) -> None:
         if self._db is not None:

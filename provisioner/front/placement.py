@@ -46,6 +46,8 @@ ATTEMPT_TIMEOUT_S = 5.0
 # judged by the cluster's wall clock; this is how far apart the two may be.
 CLOCK_SKEW_S = 1.0
 RESOLVE_EVERY_S = 2.0
+# Settled attempts are kept this long after their commit_by (to look into), then forgotten.
+PRUNE_AFTER_S = 3600.0
 # Answers that say the cluster did not make the session and will not.
 REFUSALS = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.FAILED_PRECONDITION,
                       grpc.StatusCode.ABORTED})
@@ -178,6 +180,7 @@ class Placement:
         """Settles unresolved attempts whose commit_by has passed; returns how many it settled."""
         settled = 0
         now = self.clock.now()
+        self.store.prune_attempts(time.time() - PRUNE_AFTER_S)
         for rid, cluster, commit_by in self.store.open_attempts():
             client = self.clients.get(cluster)
             if time.time() < commit_by + CLOCK_SKEW_S or rid in self._locks or client is None or not client.healthy:
