@@ -73,8 +73,11 @@ class ClusterProcess:
 
 
 def make_lease(database_url: str | None, data_dir: Path, cluster: str) -> leader.Lease:
+    """Where the replicas' shared state is: the PostgreSQL database, or beside the SQLite file."""
     if database_url and database_url.startswith(("postgresql://", "postgres://")):
         return leader.PostgresLease(database_url, cluster)
+    if database_url and database_url.startswith("sqlite:///"):
+        data_dir = Path(database_url.removeprefix("sqlite:///")).parent
     return leader.FileLease(Path(data_dir) / f"cluster-{cluster}.lease")
 
 

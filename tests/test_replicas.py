@@ -175,3 +175,16 @@ async def test_two_fronts_on_one_postgresql_make_one_session_per_request_id(tmp_
         await second.kill()
         for s in fleet.services:
             await s.kill()
+
+
+def test_replicas_sharing_a_sqlite_file_share_its_lease(tmp_path):
+    """Replicas with their own data dirs but one SQLite database contend for one lease."""
+    from provisioner.serve import make_lease
+
+    url = f"sqlite:///{tmp_path / 'shared' / 'state.db'}"
+    a, b = make_lease(url, tmp_path / "a", "c1"), make_lease(url, tmp_path / "b", "c1")
+    assert a.try_acquire() and not b.try_acquire()
+    own = make_lease(None, tmp_path / "a", "c1")  # a data dir's own database: its own lease
+    assert own.try_acquire()
+    for lease in (a, b, own):
+        lease.release()
