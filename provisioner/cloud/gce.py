@@ -33,7 +33,7 @@ import json
 import logging
 import re
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import requests
 from google.api_core import exceptions as gexc
@@ -67,6 +67,10 @@ def request_id(vm_id: str) -> str:
 def gce_label(value: str) -> str:
     """A valid label value: lowercase letters, digits, _ and -, at most 63 characters."""
     return re.sub(r"[^a-z0-9_-]", "_", value.lower())[:63]
+
+
+def gce_labels(labels: dict[str, str]) -> dict[str, str]:
+    return {gce_label(k): gce_label(v) for k, v in labels.items()}
 
 
 def retryable(err: BaseException) -> bool:
@@ -160,23 +164,32 @@ class GceBackend:
 
     async def _wait(self, op: compute_v1.Operation, zone: str) -> CloudFailure | None:
         """Until the zone operation is done; its error, or the failure to follow it, as a failure."""
-        deadline = self.clock.now() + self.config.operation_timeout_s
+        name = op.name
         try:
-            while op.status != compute_v1.Operation.Status.DONE:
-                if self.clock.now() >= deadline:
-                    return CloudFailure("unavailable", f"operation {op.name} not done in "
-                                                       f"{self.config.operation_timeout_s:.0f}s", zone)
-                await self.clock.sleep(self.config.poll_s)
-                op = await self._call(self.operations.get, project=self.project, zone=zone, operation=op.name)
+            op = await self._poll(op, lambda o: o.status == compute_v1.Operation.Status.DONE,
+                                  lambda: self._call(self.operations.get, project=self.project, zone=zone,
+                                                     operation=name),
+                                  f"operation {name}", zone)
         except gexc.GoogleAPICallError as err:
             return failure_of(err, zone)
-        return operation_failure(op, zone)
+        return op if isinstance(op, CloudFailure) else operation_failure(op, zone)
+
+    async def _poll(self, op, done: Callable[[Any], bool], refresh: Callable[[], Awaitable[Any]], what: str,
+                    zone: str):
+        """The operation once `done`, refreshed every `poll_s`; a failure past `operation_timeout_s`."""
+        deadline = self.clock.now() + self.config.operation_timeout_s
+        while not done(op):
+            if self.clock.now() >= deadline:
+                return CloudFailure("unavailable", f"{what} not done in {self.config.operation_timeout_s:.0f}s", zone)
+            await self.clock.sleep(self.config.poll_s)
+            op = await refresh()
+        return op
 
     # ---- CloudBackend ----------------------------------------------------------------------
 
     def instance_for(self, spec: LaunchSpec) -> compute_v1.Instance:
         pool = self._pools[spec.pool]
-        labels = {gce_label(k): gce_label(v) for k, v in spec.labels.items()}
+        labels = gce_labels(spec.labels)
         items = [compute_v1.Items(key=IMAGES_KEY, value=",".join(spec.images))]
         instance = compute_v1.Instance(name=spec.vm_id, labels=labels, metadata=compute_v1.Metadata(items=items))
         if self.config.instance_template:

@@ -33,7 +33,7 @@ from google.cloud.container_v1.services.cluster_manager.transports import Cluste
 
 from provisioner.clock import Clock
 from provisioner.cloud.base import LABEL_REQUEST, CloudFailure, CloudVm, LaunchSpec
-from provisioner.cloud.gce import GceBackend, failure_of, gce_label, vm_of
+from provisioner.cloud.gce import GceBackend, failure_of, gce_labels, vm_of
 from provisioner.config import ClusterConfig, PoolConfig
 
 log = logging.getLogger(__name__)
@@ -113,13 +113,10 @@ class GkeBackend(GceBackend):
         op = await self._gke(self.gke.set_node_pool_size, request=types.SetNodePoolSizeRequest(
             name=pool.name, node_count=size))
         name = f"projects/{self.project}/locations/{self.location}/operations/{op.name}"
-        deadline = self.clock.now() + self.config.operation_timeout_s
-        while op.status != types.Operation.Status.DONE:
-            if self.clock.now() >= deadline:
-                return CloudFailure("unavailable", f"resize of {pool.name} not done in "
-                                                   f"{self.config.operation_timeout_s:.0f}s", pool.zone)
-            await self.clock.sleep(self.config.poll_s)
-            op = await self._gke(self.gke.get_operation, name=name)
+        op = await self._poll(op, lambda o: o.status == types.Operation.Status.DONE,
+                              lambda: self._gke(self.gke.get_operation, name=name), f"resize of {pool.name}", pool.zone)
+        if isinstance(op, CloudFailure):
+            return op
         if op.error and op.error.message:
             code = "stockout" if "ZONE_RESOURCE_POOL_EXHAUSTED" in op.error.message else (
                 "quota" if "QUOTA" in op.error.message else "internal")
@@ -147,7 +144,7 @@ class GkeBackend(GceBackend):
                 if not fresh:
                     return CloudFailure("unavailable", f"{pool.name} grew but no new node appeared", spec.zone)
                 name, zone = fresh[0]
-                labels = {gce_label(k): gce_label(v) for k, v in spec.labels.items()}
+                labels = gce_labels(spec.labels)
                 inst = await self._call(self.instances.get, project=self.project, zone=zone, instance=name)
                 op = await self._call(self.instances.set_labels_unary, project=self.project, zone=zone, instance=name,
                                       instances_set_labels_request_resource=compute_v1.InstancesSetLabelsRequest(
