@@ -6,6 +6,17 @@ so that this module does not import grpc).
 
 from __future__ import annotations
 
+QUOTE_CHARS = 64
+
+
+def quote(value: object, limit: int = QUOTE_CHARS) -> str:
+    """`value` as an error message may echo it: its repr (so control characters and lone
+    surrogates show escaped), cut to `limit` characters with the total length after the cut."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
 
 class ProvisionerError(Exception):
     grpc_code = "INTERNAL"
