@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Collection, Iterable, KeysView, Mapping, Sequence
 
-from provisioner.errors import InvalidArgument
+from provisioner.errors import InvalidArgument, quote
 
 LATEST = "latest"
 # name:tag, lower-case name as in container registries; the tag is the immutable version.
@@ -85,16 +85,16 @@ class ImageCatalog:
             return ref
         parsed = parse_ref(ref) if isinstance(ref, str) else None
         if parsed is None:
-            raise InvalidArgument(f"malformed image reference {ref!r}: expected name:version, "
+            raise InvalidArgument(f"malformed image reference {quote(ref)}: expected name:version, "
                                   f"e.g. {self.latest}", field="image")
         name, tag = parsed
         if name not in self._latest_of:
-            raise InvalidArgument(f"unknown image {name!r}; known images: {', '.join(self.names)}",
+            raise InvalidArgument(f"unknown image {quote(name)}; known images: {', '.join(self.names)}",
                                   field="image")
         if tag == LATEST:
             return self._latest_of[name]
         known = [v for v in self._versions if v.startswith(name + ":")]
-        raise InvalidArgument(f"unknown image version {name}:{tag}; known: {known[0]} .. {known[-1]}",
+        raise InvalidArgument(f"unknown image version {quote(ref)}; known: {known[0]} .. {known[-1]}",
                               field="image")
 
     def versions(self) -> tuple[str, ...]:
@@ -135,7 +135,7 @@ class ImageCatalog:
         return sum(size for lid, size in pairs if lid not in cached_layer_ids)
 
     def _unknown(self, version: str) -> InvalidArgument:
-        return InvalidArgument(f"unknown image version {version!r} (resolve references first)", field="image")
+        return InvalidArgument(f"unknown image version {quote(version)} (resolve references first)", field="image")
 
 
 class LayerCache:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Collection
 
-from provisioner.errors import InvalidArgument
+from provisioner.errors import InvalidArgument, quote
 from provisioner.images import ImageCatalog
 from provisioner.model import SessionSpec
 
@@ -17,7 +17,7 @@ def validate_spec(spec: SessionSpec, pools: Collection[str], catalog: ImageCatal
         raise InvalidArgument("user_id must not be empty", field="spec.user_id")
     if spec.accelerator not in pools:
         known = ", ".join(sorted(pools))
-        raise InvalidArgument(f"unknown accelerator {spec.accelerator!r} (known: {known})", field="spec.accelerator")
+        raise InvalidArgument(f"unknown accelerator {quote(spec.accelerator)} (known: {known})", field="spec.accelerator")
     if spec.max_runtime_s < 0:
         raise InvalidArgument("max_runtime must not be negative", field="spec.max_runtime")
     if spec.max_runtime_s > max_runtime_limit_s:
