@@ -56,6 +56,10 @@ class FleetHandle:
     def cluster(self, name: str):
         return next(c for c in self.fleet.clusters if c.config.name == name)
 
+    def cluster_channel(self, name: str) -> grpc.aio.Channel:
+        """A new channel to one cluster's own port, as the front reaches it (the caller closes it)."""
+        return grpc.aio.insecure_channel(self.cluster(name).address)
+
     async def create(self, **spec) -> pb.Session:
         spec.setdefault("request_id", f"req-{time.monotonic_ns()}")
         spec.setdefault("user_id", "alice")
