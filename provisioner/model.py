@@ -41,6 +41,23 @@ class SessionSpec:
     region_required: bool = False
     max_runtime_s: float = 0.0  # 0: the cluster default
 
+    @property
+    def key(self) -> str:
+        """The idempotency key: request ids are scoped by user, so another user's request id
+        never finds this session."""
+        return request_key(self.user_id, self.request_id)
+
+
+def request_key(user_id: str, request_id: str) -> str:
+    # User ids never contain "/" (api/limits), so the key splits back unambiguously.
+    return f"{user_id}/{request_id}"
+
+
+def split_request_key(key: str) -> tuple[str, str]:
+    """(user id, request id) of a key made by request_key."""
+    user_id, _, request_id = key.partition("/")
+    return user_id, request_id
+
 
 @dataclass(slots=True)
 class Session:
@@ -68,8 +85,6 @@ class Session:
     revision: int = 0
     # W3C trace context of the request that created it, so later work joins the same trace.
     trace_context: dict[str, str] = field(default_factory=dict)
-    # Made for a request the front placed elsewhere: erased from the store, ended, then forgotten.
-    discarded: bool = False
 
     def to(self, state: SessionState, reason: str, now: float) -> None:
         check_transition(SESSION_TRANSITIONS, "session", self.id, self.state, state)
@@ -95,6 +110,7 @@ class Session:
     @classmethod
     def from_dict(cls, d: dict) -> Session:
         d = dict(d)
+        d.pop("discarded", None)  # written by older releases, which erased discarded sessions
         spec = dict(d.pop("spec"))
         spec["kind"] = SessionKind(spec["kind"])
         d["spec"] = SessionSpec(**spec)

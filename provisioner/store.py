@@ -129,13 +129,14 @@ class Store:
 
     # ---- a cluster's sessions and VMs -----------------------------------------------------
 
-    def save(self, sessions: Iterable[Session], vms: Iterable[Vm], delete_sessions: Iterable[str] = ()) -> None:
-        """Writes a batch of changed objects (and erases discarded sessions) in one transaction."""
-        s_rows = [(s.id, s.cluster, s.spec.request_id, s.spec.user_id, s.state.value, s.revision,
+    def save(self, sessions: Iterable[Session], vms: Iterable[Vm]) -> None:
+        """Writes a batch of changed objects in one transaction. Sessions are never erased: an
+        ended one keeps its reason and GPU time for billing and quotas."""
+        # The request_id column holds the user-scoped request key, unique within the cluster.
+        s_rows = [(s.id, s.cluster, s.spec.key, s.spec.user_id, s.state.value, s.revision,
                    json.dumps(s.to_dict())) for s in sessions]
         v_rows = [(v.id, v.cluster, v.pool, v.state.value, v.revision, json.dumps(v.to_dict())) for v in vms]
-        gone = [(sid,) for sid in delete_sessions]
-        if not s_rows and not v_rows and not gone:
+        if not s_rows and not v_rows:
             return
         with self.transaction() as cur:
             if s_rows:
@@ -148,8 +149,6 @@ class Store:
                     "INSERT INTO vms (id, cluster, pool, state, revision, body) VALUES (?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT (id) DO UPDATE SET state = excluded.state, revision = excluded.revision, "
                     "body = excluded.body"), v_rows)
-            if gone:
-                cur.executemany(self._sql("DELETE FROM sessions WHERE id = ?"), gone)
 
     def load_sessions(self, cluster: str) -> list[Session]:
         rows = self._rows("SELECT body FROM sessions WHERE cluster = ?", (cluster,))
@@ -159,10 +158,11 @@ class Store:
         rows = self._rows("SELECT body FROM vms WHERE cluster = ? AND state <> 'deleted'", (cluster,))
         return sorted((Vm.from_dict(json.loads(body)) for (body,) in rows), key=lambda v: (v.created_at, v.id))
 
-    # ---- the front: request id -> the session it created ----------------------------------
+    # ---- the front: request key -> the session it created ---------------------------------
+    # The front_* tables' request_id columns hold request keys (model.request_key: user/request id).
 
     def remember_request(self, request_id: str, session_id: str, cluster: str, now: float) -> str:
-        """Records the first session for a request id; returns whichever session id won. If this
+        """Records the first session for a request key; returns whichever session id won. If this
         one won, its attempt is settled as made in the same transaction."""
         with self.transaction() as cur:
             cur.execute(self._sql("INSERT INTO front_requests VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"),

@@ -448,7 +448,7 @@ def test_restore_rebuilds_state_and_reissues_cloud_work():
     assert {i: s.to_dict() for i, s in new.sessions.items()} == {i: s.to_dict() for i, s in old.sessions.items()}
     assert {i: v.to_dict() for i, v in new.vms.items()} == {i: v.to_dict() for i, v in old.vms.items()}
     assert list(new.pools[POOL].queue) == [s5.id] and set(new.pools[POOL].vms) == set(old.pools[POOL].vms)
-    assert new.get_by_request(s5.spec.request_id).id == s5.id
+    assert new.get_by_request(s5.spec.key).id == s5.id
 
     r = Driver(new, now=d.now)  # takes the re-issued commands and carries them out
     assert sorted((type(cmd).__name__, cmd.vm_id, cmd.session_id) for cmd in r.commands()) == sorted([
@@ -472,4 +472,4 @@ def test_only_ended_sessions_can_be_forgotten():
     d.stop(s)
     d.run_until(lambda: s.state is S.STOPPED, 600)
     d.core.forget(s.id)
-    assert s.id not in d.core.sessions and "keep-me" not in d.core.by_request
+    assert s.id not in d.core.sessions and s.spec.key not in d.core.by_request

@@ -74,7 +74,7 @@ def do(core: ClusterCore, physics: SimPhysics, action: Action, allocate: Callabl
     elif kind == "stockout_over":
         physics.stocked_out.discard(STOCKED_OUT)
     else:
-        sid = core.get_by_request(arg).id
+        sid = next(s.id for s in core.sessions.values() if s.spec.request_id == arg)
         touch(sid) if kind == "touch" else stop(sid)
 
 

@@ -49,13 +49,16 @@ def test_sessions_and_vms_round_trip(store):
     assert store.load_sessions("elsewhere") == [] and store.load_vms("elsewhere") == []
 
 
-def test_save_updates_in_place_and_deletes_discarded_sessions(store):
+def test_save_updates_in_place_and_keeps_discarded_sessions(store):
     core, a, b = some_state()
     store.save(core.sessions.values(), core.vms.values())
     core.stop(a.id, "done", 300.0)
-    store.save([core.sessions[a.id]], [], delete_sessions=[b.id])
+    discarded = core.discard(b.spec.key, "request placed elsewhere", 301.0)
+    store.save([core.sessions[a.id], discarded], [])
     loaded = {s.id: s for s in store.load_sessions(core.name)}
-    assert set(loaded) == {a.id} and loaded[a.id].state == core.sessions[a.id].state
+    assert set(loaded) == {a.id, b.id} and loaded[a.id].state == core.sessions[a.id].state
+    assert loaded[b.id].terminal or loaded[b.id].state.value == "stopping"
+    assert loaded[b.id].reason == "discarded: request placed elsewhere"
 
 
 def test_a_failed_batch_leaves_nothing_behind(store):

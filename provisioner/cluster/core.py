@@ -99,7 +99,8 @@ Command = Launch | Pull | Wipe | Delete
 
 
 class IdSource:
-    """Session and VM ids. Seeded, so a replay names things the same way."""
+    """Session and VM ids. Live clusters draw them from the OS's CSPRNG, so an id cannot be
+    guessed from another; a seeded source (replays, tests) names things the same way each run."""
 
     def __init__(self, cluster: str, seed: int | None = None):
         self.cluster = cluster
@@ -174,7 +175,7 @@ class ClusterCore:
         self.ids = ids or IdSource(cluster.name)
         self.pools = {p.name: PoolState(p, PoolPolicy.of(p)) for p in cluster.pools}
         self.sessions: dict[str, Session] = {}
-        self.by_request: dict[str, str] = {}
+        self.by_request: dict[str, str] = {}  # request key (SessionSpec.key) -> session id
         self.vms: dict[str, Vm] = {}
         self.draining = False
         self._commands: list[Command] = []
@@ -199,7 +200,7 @@ class ClusterCore:
             self._count_in(self.pools[vm.pool], vm)
         for s in sessions:
             self.sessions[s.id] = s
-            self.by_request[s.spec.request_id] = s.id
+            self.by_request[s.spec.key] = s.id
             if s.state is S.QUEUED:
                 self.pools[s.pool].queue[s.id] = None
             elif s.state is S.RUNNING:
@@ -275,7 +276,7 @@ class ClusterCore:
 
     def allocate(self, spec: SessionSpec, now: float, trace_context: dict[str, str] | None = None) -> Session:
         """Creates the session (idempotent by request id) and places it at once if it can."""
-        if existing := self.by_request.get(spec.request_id):
+        if existing := self.by_request.get(spec.key):
             return self.sessions[existing]
         image = self.validate(spec)
         if self.draining:
@@ -287,12 +288,12 @@ class ClusterCore:
         else:
             max_runtime = self.sessions_config.max_runtime_limit_s
         s = Session(
-            id=self.ids.session(), spec=spec, cluster=self.name, pool=spec.accelerator, image=image,
+            id=self._new_session_id(), spec=spec, cluster=self.name, pool=spec.accelerator, image=image,
             created_at=now, last_activity_at=now, idle_timeout_s=self.sessions_config.idle_timeout_s,
             max_runtime_s=max_runtime, trace_context=dict(trace_context or {}),
         )
         self.sessions[s.id] = s
-        self.by_request[spec.request_id] = s.id
+        self.by_request[spec.key] = s.id
         pool = self.pools[s.pool]
         self._count_demand(pool, image, now)
         pool.forecast.arrival(now)
@@ -300,26 +301,35 @@ class ClusterCore:
             self._enqueue(s, "waiting for capacity: the pool is at its maximum or stocked out", now)
         return s
 
-    def get(self, session_id: str) -> Session:
-        if s := self.sessions.get(session_id):
+    def _new_session_id(self) -> str:
+        # 40 random bits: a collision is rare, not impossible, and would merge two users' records.
+        while (sid := self.ids.session()) in self.sessions:
+            pass
+        return sid
+
+    def get(self, session_id: str, user_id: str = "") -> Session:
+        """The session; with `user_id`, only if it is that user's (another user's session is
+        reported as missing, not as forbidden, so its existence is not revealed)."""
+        s = self.sessions.get(session_id)
+        if s is not None and (not user_id or s.spec.user_id == user_id):
             return s
         raise NotFound(f"session {session_id} not found", field="session_id")
 
-    def get_by_request(self, request_id: str) -> Session:
-        if sid := self.by_request.get(request_id):
+    def get_by_request(self, key: str) -> Session:
+        if sid := self.by_request.get(key):
             return self.sessions[sid]
-        raise NotFound(f"no session for request {request_id}", field="request_id")
+        raise NotFound("no session for this request id", field="request_id")
 
-    def touch(self, session_id: str, now: float) -> Session:
-        s = self.get(session_id)
+    def touch(self, session_id: str, now: float, user_id: str = "") -> Session:
+        s = self.get(session_id, user_id)
         if not s.terminal:
             s.last_activity_at = now
             self._session_changed(s)
         return s
 
-    def stop(self, session_id: str, reason: str, now: float) -> Session:
+    def stop(self, session_id: str, reason: str, now: float, user_id: str = "") -> Session:
         """Idempotent: a session already stopping or ended is returned as it is."""
-        s = self.get(session_id)
+        s = self.get(session_id, user_id)
         if s.terminal or s.state is S.STOPPING:
             return s
         reason = reason or "stopped by the user"
@@ -345,20 +355,17 @@ class ClusterCore:
         if not s.terminal:
             raise FailedPrecondition(f"session {session_id} is {s.state}; only ended sessions can be forgotten")
         del self.sessions[session_id]
-        if self.by_request.get(s.spec.request_id) == session_id:
-            del self.by_request[s.spec.request_id]
+        if self.by_request.get(s.spec.key) == session_id:
+            del self.by_request[s.spec.key]
 
-    def discard(self, request_id: str, reason: str, now: float) -> Session | None:
-        """Ends the session made for `request_id`, which the front never acknowledged, and marks
-        it for erasure. Its request id is free again at once. None if there was none."""
-        sid = self.by_request.pop(request_id, None)
+    def discard(self, key: str, reason: str, now: float) -> Session | None:
+        """Stops the session made for request `key`, which the front never acknowledged. Its
+        record stays (ended, with the reason and any GPU time it used), so billing and quotas see
+        it and the request key keeps naming it. None if there was none."""
+        sid = self.by_request.get(key)
         if sid is None:
             return None
-        s = self.sessions[sid]
-        self.stop(sid, f"discarded: {reason}", now)
-        s.discarded = True
-        self._session_changed(s)
-        return s
+        return self.stop(sid, f"discarded: {reason}", now)
 
     def _end(self, s: Session, state: SessionState, reason: str, now: float) -> None:
         s.ended_at = now

@@ -150,13 +150,13 @@ class ClusterRuntime:
         self._apply()
         return s
 
-    def touch(self, session_id: str) -> Session:
-        s = self.core.touch(session_id, self.clock.now())
+    def touch(self, session_id: str, user_id: str = "") -> Session:
+        s = self.core.touch(session_id, self.clock.now(), user_id)
         self._apply()
         return s
 
-    def stop(self, session_id: str, reason: str) -> Session:
-        s = self.core.stop(session_id, reason, self.clock.now())
+    def stop(self, session_id: str, reason: str, user_id: str = "") -> Session:
+        s = self.core.stop(session_id, reason, self.clock.now(), user_id)
         self._apply()
         return s
 
@@ -166,9 +166,9 @@ class ClusterRuntime:
         self._apply()
         return out
 
-    async def watch(self, session_id: str, after_revision: int = 0) -> AsyncIterator[Session]:
+    async def watch(self, session_id: str, after_revision: int = 0, user_id: str = "") -> AsyncIterator[Session]:
         """The session now (if newer than after_revision), then each change, until it ends."""
-        current = self.core.get(session_id)
+        current = self.core.get(session_id, user_id)
         if self.streams_closed:
             raise Unavailable("the cluster is shutting down")
         queue: asyncio.Queue[Session | None] = asyncio.Queue()
@@ -200,19 +200,15 @@ class ClusterRuntime:
 
     # ---- applying the core's output ------------------------------------------------------
 
-    def discard(self, request_id: str, reason: str) -> bool:
-        discarded = self.core.discard(request_id, reason, self.clock.now()) is not None
+    def discard(self, key: str, reason: str) -> bool:
+        discarded = self.core.discard(key, reason, self.clock.now()) is not None
         self._apply()
         return discarded
 
     def _apply(self) -> None:
         sessions, vms = self.core.take_changes()
         if self.store is not None:
-            gone = [s.id for s in sessions if s.discarded]
-            self.store.save([s for s in sessions if not s.discarded], vms, delete_sessions=gone)
-        for s in sessions:
-            if s.discarded and s.terminal:
-                self.core.forget(s.id)
+            self.store.save(sessions, vms)
         for s in sessions:
             for q in self._watchers.get(s.id, ()):
                 q.put_nowait(_snapshot(s))

@@ -12,7 +12,7 @@ from provisioner.api.status import stream, unary
 from provisioner.cluster.core import PoolState
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.errors import Aborted, InvalidArgument, NotFound
-from provisioner.model import Session
+from provisioner.model import Session, request_key
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -63,8 +63,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         spec = convert.spec_from_pb(request.spec)
         # Wall time, as the front set it (the runtime's clock may run faster than the wall).
         late = request.HasField("commit_by") and time.time() > request.commit_by.ToNanoseconds() / 1e9
-        if late and spec.request_id not in self.rt.core.by_request:
-            raise Aborted(f"request {spec.request_id} arrived after its commit deadline; nothing was made")
+        if late and spec.key not in self.rt.core.by_request:
+            raise Aborted("the request arrived after its commit deadline; nothing was made")
         session = self.rt.allocate(spec)
         _annotate(session)
         return cluster_pb.AllocateResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
@@ -74,9 +74,12 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         core = self.rt.core
         match request.WhichOneof("key"):
             case "session_id":
-                session = core.get(request.session_id)
+                session = core.get(request.session_id, request.user_id)
             case "request_id":
-                session = core.get_by_request(request.request_id)
+                if not request.user_id:
+                    raise InvalidArgument("user_id is required with request_id (request ids are scoped by user)",
+                                          field="user_id")
+                session = core.get_by_request(request_key(request.user_id, request.request_id))
             case _:
                 raise InvalidArgument("give session_id or request_id", field="key")
         return cluster_pb.GetResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
@@ -89,24 +92,28 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
 
     @unary
     async def Touch(self, request, context):
-        return cluster_pb.TouchResponse(session=convert.session_to_pb(self.rt.touch(request.session_id), self.rt.clock.now()))
+        session = self.rt.touch(request.session_id, request.user_id)
+        return cluster_pb.TouchResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
 
     @unary
     async def Stop(self, request, context):
-        session = self.rt.stop(request.session_id, request.reason)
+        session = self.rt.stop(request.session_id, request.reason, request.user_id)
         _annotate(session)
         return cluster_pb.StopResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
 
     @stream
     async def Watch(self, request, context):
-        async for session in self.rt.watch(request.session_id, request.after_revision):
+        async for session in self.rt.watch(request.session_id, request.after_revision, request.user_id):
             yield cluster_pb.WatchResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
 
     @unary
     async def Discard(self, request, context):
         if not request.request_id:
             raise InvalidArgument("request_id must not be empty", field="request_id")
-        return cluster_pb.DiscardResponse(discarded=self.rt.discard(request.request_id, request.reason))
+        if not request.user_id:
+            raise InvalidArgument("user_id must not be empty (request ids are scoped by user)", field="user_id")
+        key = request_key(request.user_id, request.request_id)
+        return cluster_pb.DiscardResponse(discarded=self.rt.discard(key, request.reason))
 
     @stream
     async def WatchCapacity(self, request, context):

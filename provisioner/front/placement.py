@@ -1,5 +1,5 @@
-"""Placing a new session: one session per request id, however often the client or the front
-retries and whichever cluster fails in the middle of a call.
+"""Placing a new session: one session per request key (a user's request id), however often the
+client or the front retries and whichever cluster fails in the middle of a call.
 
 For each candidate cluster, best first:
   1. the attempt (request id, cluster, commit_by) is written down before anything is sent;
@@ -34,6 +34,7 @@ from provisioner.errors import Unavailable
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.retry import ambiguous, call, retrying
 from provisioner.front.router import Candidate
+from provisioner.model import request_key, split_request_key
 from provisioner.store import NONE, UNRESOLVED, SqliteStore
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
@@ -85,7 +86,7 @@ class Placement:
     async def place(self, request: pb.SessionSpec, candidates: list[Candidate], deadline: float) -> pb.Session:
         """Tries the candidates in order until one makes the session; `deadline` is loop time."""
         span = trace.get_current_span()
-        rid = request.request_id
+        rid = request_key(request.user_id, request.request_id)
         last: Exception | None = None
         for cand in self.sticky_first(rid, candidates):
             client = self.clients[cand.cluster]
@@ -123,7 +124,7 @@ class Placement:
 
     async def _attempt(self, client: ClusterClient, request: pb.SessionSpec, budget: float, deadline: float,
                        span) -> pb.Session:
-        rid = request.request_id
+        rid = request_key(request.user_id, request.request_id)
         commit_by = time.time() + budget
         self.store.note_attempt(rid, client.name, commit_by)
         msg = cluster_pb.AllocateRequest(spec=request)
@@ -161,17 +162,18 @@ class Placement:
         client.breaker.success()
         return resp.session
 
-    async def _ask(self, client: ClusterClient, request_id: str, deadline: float) -> pb.Session | None:
+    async def _ask(self, client: ClusterClient, key: str, deadline: float) -> pb.Session | None:
         timeout = min(ATTEMPT_TIMEOUT_S, deadline - _loop_now())
         if timeout <= 0.01:
             return None
         try:
-            return (await client.sessions.Get(cluster_pb.GetRequest(request_id=request_id), timeout=timeout)).session
+            return (await client.sessions.Get(_get_by_key(key), timeout=timeout)).session
         except grpc.aio.AioRpcError:
             return None
 
-    async def _discard(self, client: ClusterClient, request_id: str, reason: str) -> None:
-        await client.sessions.Discard(cluster_pb.DiscardRequest(request_id=request_id, reason=reason),
+    async def _discard(self, client: ClusterClient, key: str, reason: str) -> None:
+        user_id, request_id = split_request_key(key)
+        await client.sessions.Discard(cluster_pb.DiscardRequest(request_id=request_id, user_id=user_id, reason=reason),
                                       timeout=ATTEMPT_TIMEOUT_S)
 
     # ---- the resolver ----------------------------------------------------------------------
@@ -186,7 +188,7 @@ class Placement:
             if time.time() < commit_by + CLOCK_SKEW_S or rid in self._locks or client is None or not client.healthy:
                 continue
             try:
-                resp = await client.sessions.Get(cluster_pb.GetRequest(request_id=rid), timeout=ATTEMPT_TIMEOUT_S)
+                resp = await client.sessions.Get(_get_by_key(rid), timeout=ATTEMPT_TIMEOUT_S)
             except grpc.aio.AioRpcError as err:
                 if err.code() is grpc.StatusCode.NOT_FOUND:
                     self.store.settle_attempt(rid, cluster, NONE)
@@ -217,6 +219,11 @@ class Placement:
                 raise
             except Exception:
                 log.exception("resolving unanswered attempts failed; trying again later")
+
+
+def _get_by_key(key: str) -> cluster_pb.GetRequest:
+    user_id, request_id = split_request_key(key)
+    return cluster_pb.GetRequest(request_id=request_id, user_id=user_id)
 
 
 def _loop_now() -> float:

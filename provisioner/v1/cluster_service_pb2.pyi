@@ -25,12 +25,14 @@ class AllocateResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("session_id", "request_id")
+    __slots__ = ("session_id", "request_id", "user_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request_id: str
-    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    user_id: str
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
 
 class GetResponse(_message.Message):
     __slots__ = ("session",)
@@ -59,10 +61,12 @@ class ListResponse(_message.Message):
     def __init__(self, sessions: _Optional[_Iterable[_Union[_types_pb2.Session, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class TouchRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "user_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    user_id: str
+    def __init__(self, session_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
 
 class TouchResponse(_message.Message):
     __slots__ = ("session",)
@@ -71,12 +75,14 @@ class TouchResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ...) -> None: ...
 
 class StopRequest(_message.Message):
-    __slots__ = ("session_id", "reason")
+    __slots__ = ("session_id", "reason", "user_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     reason: str
-    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    user_id: str
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
 
 class StopResponse(_message.Message):
     __slots__ = ("session",)
@@ -85,12 +91,14 @@ class StopResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("session_id", "after_revision")
+    __slots__ = ("session_id", "after_revision", "user_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     after_revision: int
-    def __init__(self, session_id: _Optional[str] = ..., after_revision: _Optional[int] = ...) -> None: ...
+    user_id: str
+    def __init__(self, session_id: _Optional[str] = ..., after_revision: _Optional[int] = ..., user_id: _Optional[str] = ...) -> None: ...
 
 class WatchResponse(_message.Message):
     __slots__ = ("session",)
@@ -111,12 +119,14 @@ class WatchCapacityResponse(_message.Message):
     def __init__(self, capacity: _Optional[_Union[_types_pb2.ClusterCapacity, _Mapping]] = ...) -> None: ...
 
 class DiscardRequest(_message.Message):
-    __slots__ = ("request_id", "reason")
+    __slots__ = ("request_id", "reason", "user_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     reason: str
-    def __init__(self, request_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    user_id: str
+    def __init__(self, request_id: _Optional[str] = ..., reason: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
 
 class DiscardResponse(_message.Message):
     __slots__ = ("discarded",)

@@ -128,8 +128,9 @@ class ClusterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Discard(self, request, context):
-        """Erases the session an Allocate made for this request id if the front never acknowledged it
-        (the reply was lost and the request was placed elsewhere). Idempotent.
+        """Stops the session an Allocate made for this request id if the front never acknowledged it
+        (the reply was lost and the request was placed elsewhere). The session's record stays, ended,
+        with its reason and its GPU time. Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
