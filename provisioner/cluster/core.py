@@ -33,7 +33,7 @@ from provisioner.autoscale import (
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.cluster.reconcile import Plan
 from provisioner.config import ClusterConfig, PoolConfig, SessionsConfig
-from provisioner.errors import FailedPrecondition, InvalidArgument, NotFound
+from provisioner.errors import FailedPrecondition, InvalidArgument, NotFound, quote
 from provisioner.forecast import Forecast
 from provisioner.images import ImageCatalog, Layer, LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
@@ -313,7 +313,7 @@ class ClusterCore:
         s = self.sessions.get(session_id)
         if s is not None and (not user_id or s.spec.user_id == user_id):
             return s
-        raise NotFound(f"session {session_id} not found", field="session_id")
+        raise NotFound(f"session {quote(session_id)} not found", field="session_id")
 
     def get_by_request(self, key: str) -> Session:
         if sid := self.by_request.get(key):
@@ -799,7 +799,7 @@ class ClusterCore:
 
     def pool(self, name: str) -> PoolState:
         if name not in self.pools:
-            raise NotFound(f"cluster {self.name} has no pool {name!r}", field="pool")
+            raise NotFound(f"cluster {self.name} has no pool {quote(name)}", field="pool")
         return self.pools[name]
 
     def set_policy(self, name: str, now: float, **changes) -> PoolPolicy:
@@ -831,7 +831,7 @@ class ClusterCore:
     def evict(self, vm_id: str, reason: str, now: float) -> Vm:
         vm = self.vms.get(vm_id)
         if vm is None:
-            raise NotFound(f"VM {vm_id} not found in cluster {self.name}", field="vm_id")
+            raise NotFound(f"VM {quote(vm_id)} not found in cluster {self.name}", field="vm_id")
         reason = reason or "evicted by an operator"
         if vm.state is V.ASSIGNED:
             s = self.sessions[vm.session_id]

@@ -11,7 +11,7 @@ from provisioner.api import convert
 from provisioner.api.status import stream, unary
 from provisioner.cluster.core import PoolState
 from provisioner.cluster.runtime import ClusterRuntime
-from provisioner.errors import Aborted, InvalidArgument, NotFound
+from provisioner.errors import Aborted, InvalidArgument, NotFound, quote
 from provisioner.model import Session, request_key
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -176,7 +176,7 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
 
     def _check(self, cluster: str) -> None:
         if cluster and cluster != self.rt.core.name:
-            raise NotFound(f"this is cluster {self.rt.core.name}, not {cluster}", field="cluster")
+            raise NotFound(f"this is cluster {self.rt.core.name}, not {quote(cluster)}", field="cluster")
 
     @unary
     async def ListClusters(self, request, context):

@@ -20,7 +20,7 @@ from provisioner.api.status import RemoteError, stream, unary
 from provisioner.cluster.core import cluster_of
 from provisioner.cluster.service import page
 from provisioner.config import FleetConfig
-from provisioner.errors import InvalidArgument, NotFound, Unavailable
+from provisioner.errors import InvalidArgument, NotFound, Unavailable, quote
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
@@ -50,13 +50,13 @@ class Fleet:
 
     def get(self, name: str, field: str = "cluster") -> ClusterClient:
         if name not in self.clients:
-            raise NotFound(f"no cluster named {name!r}", field=field)
+            raise NotFound(f"no cluster named {quote(name)}", field=field)
         return self.clients[name]
 
     def for_session(self, session_id: str) -> ClusterClient:
         name = cluster_of(session_id)
         if name not in self.clients:
-            raise NotFound(f"session {session_id!r} not found (no cluster {name!r})", field="session_id")
+            raise NotFound(f"session {quote(session_id)} not found (no cluster {quote(name)})", field="session_id")
         return self.clients[name]
 
     async def wait_until_ready(self, timeout_s: float) -> None:
