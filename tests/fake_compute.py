@@ -38,6 +38,7 @@ class Call:
     query: dict
     body: dict
     status: int = 200
+    at: float = field(default_factory=time.time)  # wall time
 
 
 @dataclass
@@ -207,7 +208,8 @@ class FakeCompute:
                 return 403, _error(403, "Quota 'NVIDIA_P100_GPUS' exceeded. Limit: 0.0 in region.", "quotaExceeded")
             op = self._operation(project, zone, "insert", name, {"code": code, "message": f"injected {code} in {zone}"})
         else:
-            body = {**body, "metadata": {**body.get("metadata", {}), "fingerprint": f"fp-{next(self._ids)}"}}
+            body = {**body, "metadata": {**body.get("metadata", {}), "fingerprint": f"fp-{next(self._ids)}"},
+                    "networkInterfaces": self._nics(body)}
             self.instances[(project, name)] = Instance(name, zone, body, time.time())
             op = self._operation(project, zone, "insert", name)
         if rid:
@@ -219,6 +221,13 @@ class FakeCompute:
             self.commit_then_stall -= 1
             return 200, self._op_view(op), self.stall_s
         return 200, self._op_view(op)
+
+    def _nics(self, body: dict) -> list[dict]:
+        """The instance's interfaces, the first with an internal address as Compute assigns one."""
+        nics = [dict(n) for n in body.get("networkInterfaces") or [{"network": "global/networks/default"}]]
+        n = next(self._ids)
+        nics[0]["networkIP"] = f"10.128.{n // 250 % 250}.{n % 250 + 2}"
+        return nics
 
     def _set_labels(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
@@ -236,7 +245,8 @@ class FakeCompute:
             names = self.migs.setdefault((project, zone, group), [])
             while len(names) < size:
                 name = f"{group}-{next(self._ids):04d}"
-                body = {"name": name, "labels": {"goog-gke-node": ""}, "metadata": {"fingerprint": "fp-node"}}
+                body = {"name": name, "labels": {"goog-gke-node": ""}, "metadata": {"fingerprint": "fp-node"},
+                        "networkInterfaces": self._nics({})}
                 self.instances[(project, name)] = Instance(name, zone, body, time.time())
                 names.append(name)
             while len(names) > size:

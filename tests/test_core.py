@@ -315,6 +315,36 @@ def test_pool_without_recycling_deletes_the_vm_after_the_session():
     assert vm.id not in d.core.vms and states(vm)[-3:] == ["assigned", "deleting", "deleted"]
 
 
+def test_a_failed_delete_after_the_session_still_ends_it():
+    """recycle: false and the delete fails for good (a lost reply whose retries ran out, or an
+    operation past its timeout): the stopping session ends at once; the reconciler later finds
+    the VM gone. A session left stopping would count as active and accrue GPU hours forever."""
+    from provisioner.cluster.reconcile import reconcile
+
+    d = driver(recycle=False, min_vms=0)
+    vm = d.add_warm(LATEST)
+    s = d.allocate()
+    d.stop(s)
+    assert vm.state is V.DELETING and s.state is S.STOPPING
+    d.core.delete_failed(vm.id, CloudFailure("unavailable", "operation not done in 600s", vm.zone), d.now)
+    assert vm.state is V.FAILED
+    assert s.state is S.STOPPED and s.ended_at == d.now
+    d.core.reconciled(reconcile(d.core.vms.values(), [], d.now), d.now)
+    assert vm.id not in d.core.vms and states(vm)[-3:] == ["deleting", "failed", "deleted"]
+
+
+def test_a_restored_stopping_session_on_a_failed_vm_ends_when_the_reconciler_finds_it_gone():
+    from provisioner.cluster.reconcile import reconcile
+
+    d = driver(recycle=False, min_vms=0)
+    vm = d.add_warm(LATEST)
+    s = d.allocate()
+    d.stop(s)
+    vm.to(V.FAILED, "delete failed: unavailable", d.now)  # as recorded before the session was ended
+    d.core.reconciled(reconcile(d.core.vms.values(), [], d.now), d.now)
+    assert s.state is S.STOPPED and vm.id not in d.core.vms
+
+
 def test_failed_wipe_deletes_the_vm_and_still_ends_the_session():
     d = driver()
     vm = d.add_warm(LATEST)

@@ -118,6 +118,7 @@ async def test_the_cluster_fills_serves_and_survives_a_stockout(tmp_path, fake, 
             assert b["disks"][0]["initializeParams"]["diskSizeGb"] == "250"
             assert c.query["requestId"] == request_id(b["name"])
             assert any(i["key"] == "provisioner-images" for i in b["metadata"]["items"])
+            assert {"key": "enable-guest-attributes", "value": "TRUE"} in b["metadata"]["items"]
         assert {c.project for c in fake.log} == {PROJECT}
         for c in fake.log:
             if c.instance and c.op != "insert" and (PROJECT, c.instance) in fake.instances:
@@ -130,6 +131,10 @@ async def test_the_cluster_fills_serves_and_survives_a_stockout(tmp_path, fake, 
             s = (await stub.Allocate(c_pb.AllocateRequest(spec=spec), timeout=10)).session
             await until(lambda: proc.runtime.core.sessions[s.id].state.value == "running", what="running session")
             vm_id = proc.runtime.core.sessions[s.id].vm_id
+            # Reached at the VM's internal address (Get answers with it too).
+            ip = fake.instances[(PROJECT, vm_id)].body["networkInterfaces"][0]["networkIP"]
+            got = (await stub.Get(c_pb.GetRequest(session_id=s.id), timeout=10)).session
+            assert got.endpoint == f"http://{ip}:8888" == proc.runtime.core.sessions[s.id].endpoint
             await stub.Stop(c_pb.StopRequest(session_id=s.id, reason="done"), timeout=10)
             await until(lambda: proc.runtime.core.sessions[s.id].state.value == "stopped", what="stopped")
         commands = [c for c in fake.calls("setMetadata") if c.instance == vm_id]
@@ -302,4 +307,86 @@ async def test_pull_reports_progress_and_wipe_completes(tmp_path, fake, loopback
     assert [v.vm_id for v in listed] == ["vm-p"] and listed[0].zone == "us-central1-f"
     failure = await b.pull("nope", "us-central1-f", [Layer("a", 1)])
     assert isinstance(failure, CloudFailure) and failure.code == "not_found"
+    await b.close()
+
+
+# ---- unknown is never bad news (429 and 5xx bursts on reads) --------------------------------------
+
+async def ready_vm(b: GceBackend, vm_id: str) -> CloudVm:
+    assert isinstance(await b.create(spec(vm_id)), CloudVm)
+    vm = await b.wait_ready(vm_id, "us-central1-f")
+    assert isinstance(vm, CloudVm)
+    return vm
+
+
+async def test_a_burst_of_429s_on_reads_leaves_a_healthy_vm_healthy(tmp_path, fake, loopback_only):
+    b = backend(tmp_path, fake, retry_attempts=2)
+    await ready_vm(b, "vm-h")
+    for op, status in (("get", 429), ("get", 503), ("getGuestAttributes", 429)):
+        fake.failing.clear()
+        fake.fail_next(op, status, 20)  # more than every try (the client library retries some 503s itself)
+        before = len(fake.calls(op))
+        report = await b.health("vm-h", "us-central1-f")
+        answered = {c.status for c in fake.calls(op)[before:]}
+        assert answered == {status}, answered  # every read of the burst failed
+        assert report.healthy, (op, status, report)
+        assert report.detail.startswith("unknown: ") if op == "get" else report.detail == ""
+    fake.failing.clear()
+    # What is known stays bad news: a VM that is gone is unhealthy.
+    del fake.instances[(PROJECT, "vm-h")]
+    assert not (await b.health("vm-h", "us-central1-f")).healthy
+    await b.close()
+
+
+async def test_a_booting_vm_is_not_lost_to_429s_on_reads(tmp_path, fake, loopback_only):
+    b = backend(tmp_path, fake, retry_attempts=2)
+    fake.fail_next("get", 429, 5)  # right after the insert: the create must not report it never made
+    vm = await b.create(spec("vm-b"))
+    assert isinstance(vm, CloudVm) and vm.vm_id == "vm-b"
+    fake.fail_next("get", 429, 5)  # the ready wait reads through the burst
+    fake.fail_next("getGuestAttributes", 503, 3)
+    ready = await b.wait_ready("vm-b", "us-central1-f")
+    assert isinstance(ready, CloudVm) and ready.status == "running"
+    await b.close()
+
+
+async def test_agent_commands_carry_on_through_429s(tmp_path, fake, loopback_only):
+    from provisioner.images import Layer
+
+    b = backend(tmp_path, fake, retry_attempts=2)
+    await ready_vm(b, "vm-c")
+    fake.fail_next("get", 429, 3)  # reading the metadata to set the command
+    fake.fail_next("setMetadata", 429, 3)
+    fake.fail_next("getGuestAttributes", 429, 5)
+    assert await b.pull("vm-c", "us-central1-f", [Layer("a", 10)]) is None
+    fake.fail_next("getGuestAttributes", 503, 5)
+    assert await b.wipe("vm-c", "us-central1-f") is None
+    await b.close()
+
+
+async def test_a_running_vm_has_an_endpoint(tmp_path, fake, loopback_only):
+    b = backend(tmp_path, fake)
+    vm = await ready_vm(b, "vm-e")
+    ip = fake.instances[(PROJECT, "vm-e")].body["networkInterfaces"][0]["networkIP"]
+    assert vm.endpoint == f"http://{ip}:8888"
+    assert [v.endpoint for v in await b.list_vms(CLUSTER)] == [vm.endpoint]
+    await b.close()
+
+
+async def test_guest_attributes_are_read_within_googles_rate(tmp_path, fake, loopback_only):
+    """About 10 reads a minute per VM are allowed: boot, a 3-minute pull and a wipe stay within
+    that in every minute, and a quiet agent is read less often."""
+    from provisioner.images import Layer
+
+    b = backend(tmp_path, fake)  # poll_s 1: operations and boot are followed every model second
+    fake.command_s = 0.6  # 180 model seconds
+    await ready_vm(b, "vm-r")
+    assert await b.pull("vm-r", "us-central1-f", [Layer("a", 600), Layer("b", 400)]) is None
+    fake.command_s = 0.3
+    assert await b.wipe("vm-r", "us-central1-f") is None
+    reads = [c.at * TIME_SCALE for c in fake.calls("getGuestAttributes") if c.instance == "vm-r"]
+    assert len(reads) >= 10
+    worst = max(sum(1 for t in reads if start <= t < start + 60.0) for start in reads)
+    assert worst <= 10, f"{worst} guest-attribute reads in one minute"
+    assert all(c.query.get("queryPath") == "provisioner/" for c in fake.calls("getGuestAttributes"))
     await b.close()

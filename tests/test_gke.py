@@ -84,6 +84,9 @@ async def test_pools_grow_serve_and_shrink_through_node_pool_resizes(tmp_path, f
             s = (await stub.Allocate(c_pb.AllocateRequest(spec=spec), timeout=10)).session
             await until(lambda: core.sessions[s.id].state.value == "running", what="running session")
             node = ours[core.sessions[s.id].vm_id]
+            # A running session is reached at its node's address (Get answers with it too).
+            got = (await stub.Get(c_pb.GetRequest(session_id=s.id), timeout=10)).session
+            assert got.endpoint.startswith("http://10.128.") and got.endpoint == core.sessions[s.id].endpoint
             assert any(c.op == "setMetadata" and c.instance == node for c in compute.log)  # the agent on the node
 
             # An operator evicts a warm VM: its node goes, and the node pool shrinks.

@@ -9,12 +9,21 @@
   ZoneOperationsClient: the client library's own poller would use the default endpoint, and
   zoneOperations.wait would hold a call slot for minutes. A failed operation with ZONE_RESOURCE_POOL_EXHAUSTED is a stockout, QUOTA_EXCEEDED
   a quota failure: the cluster core remembers the zone and tries another.
-- the VM's agent: the image comes with an agent that reports `provisioner/ready` as a guest
-  attribute once the VM is up, and carries out one command at a time given in the
-  `provisioner-command` metadata item (JSON: id, op pull|wipe, layers, bytes), reporting
+- the VM's agent (`provisioner agent`, installed in the boot image): it reports `provisioner/ready`
+  as a guest attribute once the VM is up, and carries out one command at a time given in the
+  `provisioner-command` metadata item (JSON: id, op pull|wipe, layers with their sizes, bytes), reporting
   `provisioner/progress-<id>` (bytes) and `provisioner/done-<id>` (`ok` or an error); a fault it
   sees is `provisioner/healthy` 0 with `provisioner/health-detail`. A new command (new id)
-  supersedes the one before.
+  supersedes the one before. Instances carry `enable-guest-attributes: TRUE` in their metadata
+  (the project's metadata may set it too).
+- guest attributes are read within Google's documented rate (about 10 reads a minute per VM):
+  one query for the whole `provisioner/` namespace, never two for a VM within
+  GUEST_READ_INTERVAL_S, and further apart while nothing changes (up to GUEST_IDLE_MAX_S).
+- the session endpoint is the VM's internal address (`networkInterfaces[0].networkIP`) and the
+  notebook port; a VM counts as ready only once it has one.
+- unknown is never bad news: a read that fails with a retryable error (429, 5xx, a timeout) after
+  its retries says nothing about the VM. Health stays as it was, a boot or an agent command keeps
+  waiting within its own deadline, and a VM whose insert was accepted is never taken for gone.
 - delete: instances.delete; 404 counts as done. list: aggregatedList filtered by our labels.
 - every call: at most `max_concurrent_calls` at once; 429 (or 403 rateLimitExceeded), 5xx, timeouts
   and broken connections retried with exponential backoff and jitter, bounded by `retry_attempts`
@@ -52,7 +61,13 @@ log = logging.getLogger(__name__)
 
 COMMAND_KEY = "provisioner-command"
 IMAGES_KEY = "provisioner-images"
+GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 GUEST_PATH = "provisioner/"
+# Google documents about 10 guest-attribute reads a minute per VM: one read per 6 s at most.
+GUEST_READ_INTERVAL_S = 6.0
+# While an agent's answer is not changing, reads of it slow down to this.
+GUEST_IDLE_MAX_S = 30.0
+NOTEBOOK_PORT = 8888
 # Request ids are UUIDs; one per VM id, so every retry of an insert carries the same one.
 REQUEST_NAMESPACE = uuid.UUID("6f1c2a52-9d0e-4f5e-8a43-6d2b1c0e7a11")
 STATUS = {"PROVISIONING": "provisioning", "STAGING": "provisioning", "RUNNING": "running",
@@ -135,6 +150,7 @@ class GceBackend:
         self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options)
         self._slots = asyncio.Semaphore(self.config.max_concurrent_calls)
         self._pools = {p.name: p for p in cluster.pools}
+        self._gates: dict[str, _Gate] = {}  # vm id -> its guest-attribute read gate
 
     # ---- calls -----------------------------------------------------------------------------
 
@@ -146,12 +162,13 @@ class GceBackend:
                              wait=wait_random_exponential(multiplier=0.2, max=10.0))
 
     async def _call(self, fn: Callable[..., Any], **kwargs) -> Any:
-        """One API call in a worker thread, retried."""
+        """One API call in a worker thread, retried. The client library's own retry is off (it
+        would retry some 503s for minutes on the wall clock, outside our bounds and our clock)."""
         async for attempt in self._retrying():
             with attempt:
                 async with self._slots:
                     with transport_errors():
-                        return await asyncio.to_thread(fn, timeout=self.config.call_timeout_s, **kwargs)
+                        return await asyncio.to_thread(fn, retry=None, timeout=self.config.call_timeout_s, **kwargs)
 
     async def _all(self, pages) -> list:
         """Every item of a pager (iterating it fetches the next pages), as bounded as a call."""
@@ -182,7 +199,11 @@ class GceBackend:
             if self.clock.now() >= deadline:
                 return CloudFailure("unavailable", f"{what} not done in {self.config.operation_timeout_s:.0f}s", zone)
             await self.clock.sleep(self.config.poll_s)
-            op = await refresh()
+            try:
+                op = await refresh()
+            except gexc.GoogleAPICallError as err:
+                if not retryable(err):
+                    raise  # a retryable one leaves the operation's outcome unknown: keep following it
         return op
 
     # ---- CloudBackend ----------------------------------------------------------------------
@@ -190,7 +211,8 @@ class GceBackend:
     def instance_for(self, spec: LaunchSpec) -> compute_v1.Instance:
         pool = self._pools[spec.pool]
         labels = gce_labels(spec.labels)
-        items = [compute_v1.Items(key=IMAGES_KEY, value=",".join(spec.images))]
+        items = [compute_v1.Items(key=IMAGES_KEY, value=",".join(spec.images)),
+                 compute_v1.Items(key=GUEST_ATTRIBUTES_KEY, value="TRUE")]
         instance = compute_v1.Instance(name=spec.vm_id, labels=labels, metadata=compute_v1.Metadata(items=items))
         if self.config.instance_template:
             return instance  # the template supplies shape, disks and network
@@ -212,22 +234,38 @@ class GceBackend:
             request_id=request_id(spec.vm_id))
         if self.config.instance_template:
             request.source_instance_template = self.config.instance_template
+        made = CloudVm(spec.vm_id, spec.zone, "provisioning", gce_labels(spec.labels))
         try:
             op = await self._call(self.instances.insert_unary, request=request)
         except gexc.Conflict:
-            return await self._get(spec.vm_id, spec.zone)  # made by an earlier attempt
+            return await self._look(made, exists=True)  # made by an earlier attempt
         except gexc.GoogleAPICallError as err:
             failure = failure_of(err, spec.zone)
         else:
             failure = await self._wait(op, spec.zone)
             if failure is None:
-                return await self._get(spec.vm_id, spec.zone)
+                return await self._look(made, exists=True)
         if failure.retryable:
             # Retries ran out with the outcome unknown (the insert may be committed): look first.
-            found = await self._get(spec.vm_id, spec.zone)
+            found = await self._look(made, exists=False)
             if isinstance(found, CloudVm):
                 return found
         return failure
+
+    async def _look(self, made: CloudVm, exists: bool) -> CloudVm | CloudFailure:
+        """The instance as the cloud has it, read again while reads fail retryably (for up to
+        `operation_timeout_s`). One whose insert succeeded (`exists`) is never reported gone on an
+        unknown answer (it would leak): it is taken as made, and the boot wait finds out."""
+        deadline = self.clock.now() + self.config.operation_timeout_s
+        while True:
+            found = await self._get(made.vm_id, made.zone)
+            if isinstance(found, CloudVm) or found.code == "not_found":
+                return found
+            if exists and (not found.retryable or self.clock.now() >= deadline):
+                return made
+            if not found.retryable or self.clock.now() >= deadline:
+                return found
+            await self.clock.sleep(self.config.poll_s)
 
     async def where(self, vm_id: str, zone: str) -> tuple[str, str]:
         """The instance name and zone of one of our VMs: here its own id, where the core put it."""
@@ -242,23 +280,33 @@ class GceBackend:
         return vm_of(inst, zone)
 
     async def _guest(self, vm_id: str, zone: str) -> dict[str, str] | CloudFailure:
-        try:
-            name, zone = await self.where(vm_id, zone)
-            attrs = await self._call(self.instances.get_guest_attributes, request=compute_v1.GetGuestAttributesInstanceRequest(
-                project=self.project, zone=zone, instance=name, query_path=GUEST_PATH))
-        except gexc.GoogleAPICallError as err:
-            return failure_of(err, zone)
+        """The VM's `provisioner/` guest attributes in one query, never within
+        GUEST_READ_INTERVAL_S of the last read of this VM (whoever asked: boot wait, command, health)."""
+        gate = self._gates.setdefault(vm_id, _Gate())
+        async with gate.lock:
+            if (wait := gate.last + GUEST_READ_INTERVAL_S - self.clock.now()) > 0:
+                await self.clock.sleep(wait)
+            gate.last = self.clock.now()
+            try:
+                name, zone = await self.where(vm_id, zone)
+                attrs = await self._call(self.instances.get_guest_attributes,
+                                         request=compute_v1.GetGuestAttributesInstanceRequest(
+                                             project=self.project, zone=zone, instance=name, query_path=GUEST_PATH))
+            except gexc.GoogleAPICallError as err:
+                return failure_of(err, zone)
         return {item.key: item.value for item in attrs.query_value.items}
 
     async def wait_ready(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        """Until the VM runs, has its address, and its agent reports ready. Reads that fail
+        retryably are waited out (within boot_timeout_s): they say nothing about the VM."""
         deadline = self.clock.now() + self.config.boot_timeout_s
         while self.clock.now() < deadline:
             vm = await self._get(vm_id, zone)
-            if isinstance(vm, CloudFailure) and vm.code != "unavailable":
+            if isinstance(vm, CloudFailure) and not vm.retryable:
                 return vm
             if isinstance(vm, CloudVm) and vm.status == "terminated":
                 return CloudFailure("unavailable", f"{vm_id} stopped while booting", zone)
-            if isinstance(vm, CloudVm) and vm.status == "running":
+            if isinstance(vm, CloudVm) and vm.status == "running" and vm.endpoint:
                 guest = await self._guest(vm_id, zone)
                 if isinstance(guest, dict) and guest.get("ready") == "1":
                     return vm
@@ -270,46 +318,63 @@ class GceBackend:
         """Hands the agent a command through metadata and follows its guest attributes."""
         cid = uuid.uuid4().hex[:12]
         command = {"id": cid, **command}
-        for _ in range(self.config.retry_attempts):  # a concurrent metadata change: read and try again
+        deadline = self.clock.now() + self.config.command_timeout_s
+        if (failure := await self._send(vm_id, zone, command, deadline)) is not None:
+            return failure
+        reported, interval = -1, GUEST_READ_INTERVAL_S
+        while self.clock.now() < deadline:
+            guest = await self._guest(vm_id, zone)
+            changed = False
+            if isinstance(guest, CloudFailure):
+                if not guest.retryable:
+                    return guest
+            else:
+                done = guest.get(f"done-{cid}")
+                progress = int(guest.get(f"progress-{cid}", "0") or 0)
+                if done == "ok":
+                    progress = max(progress, command.get("bytes", 0))
+                if on_progress is not None and progress != reported:
+                    on_progress(progress)
+                changed, reported = progress != reported, progress
+                if done is not None:
+                    return None if done == "ok" else CloudFailure("internal", f"agent: {done}", zone)
+            # Nothing moving: nothing is expected soon, so read less often.
+            interval = GUEST_READ_INTERVAL_S if changed else min(interval * 1.5, GUEST_IDLE_MAX_S)
+            await self.clock.sleep(interval)
+        return CloudFailure("unavailable", f"the agent of {vm_id} did not finish {command['op']}", zone)
+
+    async def _send(self, vm_id: str, zone: str, command: dict, deadline: float) -> CloudFailure | None:
+        """Writes the command into the instance's metadata. A concurrent metadata change is read
+        again; a retryable failure is tried again until the command's deadline."""
+        while True:
             try:
                 name, where = await self.where(vm_id, zone)
                 inst = await self._call(self.instances.get, project=self.project, zone=where, instance=name)
-                items = [i for i in inst.metadata.items if i.key != COMMAND_KEY]
-                items.append(compute_v1.Items(key=COMMAND_KEY, value=json.dumps(command)))
+                items = [i for i in inst.metadata.items if i.key not in (COMMAND_KEY, GUEST_ATTRIBUTES_KEY)]
+                items += [compute_v1.Items(key=GUEST_ATTRIBUTES_KEY, value="TRUE"),
+                          compute_v1.Items(key=COMMAND_KEY, value=json.dumps(command))]
                 op = await self._call(self.instances.set_metadata_unary, project=self.project, zone=where,
                                       instance=name, metadata_resource=compute_v1.Metadata(
                                           fingerprint=inst.metadata.fingerprint, items=items))
-                break
             except gexc.PreconditionFailed:
-                continue
+                failure = CloudFailure("unavailable", f"metadata of {vm_id} kept changing", zone)
             except gexc.GoogleAPICallError as err:
-                return failure_of(err, zone)
-        else:
-            return CloudFailure("unavailable", f"metadata of {vm_id} kept changing", zone)
-        if (failure := await self._wait(op, where)) is not None:
-            return failure
-        reported, deadline = -1, self.clock.now() + self.config.command_timeout_s
-        while self.clock.now() < deadline:
-            guest = await self._guest(vm_id, zone)
-            if isinstance(guest, CloudFailure):
-                if guest.code != "unavailable":
-                    return guest
+                failure = failure_of(err, zone)
+                if not failure.retryable:
+                    return failure
             else:
-                progress = int(guest.get(f"progress-{cid}", "0") or 0)
-                if on_progress is not None and progress != reported:
-                    on_progress(progress)
-                    reported = progress
-                done = guest.get(f"done-{cid}")
-                if done is not None:
-                    return None if done == "ok" else CloudFailure("internal", f"agent: {done}", zone)
+                failure = await self._wait(op, where)
+                # Unknown whether it landed: the agent's answer (or the deadline) will tell.
+                return None if failure is None or failure.retryable else failure
+            if self.clock.now() >= deadline:
+                return failure
             await self.clock.sleep(self.config.poll_s)
-        return CloudFailure("unavailable", f"the agent of {vm_id} did not finish {command['op']}", zone)
 
     async def pull(self, vm_id: str, zone: str, layers: Sequence[Layer],
                    on_progress: ProgressCallback | None = None) -> CloudFailure | None:
         total = sum(layer.size_bytes for layer in layers)
-        return await self._command(vm_id, zone, {"op": "pull", "layers": [layer.id for layer in layers],
-                                                 "bytes": total}, on_progress)
+        return await self._command(vm_id, zone, {"op": "pull", "bytes": total, "layers": [
+            {"id": layer.id, "bytes": layer.size_bytes} for layer in layers]}, on_progress)
 
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
         return await self._command(vm_id, zone, {"op": "wipe"}, None)
@@ -320,10 +385,13 @@ class GceBackend:
             op = await self._call(self.instances.delete_unary, request=compute_v1.DeleteInstanceRequest(
                 project=self.project, zone=zone, instance=vm_id, request_id=str(uuid.uuid4())))
         except gexc.NotFound:
+            self._gates.pop(vm_id, None)
             return None  # already gone
         except gexc.GoogleAPICallError as err:
             return failure_of(err, zone)
-        return await self._wait(op, zone)
+        if (failure := await self._wait(op, zone)) is None:
+            self._gates.pop(vm_id, None)
+        return failure
 
     async def list_vms(self, cluster: str) -> list[CloudVm]:
         return [vm_of(inst, zone) for inst, zone in await self._labelled(cluster)]
@@ -338,7 +406,8 @@ class GceBackend:
     async def health(self, vm_id: str, zone: str) -> HealthReport:
         vm = await self._get(vm_id, zone)
         if isinstance(vm, CloudFailure):
-            return HealthReport(vm.code == "unavailable", detail=vm.message)  # unknown is not unhealthy
+            # A retryable failure (429, 5xx, timeout) says nothing about the VM: unknown, not unhealthy.
+            return HealthReport(vm.retryable, detail=f"unknown: {vm.message}" if vm.retryable else vm.message)
         if vm.status != "running":
             return HealthReport(False, detail=f"the VM is {vm.status}")
         guest = await self._guest(vm_id, zone)
@@ -351,7 +420,22 @@ class GceBackend:
             client.transport.close()
 
 
+class _Gate:
+    """Spaces one VM's guest-attribute reads."""
+
+    def __init__(self):
+        self.lock = asyncio.Lock()
+        self.last = float("-inf")
+
+
+def endpoint_of(inst: compute_v1.Instance) -> str:
+    """Where the notebook on the VM is reached: its internal address, once it has one."""
+    ip = inst.network_interfaces[0].network_i_p if inst.network_interfaces else ""
+    return f"http://{ip}:{NOTEBOOK_PORT}" if ip else ""
+
+
 def vm_of(inst: compute_v1.Instance, zone: str) -> CloudVm:
     # Our id is in the request label (a GKE node's instance name is GKE's own).
     vm_id = inst.labels.get(LABEL_REQUEST) or inst.name
-    return CloudVm(vm_id, zone, STATUS.get(inst.status, "provisioning"), dict(inst.labels))  # type: ignore[arg-type]
+    return CloudVm(vm_id, zone, STATUS.get(inst.status, "provisioning"), dict(inst.labels),  # type: ignore[arg-type]
+                   endpoint_of(inst))

@@ -145,11 +145,7 @@ class GkeBackend(GceBackend):
                     return CloudFailure("unavailable", f"{pool.name} grew but no new node appeared", spec.zone)
                 name, zone = fresh[0]
                 labels = gce_labels(spec.labels)
-                inst = await self._call(self.instances.get, project=self.project, zone=zone, instance=name)
-                op = await self._call(self.instances.set_labels_unary, project=self.project, zone=zone, instance=name,
-                                      instances_set_labels_request_resource=compute_v1.InstancesSetLabelsRequest(
-                                          labels={**inst.labels, **labels}, label_fingerprint=inst.label_fingerprint))
-                if (failure := await self._wait(op, zone)) is not None:
+                if (failure := await self._label(name, zone, labels)) is not None:
                     return failure
                 self._where[spec.vm_id] = (name, zone)
                 return CloudVm(spec.vm_id, zone, "provisioning", labels)
@@ -157,6 +153,26 @@ class GkeBackend(GceBackend):
             return err.failure
         except gexc.GoogleAPICallError as err:
             return failure_of(err, spec.zone)
+
+    async def _label(self, name: str, zone: str, labels: dict[str, str]) -> CloudFailure | None:
+        """Labels the new node as our VM. The node exists: a retryable failure is tried again (up to
+        `operation_timeout_s`), since an unlabelled node would be taken for a stray."""
+        deadline = self.clock.now() + self.config.operation_timeout_s
+        while True:
+            try:
+                inst = await self._call(self.instances.get, project=self.project, zone=zone, instance=name)
+                op = await self._call(self.instances.set_labels_unary, project=self.project, zone=zone,
+                                      instance=name, instances_set_labels_request_resource=(
+                                          compute_v1.InstancesSetLabelsRequest(labels={**inst.labels, **labels},
+                                                                               label_fingerprint=inst.label_fingerprint)))
+                failure = await self._wait(op, zone)
+            except gexc.PreconditionFailed as err:  # labels changed under us: read them again
+                failure = CloudFailure("unavailable", str(err), zone)
+            except gexc.GoogleAPICallError as err:
+                failure = failure_of(err, zone)
+            if failure is None or not failure.retryable or self.clock.now() >= deadline:
+                return failure
+            await self.clock.sleep(self.config.poll_s)
 
     async def _made(self, vm_id: str) -> CloudVm | None:
         return next((vm for vm in await self._our_nodes(self.cluster.name) if vm.vm_id == vm_id), None)

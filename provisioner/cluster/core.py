@@ -501,8 +501,10 @@ class ClusterCore:
         vm.endpoint = endpoint
         self._set_vm(vm, V.BOOTING, "the cloud accepted the create; booting", now)
 
-    def vm_ready(self, vm_id: str, now: float) -> None:
+    def vm_ready(self, vm_id: str, now: float, endpoint: str = "") -> None:
+        """`endpoint`: where the booted VM is reached, when the cloud gives it only now."""
         vm = self.vms[vm_id]
+        vm.endpoint = endpoint or vm.endpoint
         self._set_vm(vm, V.WARM, "booted", now)
         s = self.sessions.get(vm.reserved_for)
         if s is not None and s.state is S.PROVISIONING and s.vm_id == vm.id:
@@ -592,18 +594,23 @@ class ClusterCore:
         if s is not None and s.state is S.STOPPING:
             self._end(s, S.STOPPED, s.reason, now)
 
-    def vm_deleted(self, vm_id: str, now: float) -> None:
+    def vm_deleted(self, vm_id: str, now: float, reason: str = "deleted") -> None:
         vm = self.vms.get(vm_id)
         if vm is None:
             return
         s = self.sessions.get(vm.session_id)
         if s is not None and s.state is S.STOPPING:
             self._end(s, S.STOPPED, s.reason, now)
-        self._set_vm(vm, V.DELETED, "deleted", now)
+        self._set_vm(vm, V.DELETED, reason, now)
 
     def delete_failed(self, vm_id: str, failure: CloudFailure, now: float) -> None:
         vm = self.vms.get(vm_id)
         if vm is not None and vm.state is V.DELETING:
+            # The session stopping on it is over: the failed VM is never reused, and its delete is
+            # the reconciler's to retry.
+            s = self.sessions.get(vm.session_id)
+            if s is not None and s.state is S.STOPPING:
+                self._end(s, S.STOPPED, s.reason, now)
             self._set_vm(vm, V.FAILED, f"delete failed: {failure.code}: {failure.message}", now)
 
     def reconciled(self, plan: Plan, now: float) -> None:
@@ -613,11 +620,7 @@ class ClusterCore:
         for vm_id in plan.terminated:
             self._vm_lost(self.vms[vm_id], now, still_there=True)
         for vm_id in plan.deleted:
-            vm = self.vms[vm_id]
-            if vm.state is V.DELETING:
-                self.vm_deleted(vm_id, now)
-            else:
-                self._set_vm(vm, V.DELETED, "nothing was left in the cloud", now)
+            self.vm_deleted(vm_id, now, "nothing was left in the cloud")
         for vm_id in plan.retry_delete:
             self._delete(self.vms[vm_id], "the reconciler retries the delete of a failed VM", now)
 

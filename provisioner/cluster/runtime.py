@@ -267,8 +267,11 @@ class ClusterRuntime:
             self.core.vm_created(cmd.vm_id, created.endpoint, self.clock.now())
             self._apply()
         ready = await self.backend.wait_ready(cmd.vm_id, cmd.zone)
-        self._feed(self.core.launch_failed if isinstance(ready, CloudFailure) else self.core.vm_ready,
-                   cmd.vm_id, ready if isinstance(ready, CloudFailure) else None)
+        if isinstance(ready, CloudFailure):
+            self._feed(self.core.launch_failed, cmd.vm_id, ready)
+        else:
+            self.core.vm_ready(cmd.vm_id, self.clock.now(), endpoint=ready.endpoint)
+            self._apply()
 
     async def _pull(self, cmd: Pull) -> None:
         def progress(done: int) -> None:
