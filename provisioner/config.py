@@ -16,6 +16,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeF
                       PositiveFloat, ValidationError, model_validator)
 
 from provisioner.images import LATEST, ImageCatalog, parse_ref
+from provisioner.policy import MAX_HEADROOM_FRACTION
 
 FLEET_FILE = "fleet.yaml"
 IMAGES_FILE = "images.yaml"
@@ -65,7 +66,8 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Non-finite floats (.inf, .nan in YAML) are refused everywhere: none is a sane setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---- clusters/<name>.yaml ----------------------------------------------------------------
@@ -122,7 +124,9 @@ class PoolConfig(_Model):
     zones: tuple[str, ...] = Field(min_length=1)
     min_vms: NonNegativeInt
     max_vms: NonNegativeInt
-    headroom_fraction: NonNegativeFloat
+    # The most max_vms may be raised to through the API (SetPoolPolicy); default: max_vms.
+    max_vms_limit: NonNegativeInt | None = None
+    headroom_fraction: Annotated[float, Field(ge=0.0, le=MAX_HEADROOM_FRACTION)]
     autoscaler: Literal["fixed", "headroom", "predictive"] = "headroom"
     warm_vms: NonNegativeInt = 2  # fixed: warm VMs kept above demand
     wait_probability: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.02  # predictive: target share of requests that wait
@@ -134,10 +138,17 @@ class PoolConfig(_Model):
     def _check(self) -> PoolConfig:
         if self.min_vms > self.max_vms:
             raise _At("max_vms", f"must be >= min_vms ({self.min_vms}), got {self.max_vms}")
+        if self.max_vms_limit is not None and self.max_vms_limit < self.max_vms:
+            raise _At("max_vms_limit", f"must be >= max_vms ({self.max_vms}), got {self.max_vms_limit}")
         for i, z in enumerate(self.zones):
             if z in self.zones[:i]:
                 raise _At(f"zones[{i}]", f"zone {z!r} listed twice")
         return self
+
+    @property
+    def vm_ceiling(self) -> int:
+        """The most VMs an operator may allow this pool through the API."""
+        return self.max_vms if self.max_vms_limit is None else self.max_vms_limit
 
     @property
     def disk_cache_bytes(self) -> int:
@@ -250,7 +261,7 @@ class ImageCatalogConfig(_Model):
 # ---- the whole fleet ---------------------------------------------------------------------
 
 class FleetConfig(_Model):
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False)
 
     clusters: tuple[ClusterConfig, ...] = Field(min_length=1)
     settings: FleetSettings = FleetSettings()

@@ -60,6 +60,31 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX front_attempts_outcome ON front_attempts (outcome);
     """,
+    # What operators set on a cluster, which outlives its processes: the drain flag (pool '') and
+    # each pool's policy overrides, as JSON. And the audit log: who did what, when, with what
+    # outcome (`source` tells apart the logs of processes sharing one database).
+    """
+    CREATE TABLE operator_state (
+        cluster TEXT NOT NULL,
+        pool TEXT NOT NULL,
+        body TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (cluster, pool)
+    );
+    CREATE TABLE audit_log (
+        id TEXT PRIMARY KEY,
+        source TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        identity TEXT NOT NULL,
+        roles TEXT NOT NULL,
+        rpc TEXT NOT NULL,
+        method TEXT NOT NULL,
+        target TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX audit_log_at ON audit_log (source, at, id);
+    """,
 ]
 
 # Attempt outcomes: sent and not yet answered; answered with a session; answered "not made";
@@ -203,6 +228,60 @@ class Store:
         args = (PENDING, UNRESOLVED, *((request_id,) if request_id else ()))
         return [tuple(r) for r in self._rows(
             f"SELECT request_id, cluster, commit_by FROM front_attempts WHERE {where} ORDER BY commit_by", args)]
+
+
+    # ---- operator state: drain and pool policy overrides, per cluster -----------------------
+
+    def save_operator_state(self, cluster: str, pool: str, body: dict[str, Any], now: float) -> None:
+        """Sets what operators chose for the cluster (`pool` '') or one of its pools; an empty
+        `body` removes it (back to the config file)."""
+        with self.transaction() as cur:
+            if body:
+                cur.execute(self._sql(
+                    "INSERT INTO operator_state (cluster, pool, body, updated_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (cluster, pool) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at"),
+                    (cluster, pool, json.dumps(body, sort_keys=True), now))
+            else:
+                cur.execute(self._sql("DELETE FROM operator_state WHERE cluster = ? AND pool = ?"), (cluster, pool))
+
+    def load_operator_state(self, cluster: str) -> dict[str, dict[str, Any]]:
+        """pool -> what operators set on it ('' for the cluster itself)."""
+        rows = self._rows("SELECT pool, body FROM operator_state WHERE cluster = ?", (cluster,))
+        return {pool: json.loads(body) for pool, body in rows}
+
+    # ---- the audit log ----------------------------------------------------------------------
+
+    def append_audit(self, record_id: str, source: str, at: float, identity: str, roles: str, rpc: str,
+                     method: str, target: str, outcome: str, detail: str) -> None:
+        """One record; `method` is the RPC's last part (DrainCluster), for filtering by it."""
+        with self.transaction() as cur:
+            cur.execute(self._sql(
+                "INSERT INTO audit_log (id, source, at, identity, roles, rpc, method, target, outcome, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                (record_id, source, at, identity, roles, rpc, method, target, outcome, detail))
+
+    def audit_records(self, source: str, *, identity: str | None = None, rpc: str | None = None,
+                      method: str | None = None, outcome: str | None = None, since: float | None = None, until: float | None = None,
+                      before: tuple[float, str] | None = None, limit: int = 50) -> list[tuple]:
+        """(id, at, identity, roles, rpc, target, outcome, detail) of one source's records, newest
+        first: at >= since, at < until, and strictly older than `before` (at, id) when given."""
+        where, args = ["source = ?"], [source]
+        for column, value in (("identity", identity), ("rpc", rpc), ("method", method), ("outcome", outcome)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            where.append("at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("at < ?")
+            args.append(until)
+        if before is not None:
+            where.append("(at < ? OR (at = ? AND id < ?))")
+            args += [before[0], before[0], before[1]]
+        return [tuple(r) for r in self._rows(
+            "SELECT id, at, identity, roles, rpc, target, outcome, detail FROM audit_log "
+            f"WHERE {' AND '.join(where)} ORDER BY at DESC, id DESC LIMIT ?", (*args, limit))]
 
 
 class SqliteStore(Store):

@@ -84,6 +84,46 @@ def test_min_above_max(fleet_dir: Path):
     assert (e.field, e.reason) == ("pools[0].max_vms", "must be >= min_vms (5), got 2")
 
 
+@pytest.mark.parametrize("file, path, text", [
+    ("us-central1.yaml", "pools[0].headroom_fraction", ".inf"),
+    ("us-central1.yaml", "pools[1].hourly_price_usd", ".nan"),
+    ("europe-west4.yaml", "sim.boot_s", ".inf"),
+    ("asia-east1.yaml", "tick_s", ".inf"),
+    ("fleet.yaml", "quotas.gpu_hours_per_week", ".inf"),
+    ("fleet.yaml", "regions.inter_region_penalty_s", "-.inf"),
+])
+def test_non_finite_numbers_are_refused(fleet_dir: Path, file: str, path: str, text: str):
+    # Written as YAML spells them: `.inf` once made every autoscaler tick raise.
+    target = fleet_dir / file
+    data = yaml.safe_load(target.read_text())
+    *parents, leaf = path.replace("[", ".").replace("]", "").split(".")
+    node = data
+    for key in parents:
+        node = node[int(key)] if key.isdigit() else node.setdefault(key, {})
+    node[leaf] = float(text.replace(".", "", 1))  # ".inf" -> float("inf")
+    target.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert text in target.read_text()
+    e = fails(fleet_dir)
+    assert e.file.endswith(file) and e.field == path
+    assert "finite number" in e.reason
+
+
+def test_max_vms_limit_defaults_to_max_vms_and_may_not_be_below_it(fleet_dir: Path):
+    pool = load_fleet(fleet_dir).cluster("us-central1").pool("gpu-t4x2")
+    assert pool.max_vms_limit is None and pool.vm_ceiling == pool.max_vms
+    edit(fleet_dir / "us-central1.yaml", lambda d: d["pools"][1].update(max_vms_limit=1000))
+    assert load_fleet(fleet_dir).cluster("us-central1").pool("gpu-t4x2").vm_ceiling == 1000
+    edit(fleet_dir / "us-central1.yaml", lambda d: d["pools"][1].update(max_vms=20, max_vms_limit=10))
+    e = fails(fleet_dir)
+    assert (e.field, e.reason) == ("pools[1].max_vms_limit", "must be >= max_vms (20), got 10")
+
+
+def test_headroom_fraction_has_an_upper_bound(fleet_dir: Path):
+    edit(fleet_dir / "us-central1.yaml", lambda d: d["pools"][0].update(headroom_fraction=1e300))
+    e = fails(fleet_dir)
+    assert e.field == "pools[0].headroom_fraction" and "less than or equal to 100" in e.reason
+
+
 def test_zone_of_another_region(fleet_dir: Path):
     edit(fleet_dir / "asia-east1.yaml", lambda d: d["pools"][1]["zones"].append("us-central1-a"))
     e = fails(fleet_dir)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from provisioner.audit import AuditRecord
 from provisioner.errors import InvalidArgument
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.states import SessionState, StateChange, VmState
+from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import types_pb2 as pb
 
 _KIND_TO_PB = {SessionKind.INTERACTIVE: pb.SESSION_KIND_INTERACTIVE, SessionKind.BATCH: pb.SESSION_KIND_BATCH}
@@ -115,3 +117,8 @@ def vm_to_pb(vm: Vm, images: list[str], now: float) -> pb.Vm:
         healthy=vm.healthy, health_detail=vm.health_detail, create_time=timestamp(vm.created_at),
         history=_history(vm.history), read_time=timestamp(now),
     )
+
+
+def audit_record_to_pb(r: AuditRecord) -> admin_pb.AuditRecord:
+    return admin_pb.AuditRecord(time=timestamp(r.time), identity=r.identity, roles=list(r.roles), rpc=r.rpc,
+                                target=r.target, outcome=r.outcome, detail=r.detail)

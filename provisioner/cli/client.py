@@ -11,11 +11,12 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import grpc
 from google.rpc import error_details_pb2
@@ -32,6 +33,7 @@ DEFAULT_FRONT = "127.0.0.1:50051"
 DEFAULT_TIMEOUT_S = 30.0
 TRACE_EXPORTERS = ("none", "console", "otlp", "file")
 WATCH_RESUMES = 5
+MAX_AUDIT_PAGE = 500  # the most records the server sends in one page
 
 # Every call the CLI makes is safe to repeat (CreateSession is idempotent by request_id), so the
 # channel itself retries a front that is briefly unreachable.
@@ -103,6 +105,31 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _since_arg(text: str) -> float:
+    """Epoch seconds from an ISO 8601 time (UTC unless it says otherwise) or a span back from now
+    (-1h, 1h, 30m)."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        try:
+            return _now() - render.parse_duration(text.strip().removeprefix("-"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an ISO 8601 time (2024-05-01T12:00:00Z) or a span back from now (-1h), got {text!r}"
+            ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
     return value
@@ -408,6 +435,37 @@ def admin_vms(c: Client, args) -> int:
     return 0
 
 
+def admin_reset_policy(c: Client, args) -> int:
+    req = admin_pb.SetPoolPolicyRequest(cluster=args.cluster, pool=args.pool, reset=True)
+    pool = c.admin.SetPoolPolicy(req, timeout=c.timeout).pool
+    c.show(render.pool_to_json(pool), render.pool_detail(pool))
+    return 0
+
+
+def admin_audit(c: Client, args) -> int:
+    req = admin_pb.ListAuditRecordsRequest(cluster=args.cluster or "", identity=args.identity or "",
+                                           rpc=args.rpc or "", outcome=args.outcome or "")
+    if args.since is not None:
+        req.since.FromNanoseconds(int(args.since * 1e9))
+    records, seen = [], {""}
+    while len(records) < args.limit:
+        req.page_size = min(args.limit - len(records), MAX_AUDIT_PAGE)
+        resp = c.admin.ListAuditRecords(req, timeout=c.timeout)
+        records.extend(resp.records)
+        if not resp.next_page_token:
+            break
+        if resp.next_page_token in seen:  # a server bug must not loop forever
+            raise CliError(f"server repeated page token {resp.next_page_token!r}")
+        seen.add(resp.next_page_token)
+        req.page_token = resp.next_page_token
+    more = bool(resp.next_page_token)
+    c.show({"records": [render.audit_record_to_json(r) for r in records], "more": more},
+           render.audit_table(records))
+    if more:
+        c.note(f"showing the newest {len(records)}; more with a higher --limit or a later --since")
+    return 0
+
+
 def admin_evict(c: Client, args) -> int:
     req = admin_pb.EvictVmRequest(cluster=args.cluster, vm_id=args.vm_id, reason=args.reason or "")
     vm = c.admin.EvictVm(req, timeout=c.timeout).vm
@@ -511,6 +569,23 @@ def register(subparsers) -> None:
     p.add_argument("--pool")
     p.add_argument("--state", type=_enum_arg(types_pb2.VmState), nargs="+", action="extend",
                    metavar="STATE", help=f"only these states: {vm_states}")
+
+    p = add("reset-policy", admin_reset_policy,
+            "drop every policy change made to a pool through the API: back to its config file")
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--pool", required=True)
+
+    p = add("audit", admin_audit, "the audit log (operator actions and refused calls), newest first")
+    # `--since -1h`: take "-1..." as a value, not an option (as argparse itself does from Python 3.13).
+    p._negative_number_matcher = re.compile(r"^-\.?\d")
+    p.add_argument("--cluster", help="that cluster's log (default: the front's)")
+    p.add_argument("--identity", help="only calls by this identity")
+    p.add_argument("--rpc", metavar="NAME", help="only this RPC: DrainCluster, or a full name")
+    p.add_argument("--outcome", help="only this outcome: ok, denied, or a status code (NOT_FOUND, ...)")
+    p.add_argument("--since", type=_since_arg, metavar="TIME",
+                   help="ISO 8601 (2024-05-01T12:00:00Z) or a span back from now (-1h, -30m)")
+    p.add_argument("--limit", type=_positive_int, default=50, metavar="N",
+                   help="show at most N records (default 50)")
 
     p = add("evict", admin_evict, "take a VM out of service")
     p.add_argument("--cluster", required=True)

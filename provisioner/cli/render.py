@@ -460,6 +460,22 @@ def quota_detail(q: types_pb2.Quota, now: float) -> str:
     ])
 
 
+def audit_record_to_json(r) -> dict[str, Any]:
+    return {"time": _ts(r, "time"), "identity": r.identity, "roles": list(r.roles), "rpc": r.rpc,
+            "target": r.target, "outcome": r.outcome, "detail": r.detail}
+
+
+def audit_table(records: Iterable) -> str:
+    rows = [
+        (
+            _ts(r, "time") or "-", r.identity or "-", ",".join(r.roles) or "-",
+            r.rpc.removeprefix("/provisioner.v1.") or "-", r.target or "-", r.outcome or "-", r.detail,
+        )
+        for r in records
+    ]
+    return table(rows, ("TIME", "IDENTITY", "ROLES", "RPC", "TARGET", "OUTCOME", "DETAIL"))
+
+
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 

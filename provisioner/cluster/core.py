@@ -33,10 +33,11 @@ from provisioner.autoscale import (
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.cluster.reconcile import Plan
 from provisioner.config import ClusterConfig, PoolConfig, SessionsConfig
-from provisioner.errors import FailedPrecondition, InvalidArgument, NotFound, quote
+from provisioner.errors import FailedPrecondition, NotFound, quote
 from provisioner.forecast import Forecast
 from provisioner.images import ImageCatalog, Layer, LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.policy import merge_policy
 from provisioner.prewarm import holdable, next_pull, rank_images
 from provisioner.states import VM_ACTIVE, SessionState, VmState
 from provisioner.validation import validate_spec
@@ -807,14 +808,7 @@ class ClusterCore:
 
     def set_policy(self, name: str, now: float, **changes) -> PoolPolicy:
         pool = self.pool(name)
-        merged = {**vars(pool.policy), **{k: v for k, v in changes.items() if v is not None}}
-        if merged["min_vms"] < 0 or merged["max_vms"] < merged["min_vms"]:
-            raise InvalidArgument("need 0 <= min_vms <= max_vms", field="policy")
-        if merged["headroom_fraction"] < 0:
-            raise InvalidArgument("headroom_fraction must not be negative", field="policy.headroom_fraction")
-        if merged["autoscaler"] not in ("fixed", "headroom", "predictive"):
-            raise InvalidArgument("autoscaler must be fixed, headroom or predictive", field="policy.autoscaler")
-        pool.policy = PoolPolicy(**merged)
+        pool.policy = PoolPolicy(**merge_policy(vars(pool.policy), changes, pool.config.vm_ceiling))
         pool.changed = True
         return pool.policy
 

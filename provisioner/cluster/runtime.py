@@ -26,10 +26,11 @@ from provisioner.cloud.base import (
     CloudFailure,
     LaunchSpec,
 )
-from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, Wipe
+from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, PoolPolicy, Wipe
 from provisioner.cluster.reconcile import Plan, reconcile
-from provisioner.errors import Unavailable
+from provisioner.errors import ProvisionerError, Unavailable
 from provisioner.model import Session, SessionSpec, Vm
+from provisioner.policy import FIELDS, merge_policy
 from provisioner.states import VmState
 from provisioner.store import SqliteStore
 
@@ -55,6 +56,8 @@ class ClusterRuntime:
         self._capacity_changed = asyncio.Event()
         # Set when draining: open streams end instead of holding the shutdown.
         self.streams_closed = False
+        # pool -> the policy fields operators set that differ from the config file (also in the store).
+        self.overrides: dict[str, dict] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -63,6 +66,7 @@ class ClusterRuntime:
         if self.store is not None:
             name = self.core.name
             self.core.restore(self.store.load_sessions(name), self.store.load_vms(name), self.clock.now())
+            self._restore_operator_state(self.store.load_operator_state(name))
         self._apply()
         try:
             await self.reconcile()
@@ -159,6 +163,56 @@ class ClusterRuntime:
         s = self.core.stop(session_id, reason, self.clock.now(), user_id)
         self._apply()
         return s
+
+    # ---- operator state: durable before it takes effect ----------------------------------
+
+    def set_draining(self, draining: bool) -> None:
+        if self.store is not None:
+            self.store.save_operator_state(self.core.name, "", {"draining": True} if draining else {},
+                                           self.clock.now())
+        self.core.set_draining(draining)
+        self._notify_capacity()  # the front hears it at once, even from a quiet cluster
+
+    def set_policy(self, pool_name: str, changes: dict, reset: bool = False) -> PoolPolicy:
+        """Applies `changes` (None: unchanged) to a pool's policy within its bounds; `reset` first
+        drops what operators set before, back to the config file. The pool's overrides are
+        written before they take effect."""
+        merged, overrides = self._overridden(pool_name, changes, reset)
+        if self.store is not None:
+            self.store.save_operator_state(self.core.name, pool_name, overrides, self.clock.now())
+        return self._set_policy(pool_name, merged, overrides)
+
+    def _overridden(self, pool_name: str, changes: dict, reset: bool) -> tuple[dict, dict]:
+        """The pool's whole policy after `changes`, and the part of it that differs from the file."""
+        pool = self.core.pool(pool_name)
+        file = {f: getattr(pool.config, f) for f in FIELDS}
+        earlier = {} if reset else self.overrides.get(pool_name, {})
+        merged = merge_policy({**file, **earlier}, changes, pool.config.vm_ceiling)
+        return merged, {f: merged[f] for f in FIELDS if merged[f] != file[f]}
+
+    def _set_policy(self, pool_name: str, merged: dict, overrides: dict) -> PoolPolicy:
+        self.overrides[pool_name] = overrides
+        policy = self.core.set_policy(pool_name, self.clock.now(), **merged)
+        self._apply()
+        return policy
+
+    def _restore_operator_state(self, state: dict[str, dict]) -> None:
+        """Drain and policy overrides as operators left them. An override the config file no
+        longer allows (a pool removed, a lower max_vms_limit) is skipped, with a warning."""
+        self.core.set_draining(bool(state.get("", {}).get("draining")))
+        for pool_name, overrides in state.items():
+            if not pool_name:
+                continue
+            try:
+                merged, kept = self._overridden(pool_name, {f: v for f, v in overrides.items() if f in FIELDS}, True)
+            except ProvisionerError as e:
+                log.warning("cluster %s: the policy operators set on pool %s no longer applies (%s); the pool "
+                            "follows its config file", self.core.name, pool_name, e.message)
+                continue
+            self._set_policy(pool_name, merged, kept)
+        if self.core.draining:
+            log.info("cluster %s is draining, as an operator left it (undo: provisioner admin undrain %s)",
+                     self.core.name, self.core.name)
 
     def admin(self, action: Callable[[float], object]) -> object:
         """Runs an operator action on the core (given `now`) and applies what it changed."""

@@ -8,6 +8,7 @@ from opentelemetry import trace
 
 from provisioner import telemetry
 from provisioner.api import convert
+from provisioner.audit import AuditLog
 from provisioner.api.status import stream, unary
 from provisioner.cluster.core import PoolState
 from provisioner.cluster.runtime import ClusterRuntime
@@ -170,9 +171,10 @@ def cluster_pb_of(rt: ClusterRuntime, address: str) -> pb.Cluster:
 class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
     """Operator actions on this cluster. Requests naming another cluster are refused."""
 
-    def __init__(self, runtime: ClusterRuntime, address: str):
+    def __init__(self, runtime: ClusterRuntime, address: str, audit: AuditLog):
         self.rt = runtime
         self.address = address
+        self.audit = audit
 
     def _check(self, cluster: str) -> None:
         if cluster and cluster != self.rt.core.name:
@@ -190,13 +192,13 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
     @unary
     async def DrainCluster(self, request, context):
         self._check(request.cluster)
-        self.rt.admin(lambda now: self.rt.core.set_draining(True))
+        self.rt.set_draining(True)
         return admin_pb.DrainClusterResponse(cluster=cluster_pb_of(self.rt, self.address))
 
     @unary
     async def UndrainCluster(self, request, context):
         self._check(request.cluster)
-        self.rt.admin(lambda now: self.rt.core.set_draining(False))
+        self.rt.set_draining(False)
         return admin_pb.UndrainClusterResponse(cluster=cluster_pb_of(self.rt, self.address))
 
     @unary
@@ -205,7 +207,7 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
         p = request.policy
         changes = {f: getattr(p, f) for f in ("min_vms", "max_vms", "headroom_fraction", "autoscaler", "recycle")
                    if p.HasField(f)}
-        self.rt.admin(lambda now: self.rt.core.set_policy(request.pool, now, **changes))
+        self.rt.set_policy(request.pool, changes, reset=request.reset)
         return admin_pb.SetPoolPolicyResponse(pool=pool_pb(self.rt, self.rt.core.pool(request.pool)))
 
     @unary
@@ -234,6 +236,21 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
         vm = self.rt.admin(lambda now: self.rt.core.evict(request.vm_id, request.reason, now))
         return admin_pb.EvictVmResponse(vm=convert.vm_to_pb(vm, vm.cache.images(self.rt.core.catalog), self.rt.clock.now()))
 
+    @unary
+    async def ListAuditRecords(self, request, context):
+        self._check(request.cluster)
+        return audit_page(self.audit, request)
+
+
+def audit_page(audit: AuditLog, request) -> admin_pb.ListAuditRecordsResponse:
+    """One page of a process's own audit log, as ListAuditRecords asks for it."""
+    records, token = audit.list(
+        identity=request.identity, rpc=request.rpc, outcome=request.outcome,
+        since=request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None,
+        page_size=request.page_size, page_token=request.page_token)
+    return admin_pb.ListAuditRecordsResponse(records=[convert.audit_record_to_pb(r) for r in records],
+                                             next_page_token=token)
+
 
 SERVICE_NAMES = (
     cluster_pb.DESCRIPTOR.services_by_name["ClusterService"].full_name,
@@ -243,5 +260,6 @@ SERVICE_NAMES = (
 
 def register(server, runtime: ClusterRuntime, address: str):
     cluster_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(runtime), server)
-    admin_grpc.add_AdminServiceServicer_to_server(ClusterAdminServicer(runtime, address), server)
+    audit = AuditLog(runtime.store, runtime.clock, source=runtime.core.name)
+    admin_grpc.add_AdminServiceServicer_to_server(ClusterAdminServicer(runtime, address, audit), server)
     return SERVICE_NAMES

@@ -18,7 +18,8 @@ from provisioner import telemetry
 from provisioner.api import convert
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.cluster.core import cluster_of
-from provisioner.cluster.service import page
+from provisioner.audit import AuditLog
+from provisioner.cluster.service import audit_page, page
 from provisioner.config import FleetConfig
 from provisioner.errors import InvalidArgument, NotFound, Unavailable, quote
 from provisioner.front.clusters import ClusterClient
@@ -200,8 +201,9 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 class FrontAdminServicer(admin_grpc.AdminServiceServicer):
     """Fleet-wide operator view; per-cluster actions are forwarded to the cluster."""
 
-    def __init__(self, fleet: Fleet):
+    def __init__(self, fleet: Fleet, audit: AuditLog):
         self.fleet = fleet
+        self.audit = audit
 
     def _targets(self, cluster: str) -> list[ClusterClient]:
         return [self.fleet.get(cluster)] if cluster else [c for c in self.fleet.clients.values() if c.healthy]
@@ -282,6 +284,12 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
         # Sent once: a retry after a lost reply would fail because the VM is already gone.
         return await call(self.fleet.get(request.cluster).admin.EvictVm, request, tries=1)
 
+    @unary
+    async def ListAuditRecords(self, request, context):
+        if request.cluster:  # that cluster's own log
+            return await call(self.fleet.get(request.cluster).admin.ListAuditRecords, request, ATTEMPT_TIMEOUT_S)
+        return audit_page(self.audit, request)
+
 
 SERVICE_NAMES = (
     session_pb.DESCRIPTOR.services_by_name["SessionService"].full_name,
@@ -291,5 +299,6 @@ SERVICE_NAMES = (
 
 def register(server, servicer: SessionServicer):
     session_grpc.add_SessionServiceServicer_to_server(servicer, server)
-    admin_grpc.add_AdminServiceServicer_to_server(FrontAdminServicer(servicer.fleet), server)
+    audit = AuditLog(servicer.store, servicer.clock)
+    admin_grpc.add_AdminServiceServicer_to_server(FrontAdminServicer(servicer.fleet, audit), server)
     return SERVICE_NAMES

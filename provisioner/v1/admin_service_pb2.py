@@ -22,48 +22,55 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from provisioner.v1 import types_pb2 as provisioner_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"provisioner/v1/admin_service.proto\x12\x0eprovisioner.v1\x1a\x1aprovisioner/v1/types.proto\"\x15\n\x13ListClustersRequest\"A\n\x14ListClustersResponse\x12)\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x17.provisioner.v1.Cluster\"#\n\x10ListPoolsRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\"8\n\x11ListPoolsResponse\x12#\n\x05pools\x18\x01 \x03(\x0b\x32\x14.provisioner.v1.Pool\"&\n\x13\x44rainClusterRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\"@\n\x14\x44rainClusterResponse\x12(\n\x07\x63luster\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Cluster\"(\n\x15UndrainClusterRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\"B\n\x16UndrainClusterResponse\x12(\n\x07\x63luster\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Cluster\"a\n\x14SetPoolPolicyRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12*\n\x06policy\x18\x03 \x01(\x0b\x32\x1a.provisioner.v1.PoolPolicy\";\n\x15SetPoolPolicyResponse\x12\"\n\x04pool\x18\x01 \x01(\x0b\x32\x14.provisioner.v1.Pool\"R\n\x13PrewarmImageRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\"&\n\x14PrewarmImageResponse\x12\x0e\n\x06vm_ids\x18\x01 \x03(\t\"X\n\x0eListVmsRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\'\n\x06states\x18\x03 \x03(\x0e\x32\x17.provisioner.v1.VmState\"2\n\x0fListVmsResponse\x12\x1f\n\x03vms\x18\x01 \x03(\x0b\x32\x12.provisioner.v1.Vm\"@\n\x0e\x45victVmRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\r\n\x05vm_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"1\n\x0f\x45victVmResponse\x12\x1e\n\x02vm\x18\x01 \x01(\x0b\x32\x12.provisioner.v1.Vm2\xc8\x05\n\x0c\x41\x64minService\x12Y\n\x0cListClusters\x12#.provisioner.v1.ListClustersRequest\x1a$.provisioner.v1.ListClustersResponse\x12P\n\tListPools\x12 .provisioner.v1.ListPoolsRequest\x1a!.provisioner.v1.ListPoolsResponse\x12Y\n\x0c\x44rainCluster\x12#.provisioner.v1.DrainClusterRequest\x1a$.provisioner.v1.DrainClusterResponse\x12_\n\x0eUndrainCluster\x12%.provisioner.v1.UndrainClusterRequest\x1a&.provisioner.v1.UndrainClusterResponse\x12\\\n\rSetPoolPolicy\x12$.provisioner.v1.SetPoolPolicyRequest\x1a%.provisioner.v1.SetPoolPolicyResponse\x12Y\n\x0cPrewarmImage\x12#.provisioner.v1.PrewarmImageRequest\x1a$.provisioner.v1.PrewarmImageResponse\x12J\n\x07ListVms\x12\x1e.provisioner.v1.ListVmsRequest\x1a\x1f.provisioner.v1.ListVmsResponse\x12J\n\x07\x45victVm\x12\x1e.provisioner.v1.EvictVmRequest\x1a\x1f.provisioner.v1.EvictVmResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"provisioner/v1/admin_service.proto\x12\x0eprovisioner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aprovisioner/v1/types.proto\"\x15\n\x13ListClustersRequest\"A\n\x14ListClustersResponse\x12)\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x17.provisioner.v1.Cluster\"#\n\x10ListPoolsRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\"8\n\x11ListPoolsResponse\x12#\n\x05pools\x18\x01 \x03(\x0b\x32\x14.provisioner.v1.Pool\"&\n\x13\x44rainClusterRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\"@\n\x14\x44rainClusterResponse\x12(\n\x07\x63luster\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Cluster\"(\n\x15UndrainClusterRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\"B\n\x16UndrainClusterResponse\x12(\n\x07\x63luster\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Cluster\"p\n\x14SetPoolPolicyRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12*\n\x06policy\x18\x03 \x01(\x0b\x32\x1a.provisioner.v1.PoolPolicy\x12\r\n\x05reset\x18\x04 \x01(\x08\";\n\x15SetPoolPolicyResponse\x12\"\n\x04pool\x18\x01 \x01(\x0b\x32\x14.provisioner.v1.Pool\"R\n\x13PrewarmImageRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\"&\n\x14PrewarmImageResponse\x12\x0e\n\x06vm_ids\x18\x01 \x03(\t\"X\n\x0eListVmsRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\'\n\x06states\x18\x03 \x03(\x0e\x32\x17.provisioner.v1.VmState\"2\n\x0fListVmsResponse\x12\x1f\n\x03vms\x18\x01 \x03(\x0b\x32\x12.provisioner.v1.Vm\"@\n\x0e\x45victVmRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\r\n\x05vm_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"1\n\x0f\x45victVmResponse\x12\x1e\n\x02vm\x18\x01 \x01(\x0b\x32\x12.provisioner.v1.Vm\"\xac\x01\n\x17ListAuditRecordsRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x10\n\x08identity\x18\x02 \x01(\t\x12\x0b\n\x03rpc\x18\x03 \x01(\t\x12\x0f\n\x07outcome\x18\x04 \x01(\t\x12)\n\x05since\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"a\n\x18ListAuditRecordsResponse\x12,\n\x07records\x18\x01 \x03(\x0b\x32\x1b.provisioner.v1.AuditRecord\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x96\x01\n\x0b\x41uditRecord\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08identity\x18\x02 \x01(\t\x12\r\n\x05roles\x18\x03 \x03(\t\x12\x0b\n\x03rpc\x18\x04 \x01(\t\x12\x0e\n\x06target\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x07 \x01(\t2\xaf\x06\n\x0c\x41\x64minService\x12Y\n\x0cListClusters\x12#.provisioner.v1.ListClustersRequest\x1a$.provisioner.v1.ListClustersResponse\x12P\n\tListPools\x12 .provisioner.v1.ListPoolsRequest\x1a!.provisioner.v1.ListPoolsResponse\x12Y\n\x0c\x44rainCluster\x12#.provisioner.v1.DrainClusterRequest\x1a$.provisioner.v1.DrainClusterResponse\x12_\n\x0eUndrainCluster\x12%.provisioner.v1.UndrainClusterRequest\x1a&.provisioner.v1.UndrainClusterResponse\x12\\\n\rSetPoolPolicy\x12$.provisioner.v1.SetPoolPolicyRequest\x1a%.provisioner.v1.SetPoolPolicyResponse\x12Y\n\x0cPrewarmImage\x12#.provisioner.v1.PrewarmImageRequest\x1a$.provisioner.v1.PrewarmImageResponse\x12J\n\x07ListVms\x12\x1e.provisioner.v1.ListVmsRequest\x1a\x1f.provisioner.v1.ListVmsResponse\x12J\n\x07\x45victVm\x12\x1e.provisioner.v1.EvictVmRequest\x1a\x1f.provisioner.v1.EvictVmResponse\x12\x65\n\x10ListAuditRecords\x12\'.provisioner.v1.ListAuditRecordsRequest\x1a(.provisioner.v1.ListAuditRecordsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'provisioner.v1.admin_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LISTCLUSTERSREQUEST']._serialized_start=82
-  _globals['_LISTCLUSTERSREQUEST']._serialized_end=103
-  _globals['_LISTCLUSTERSRESPONSE']._serialized_start=105
-  _globals['_LISTCLUSTERSRESPONSE']._serialized_end=170
-  _globals['_LISTPOOLSREQUEST']._serialized_start=172
-  _globals['_LISTPOOLSREQUEST']._serialized_end=207
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=209
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=265
-  _globals['_DRAINCLUSTERREQUEST']._serialized_start=267
-  _globals['_DRAINCLUSTERREQUEST']._serialized_end=305
-  _globals['_DRAINCLUSTERRESPONSE']._serialized_start=307
-  _globals['_DRAINCLUSTERRESPONSE']._serialized_end=371
-  _globals['_UNDRAINCLUSTERREQUEST']._serialized_start=373
-  _globals['_UNDRAINCLUSTERREQUEST']._serialized_end=413
-  _globals['_UNDRAINCLUSTERRESPONSE']._serialized_start=415
-  _globals['_UNDRAINCLUSTERRESPONSE']._serialized_end=481
-  _globals['_SETPOOLPOLICYREQUEST']._serialized_start=483
-  _globals['_SETPOOLPOLICYREQUEST']._serialized_end=580
-  _globals['_SETPOOLPOLICYRESPONSE']._serialized_start=582
-  _globals['_SETPOOLPOLICYRESPONSE']._serialized_end=641
-  _globals['_PREWARMIMAGEREQUEST']._serialized_start=643
-  _globals['_PREWARMIMAGEREQUEST']._serialized_end=725
-  _globals['_PREWARMIMAGERESPONSE']._serialized_start=727
-  _globals['_PREWARMIMAGERESPONSE']._serialized_end=765
-  _globals['_LISTVMSREQUEST']._serialized_start=767
-  _globals['_LISTVMSREQUEST']._serialized_end=855
-  _globals['_LISTVMSRESPONSE']._serialized_start=857
-  _globals['_LISTVMSRESPONSE']._serialized_end=907
-  _globals['_EVICTVMREQUEST']._serialized_start=909
-  _globals['_EVICTVMREQUEST']._serialized_end=973
-  _globals['_EVICTVMRESPONSE']._serialized_start=975
-  _globals['_EVICTVMRESPONSE']._serialized_end=1024
-  _globals['_ADMINSERVICE']._serialized_start=1027
-  _globals['_ADMINSERVICE']._serialized_end=1739
+  _globals['_LISTCLUSTERSREQUEST']._serialized_start=115
+  _globals['_LISTCLUSTERSREQUEST']._serialized_end=136
+  _globals['_LISTCLUSTERSRESPONSE']._serialized_start=138
+  _globals['_LISTCLUSTERSRESPONSE']._serialized_end=203
+  _globals['_LISTPOOLSREQUEST']._serialized_start=205
+  _globals['_LISTPOOLSREQUEST']._serialized_end=240
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=242
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=298
+  _globals['_DRAINCLUSTERREQUEST']._serialized_start=300
+  _globals['_DRAINCLUSTERREQUEST']._serialized_end=338
+  _globals['_DRAINCLUSTERRESPONSE']._serialized_start=340
+  _globals['_DRAINCLUSTERRESPONSE']._serialized_end=404
+  _globals['_UNDRAINCLUSTERREQUEST']._serialized_start=406
+  _globals['_UNDRAINCLUSTERREQUEST']._serialized_end=446
+  _globals['_UNDRAINCLUSTERRESPONSE']._serialized_start=448
+  _globals['_UNDRAINCLUSTERRESPONSE']._serialized_end=514
+  _globals['_SETPOOLPOLICYREQUEST']._serialized_start=516
+  _globals['_SETPOOLPOLICYREQUEST']._serialized_end=628
+  _globals['_SETPOOLPOLICYRESPONSE']._serialized_start=630
+  _globals['_SETPOOLPOLICYRESPONSE']._serialized_end=689
+  _globals['_PREWARMIMAGEREQUEST']._serialized_start=691
+  _globals['_PREWARMIMAGEREQUEST']._serialized_end=773
+  _globals['_PREWARMIMAGERESPONSE']._serialized_start=775
+  _globals['_PREWARMIMAGERESPONSE']._serialized_end=813
+  _globals['_LISTVMSREQUEST']._serialized_start=815
+  _globals['_LISTVMSREQUEST']._serialized_end=903
+  _globals['_LISTVMSRESPONSE']._serialized_start=905
+  _globals['_LISTVMSRESPONSE']._serialized_end=955
+  _globals['_EVICTVMREQUEST']._serialized_start=957
+  _globals['_EVICTVMREQUEST']._serialized_end=1021
+  _globals['_EVICTVMRESPONSE']._serialized_start=1023
+  _globals['_EVICTVMRESPONSE']._serialized_end=1072
+  _globals['_LISTAUDITRECORDSREQUEST']._serialized_start=1075
+  _globals['_LISTAUDITRECORDSREQUEST']._serialized_end=1247
+  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_start=1249
+  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_end=1346
+  _globals['_AUDITRECORD']._serialized_start=1349
+  _globals['_AUDITRECORD']._serialized_end=1499
+  _globals['_ADMINSERVICE']._serialized_start=1502
+  _globals['_ADMINSERVICE']._serialized_end=2317
 # @@protoc_insertion_point(module_scope)

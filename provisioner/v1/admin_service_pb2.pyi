@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from provisioner.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -54,14 +57,16 @@ class UndrainClusterResponse(_message.Message):
     def __init__(self, cluster: _Optional[_Union[_types_pb2.Cluster, _Mapping]] = ...) -> None: ...
 
 class SetPoolPolicyRequest(_message.Message):
-    __slots__ = ("cluster", "pool", "policy")
+    __slots__ = ("cluster", "pool", "policy", "reset")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     pool: str
     policy: _types_pb2.PoolPolicy
-    def __init__(self, cluster: _Optional[str] = ..., pool: _Optional[str] = ..., policy: _Optional[_Union[_types_pb2.PoolPolicy, _Mapping]] = ...) -> None: ...
+    reset: bool
+    def __init__(self, cluster: _Optional[str] = ..., pool: _Optional[str] = ..., policy: _Optional[_Union[_types_pb2.PoolPolicy, _Mapping]] = ..., reset: _Optional[bool] = ...) -> None: ...
 
 class SetPoolPolicyResponse(_message.Message):
     __slots__ = ("pool",)
@@ -118,3 +123,47 @@ class EvictVmResponse(_message.Message):
     VM_FIELD_NUMBER: _ClassVar[int]
     vm: _types_pb2.Vm
     def __init__(self, vm: _Optional[_Union[_types_pb2.Vm, _Mapping]] = ...) -> None: ...
+
+class ListAuditRecordsRequest(_message.Message):
+    __slots__ = ("cluster", "identity", "rpc", "outcome", "since", "page_size", "page_token")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    RPC_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    identity: str
+    rpc: str
+    outcome: str
+    since: _timestamp_pb2.Timestamp
+    page_size: int
+    page_token: str
+    def __init__(self, cluster: _Optional[str] = ..., identity: _Optional[str] = ..., rpc: _Optional[str] = ..., outcome: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListAuditRecordsResponse(_message.Message):
+    __slots__ = ("records", "next_page_token")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[AuditRecord]
+    next_page_token: str
+    def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class AuditRecord(_message.Message):
+    __slots__ = ("time", "identity", "roles", "rpc", "target", "outcome", "detail")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    RPC_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    time: _timestamp_pb2.Timestamp
+    identity: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    rpc: str
+    target: str
+    outcome: str
+    detail: str
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., identity: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., rpc: _Optional[str] = ..., target: _Optional[str] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...

@@ -76,6 +76,11 @@ class AdminServiceStub:
                 request_serializer=provisioner_dot_v1_dot_admin__service__pb2.EvictVmRequest.SerializeToString,
                 response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.EvictVmResponse.FromString,
                 _registered_method=True)
+        self.ListAuditRecords = channel.unary_unary(
+                '/provisioner.v1.AdminService/ListAuditRecords',
+                request_serializer=provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -134,6 +139,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAuditRecords(self, request, context):
+        """The audit log (operator actions, refused calls), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +188,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.EvictVm,
                     request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.EvictVmRequest.FromString,
                     response_serializer=provisioner_dot_v1_dot_admin__service__pb2.EvictVmResponse.SerializeToString,
+            ),
+            'ListAuditRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditRecords,
+                    request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +413,33 @@ class AdminService:
             '/provisioner.v1.AdminService/EvictVm',
             provisioner_dot_v1_dot_admin__service__pb2.EvictVmRequest.SerializeToString,
             provisioner_dot_v1_dot_admin__service__pb2.EvictVmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.AdminService/ListAuditRecords',
+            provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsRequest.SerializeToString,
+            provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,102 @@
+"""The audit log: every operator action and every refused call, durably, with who, what, when and
+how it ended. Written through the store (one row per record), read newest first in pages.
+
+No gRPC here: the caller passes the RPC's full name and the outcome as text (`ok`, `denied`, or
+a gRPC status code name such as `NOT_FOUND`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import uuid
+from dataclasses import dataclass
+
+from provisioner.clock import Clock
+from provisioner.errors import InvalidArgument
+from provisioner.store import Store
+
+MAX_TEXT = 256  # characters kept of each string of a record
+MAX_ROLES = 16
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+OK, DENIED = "ok", "denied"
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    time: float  # the clock's now when it was appended
+    identity: str  # who called, as authenticated
+    roles: tuple[str, ...]
+    rpc: str  # the RPC's full name, e.g. /provisioner.v1.AdminService/DrainCluster
+    target: str  # what it acted on, e.g. "cluster=europe-west4 pool=gpu-p100"
+    outcome: str  # ok, denied, or a gRPC status code name
+    detail: str
+
+
+def clean(text: str) -> str:
+    """At most MAX_TEXT characters, each printable: callers' strings go in as they came, and a
+    control character (NUL, a newline) must neither break the store nor forge a line of output."""
+    text = str(text)[:MAX_TEXT]
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+
+
+class AuditLog:
+    """One process's audit log. `source` names it when several processes share one database (a
+    cluster's name; empty for the front): each lists only its own records."""
+
+    def __init__(self, store: Store, clock: Clock, source: str = ""):
+        self.store = store
+        self.clock = clock
+        self.source = source
+
+    def append(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str = "") -> None:
+        """Writes one record, durably, before returning."""
+        rpc = clean(rpc)
+        self.store.append_audit(
+            uuid.uuid4().hex, self.source, self.clock.now(), clean(identity),
+            json.dumps([clean(r) for r in tuple(roles)[:MAX_ROLES]]), rpc, rpc.rsplit("/", 1)[-1],
+            clean(target), clean(outcome), clean(detail))
+
+    def list(self, *, identity: str | None = None, rpc: str | None = None, outcome: str | None = None,
+             since: float | None = None, until: float | None = None, page_size: int = DEFAULT_PAGE_SIZE,
+             page_token: str = "") -> tuple[list[AuditRecord], str]:
+        """Records newest first, and the token of the next page ("" after the last).
+
+        Filters are exact; empty ones are ignored. `rpc` is a full name
+        (/provisioner.v1.AdminService/DrainCluster) or just the method (DrainCluster). `since` is
+        inclusive, `until` exclusive. `page_size` 0 means 50; at most 500.
+        """
+        if page_size < 0:
+            raise InvalidArgument("page_size must not be negative", field="page_size")
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        before = _decode_token(page_token) if page_token else None
+        by_method = bool(rpc) and "/" not in rpc
+        rows = self.store.audit_records(
+            self.source, identity=identity or None, rpc=None if by_method else rpc or None,
+            method=rpc if by_method else None, outcome=outcome or None, since=since, until=until,
+            before=before, limit=size + 1)
+        more = len(rows) > size
+        rows = rows[:size]
+        records = [AuditRecord(at, who, tuple(json.loads(roles)), name, target, out, detail)
+                   for _, at, who, roles, name, target, out, detail in rows]
+        token = _encode_token(rows[-1][1], rows[-1][0]) if more else ""
+        return records, token
+
+
+def _encode_token(at: float, record_id: str) -> str:
+    """The last record of a page, as an opaque string: the next page starts below it."""
+    return base64.urlsafe_b64encode(json.dumps([at, record_id]).encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str) -> tuple[float, str]:
+    try:
+        at, record_id = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) \
+                or not isinstance(record_id, str):
+            raise ValueError(token)
+        return float(at), record_id
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument("malformed page_token", field="page_token") from None
