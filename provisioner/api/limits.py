@@ -126,6 +126,8 @@ IMAGE = Text(256, "an image reference, name:version or name:latest (e.g. gpu:v15
              valid=lambda v: parse_ref(v) is not None)
 # VM ids are GCE instance names (cluster.core.IdSource.vm).
 VM_ID = Text(63, "a VM id of lower-case letters, digits and dashes", re.compile(r"[a-z][a-z0-9-]{0,62}"))
+# Who called, as the audit log names them (a token's subject, a certificate's name).
+IDENTITY = Text(256, "1-256 printable ASCII characters without spaces", re.compile(r"[!-~]{1,256}"))
 # What cluster.service.page() issues: the offset of the next page.
 PAGE_TOKEN = Text(10, "a page token from an earlier response", re.compile(r"[0-9]{1,10}"))
 # Free text kept in a session's or VM's history: bounded, no control characters.
@@ -175,6 +177,17 @@ RULES: dict[tuple[str, str], Rule] = {
     ("provisioner.v1.EvictVmRequest", "cluster"): NAME,
     ("provisioner.v1.EvictVmRequest", "vm_id"): VM_ID,
     ("provisioner.v1.EvictVmRequest", "reason"): REASON,
+    ("provisioner.v1.ListAuditRecordsRequest", "cluster"): NAME,
+    ("provisioner.v1.ListAuditRecordsRequest", "identity"): IDENTITY,
+    ("provisioner.v1.ListAuditRecordsRequest", "rpc"): Text(
+        128, "an RPC name (DrainCluster or /provisioner.v1.AdminService/DrainCluster)",
+        re.compile(r"(/[A-Za-z0-9.]+/)?[A-Za-z0-9]+")),
+    ("provisioner.v1.ListAuditRecordsRequest", "outcome"): Text(
+        32, "ok, denied or a status code name", re.compile(r"[A-Za-z_]+")),
+    ("provisioner.v1.ListAuditRecordsRequest", "since"): Instant(),
+    ("provisioner.v1.ListAuditRecordsRequest", "page_size"): PAGE_SIZE,
+    ("provisioner.v1.ListAuditRecordsRequest", "page_token"): Text(
+        256, "a page token from an earlier response", re.compile(r"[A-Za-z0-9_=-]+")),
     # ClusterService
     ("provisioner.v1.AllocateRequest", "commit_by"): Instant(),
     ("provisioner.v1.GetRequest", "session_id"): SESSION_ID,
