@@ -3,14 +3,19 @@ after a restart."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 
 import grpc
 import pytest
-from grpc_status import rpc_status
 from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from opentelemetry import trace
+from opentelemetry.util._once import Once
 
 from conftest import fleet_config, start_fleet
+from provisioner import cli
 from provisioner.errors import InvalidArgument
 from provisioner.policy import MAX_HEADROOM_FRACTION, merge_policy
 from provisioner.store import open_store
@@ -167,3 +172,29 @@ async def test_an_override_the_config_no_longer_allows_is_dropped_at_start(tmp_p
     finally:
         await fleet.channel.close()
         await fleet.fleet.stop(0.5)
+
+
+async def test_cli_set_policy_then_reset_policy(local_fleet, capsys, monkeypatch):
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # the CLI's tracing stays its own
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.delenv("PROVISIONER_TRACES", raising=False)
+
+    async def run(*argv: str):
+        rc = await asyncio.to_thread(cli.main, ["admin", *argv, "--front", local_fleet.front_address, "--json"])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    where = ("--cluster", "asia-east1", "--pool", "gpu-t4x2")
+    rc, out, err = await run("set-policy", *where, "--min", "2", "--no-recycle")
+    assert rc == 0, err
+    assert json.loads(out)["policy"]["min_vms"] == 2 and json.loads(out)["policy"]["recycle"] is False
+    store = local_fleet.cluster("asia-east1").store
+    assert store.load_operator_state("asia-east1") == {"gpu-t4x2": {"min_vms": 2, "recycle": False}}
+
+    rc, _, err = await run("set-policy", *where, "--max", "151")  # over the file's ceiling (max_vms 150)
+    assert rc == 1 and "INVALID_ARGUMENT" in err and "policy.max_vms" in err
+
+    rc, out, err = await run("reset-policy", *where)
+    assert rc == 0, err
+    assert json.loads(out)["policy"]["min_vms"] == 1 and json.loads(out)["policy"]["recycle"] is True
+    assert store.load_operator_state("asia-east1") == {}
