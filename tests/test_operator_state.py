@@ -16,8 +16,12 @@ from opentelemetry.util._once import Once
 
 from conftest import fleet_config, start_fleet
 from provisioner import cli
+from provisioner.clock import ManualClock
+from provisioner.cluster.core import ClusterCore, IdSource
+from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.errors import InvalidArgument
 from provisioner.policy import MAX_HEADROOM_FRACTION, merge_policy
+from provisioner.serve import make_backend
 from provisioner.store import open_store
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import types_pb2 as pb
@@ -74,6 +78,38 @@ def test_operator_state_round_trips(store_url, tmp_path):
         again.close()
     finally:
         store.close()
+
+
+async def test_a_replica_taking_over_on_the_same_database_restores_drain_and_policy(store_url, tmp_path):
+    """The leader writes before it answers; it dies without closing anything (as with SIGKILL); a
+    replica opening the same database starts drained, with the pool as the leader left it."""
+    fleet = fleet_config(tmp_path)
+    clock = ManualClock()
+
+    def replica() -> ClusterRuntime:
+        cfg = fleet.cluster("us-central1")
+        core = ClusterCore(cfg, fleet.catalog, fleet.settings.sessions, IdSource(cfg.name, 1))
+        return ClusterRuntime(core, make_backend(cfg, clock), clock, open_store(store_url, tmp_path / "unused.db"))
+
+    leader = replica()
+    await leader.start()
+    leader.set_draining(True)
+    leader.set_policy("gpu-t4x2", {"min_vms": 0, "headroom_fraction": 1.5, "autoscaler": "headroom"})
+    with pytest.raises(InvalidArgument):  # refused before anything is written
+        leader.set_policy("gpu-t4x2", {"max_vms": 301})
+
+    standby = replica()
+    try:
+        await standby.start()
+        assert standby.core.draining
+        policy = standby.core.pools["gpu-t4x2"].policy
+        assert (policy.min_vms, policy.max_vms, policy.headroom_fraction, policy.autoscaler) == (0, 300, 1.5, "headroom")
+        assert standby.overrides == {"gpu-t4x2": {"min_vms": 0, "headroom_fraction": 1.5, "autoscaler": "headroom"}}
+        assert standby.core.pools["gpu-p100"].policy.min_vms == 2  # untouched: as in the file
+    finally:
+        for rt in (leader, standby):
+            await rt.close()
+            rt.store.close()
 
 
 # ---- over gRPC, and across a restart ------------------------------------------------------------
