@@ -9,6 +9,7 @@ import sys
 
 import grpc
 
+from provisioner.agent import cli as agent_cli
 from provisioner.cli import client
 
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     servers = _servers()
     if servers is not None:
         servers.register(sub)
+    agent_cli.register(sub)
     return parser
 
 
