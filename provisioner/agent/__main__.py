@@ -1,0 +1,5 @@
+import sys
+
+from provisioner.cli import main
+
+sys.exit(main(["agent", *sys.argv[1:]]))

@@ -1,0 +1,273 @@
+"""The agent's loops: commands from metadata, health to guest attributes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+from provisioner.agent.config import AgentConfig
+from provisioner.agent.containers import Containers
+from provisioner.agent.gpu import Gpus
+from provisioner.agent.health import assess, usage
+from provisioner.agent.host import Host
+from provisioner.agent.metadata import Metadata, MetadataError
+from provisioner.clock import Clock
+
+log = logging.getLogger(__name__)
+
+COMMAND_KEY = "provisioner-command"
+# A guest attribute value holds at most 4 KB.
+MAX_VALUE = 4000
+
+
+class DoneIds:
+    """The result of every finished command, by id, in a small JSON file: a restarted agent
+    reports a command it already ran instead of running it again. The newest `keep` are kept."""
+
+    def __init__(self, path: Path, keep: int = 64):
+        self.path, self.keep = path, keep
+        try:
+            self._done: dict[str, str] = json.loads(path.read_text())
+        except FileNotFoundError:
+            self._done = {}
+
+    def get(self, cid: str) -> str | None:
+        return self._done.get(cid)
+
+    def put(self, cid: str, result: str) -> None:
+        self._done[cid] = result
+        self._done = dict(list(self._done.items())[-self.keep:])
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self._done, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, metadata: Metadata, containers: Containers, gpus: Gpus, host: Host,
+                 clock: Clock, done: DoneIds):
+        self.cfg, self.metadata, self.containers, self.gpus, self.host = cfg, metadata, containers, gpus, host
+        self.clock, self.done = clock, done
+        self._current = ""  # the command being run (or last run)
+        self._task: asyncio.Task | None = None
+        self._reported: list[str] = []  # commands whose attributes are on the metadata server
+        self._hardware: list[str] = []  # XID and ECC faults: they stay once seen
+        self._last: dict[str, str] = {}  # guest attributes as last written
+
+    async def run(self) -> None:
+        self.gpus.start()
+        await self.check_health()
+        await self.put("ready", "1")
+        log.info("agent ready")
+        await asyncio.gather(self._watch(), self._health_loop())
+
+    # ---- guest attributes ----------------------------------------------------------------
+
+    async def put(self, key: str, value: str, only_if_changed: bool = False) -> None:
+        """Writes one guest attribute, retrying while the metadata server is unreachable."""
+        if only_if_changed and self._last.get(key) == value:
+            return
+        delay = 0.5
+        while True:
+            try:
+                await self.metadata.put_guest(key, value[:MAX_VALUE])
+                self._last[key] = value
+                return
+            except MetadataError as err:
+                log.warning("writing guest attribute %s failed (%s); retrying", key, err)
+                await self.clock.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    # ---- commands ------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Follows the instance's metadata with wait-for-change: one request held open at a time."""
+        etag, delay = "", 0.5
+        while True:
+            try:
+                attrs, new = await self.metadata.attributes(etag, self.cfg.watch_timeout_s)
+            except MetadataError as err:
+                log.warning("reading metadata failed (%s); retrying", err)
+                await self.clock.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            delay = 0.5
+            if new == etag:
+                continue  # the wait timed out unchanged
+            etag = new
+            if raw := attrs.get(COMMAND_KEY):
+                try:
+                    command = json.loads(raw)
+                    command["id"], command["op"]
+                except (ValueError, KeyError, TypeError):
+                    log.error("ignoring a malformed command: %.200s", raw)
+                    continue
+                self.on_command(command)
+
+    def on_command(self, command: dict) -> None:
+        """Runs a new command once; a new one supersedes the one under way."""
+        cid = command["id"]
+        if cid == self._current:
+            return
+        previous, self._current = self._task, cid
+        if previous is not None and not previous.done():
+            previous.cancel()
+        if (result := self.done.get(cid)) is not None:  # ran before this agent restarted
+            self._task = asyncio.create_task(self._report(cid, result, previous))
+        else:
+            self._task = asyncio.create_task(self._run(command, previous))
+
+    async def _report(self, cid: str, result: str, previous: asyncio.Task | None) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        await self.put(f"done-{cid}", result)
+
+    async def _run(self, command: dict, previous: asyncio.Task | None) -> None:
+        cid, op = command["id"], command["op"]
+        try:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)  # it reports its own end first
+            await self._forget_old(cid)
+            log.info("command %s: %s", cid, op)
+            if op == "pull":
+                result = await self.pull(cid, command)
+            elif op == "wipe":
+                result = await self.wipe()
+            else:
+                result = f"error: unknown op {op!r}"
+        except asyncio.CancelledError:
+            result = f"error: superseded by command {self._current}"
+        except Exception as err:  # a failed command is reported, never the agent's end
+            log.exception("command %s failed", cid)
+            result = f"error: {type(err).__name__}: {err}"
+        self.done.put(cid, result)
+        await self.put(f"done-{cid}", result)
+        log.info("command %s: %s", cid, result)
+
+    async def _forget_old(self, cid: str) -> None:
+        """Keeps the attributes of the last command and this one (a namespace holds at most 100)."""
+        for old in self._reported[:-1]:
+            for key in (f"progress-{old}", f"eta-{old}", f"done-{old}"):
+                try:
+                    await self.metadata.delete_guest(key)
+                except MetadataError:
+                    pass  # left for the next command to try
+        self._reported = self._reported[-1:] + [cid]
+
+    async def pull(self, cid: str, command: dict) -> str:
+        """Pulls the command's layers one at a time, reporting bytes done and an estimate."""
+        layers = [(str(layer["id"]), int(layer["bytes"])) for layer in command.get("layers", [])]
+        total = sum(size for _, size in layers)
+        progress = _Progress(self, cid, total)
+        reporter = asyncio.create_task(progress.loop())
+        try:
+            done = 0
+            for layer_id, size in layers:
+                if not await self.containers.has_layer(layer_id):
+                    base = done
+                    await self.containers.pull_layer(layer_id, size, lambda n, b=base, s=size: progress.set(b + min(n, s)))
+                done += size
+                progress.set(done)
+        finally:
+            reporter.cancel()
+        await progress.write()
+        return "ok"
+
+    async def wipe(self) -> str:
+        """Ends everything of the last session, keeps the image cache, resets the GPUs, then
+        checks: a wipe that cannot be verified is a failure (the VM is deleted, not reused)."""
+        cfg = self.cfg
+        for container in await self.containers.session_containers():
+            await self.containers.stop(container)
+        await self._end_processes()
+        for path in cfg.user_paths:
+            self.host.clear(path)
+        await self.gpus.reset()
+        problems = []
+        if left := await self.containers.session_containers():
+            problems.append(f"containers left: {', '.join(left)}")
+        if procs := self.host.user_processes(cfg.user_uid_min):
+            problems.append(f"processes left: {', '.join(f'{p.name} ({p.pid})' for p in procs)}")
+        for path in cfg.user_paths:
+            if entries := self.host.entries(path):
+                problems.append(f"{path} not empty ({len(entries)} entries)")
+        if busy := self.gpus.busy():
+            problems.append(f"GPU still used by {', '.join(busy)}")
+        return "ok" if not problems else "error: the wipe could not be verified: " + "; ".join(problems)
+
+    async def _end_processes(self) -> None:
+        """SIGTERM to every user process, SIGKILL to those left after the grace period."""
+        uid_min = self.cfg.user_uid_min
+        for p in self.host.user_processes(uid_min):
+            self.host.signal(p.pid, signal.SIGTERM)
+        deadline = self.clock.now() + self.cfg.kill_grace_s
+        while self.host.user_processes(uid_min) and self.clock.now() < deadline:
+            await self.clock.sleep(0.25)
+        for p in self.host.user_processes(uid_min):
+            self.host.signal(p.pid, signal.SIGKILL)
+        if self.host.user_processes(uid_min):
+            await self.clock.sleep(1.0)  # the kernel reaps them
+
+    # ---- health --------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.cfg.health_s)
+            try:
+                await self.check_health()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("health check failed; continuing")
+
+    async def check_health(self) -> list[str]:
+        """Samples the GPUs and disks and writes what changed: detail before verdict, so a
+        reader that sees `healthy` 0 finds the reason beside it."""
+        try:
+            samples = self.gpus.sample()
+        except Exception as err:
+            samples, faults = [], [f"NVML: {err}"]
+        else:
+            faults = []
+        disks = {p: self.host.disk(p) for p in self.cfg.disk_paths}
+        now_faults = assess(samples, disks, self.cfg)
+        # A hardware error is an event: once seen, the GPU stays suspect.
+        self._hardware += [f for f in now_faults if ("XID" in f or "ECC" in f) and f not in self._hardware]
+        faults += self._hardware + [f for f in now_faults if f not in self._hardware]
+        await self.put("gpu-usage", json.dumps(usage(samples), separators=(",", ":")), only_if_changed=True)
+        await self.put("health-detail", "; ".join(faults), only_if_changed=True)
+        await self.put("healthy", "0" if faults else "1", only_if_changed=True)
+        if faults:
+            log.warning("unhealthy: %s", "; ".join(faults))
+        return faults
+
+
+class _Progress:
+    """A pull's progress, written at most every progress_s, with an estimate of the time left."""
+
+    def __init__(self, agent: Agent, cid: str, total: int):
+        self.agent, self.cid, self.total = agent, cid, total
+        self.started = agent.clock.now()
+        self.bytes = 0
+
+    def set(self, nbytes: int) -> None:
+        self.bytes = nbytes
+
+    async def loop(self) -> None:
+        while True:
+            await self.write()
+            await self.agent.clock.sleep(self.agent.cfg.progress_s)
+
+    async def write(self) -> None:
+        elapsed = self.agent.clock.now() - self.started
+        left = self.total - self.bytes
+        eta = left * elapsed / self.bytes if self.bytes and left else 0.0
+        await self.agent.put(f"eta-{self.cid}", f"{eta:.0f}", only_if_changed=True)
+        await self.agent.put(f"progress-{self.cid}", str(self.bytes), only_if_changed=True)

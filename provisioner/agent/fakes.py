@@ -1,0 +1,335 @@
+"""Fakes of everything outside the agent, so the whole agent runs without a GPU, a container
+runtime or a metadata server: in tests, and in `provisioner agent --simulate DIR`.
+
+Their state is a plain dict, kept in memory or in a JSON file under DIR (reread on every use, so
+a test in another process can change it: start a user's process, heat a GPU, make a disk
+read-only). Files: `host.json` (processes with uid and name, some using the GPU; directories
+and their entries; disks; GPU resets), `containers.json` (layers in the store, containers by
+label), `gpu.json` (per GPU temperature, throttle bits, ECC count, utilization, pending XIDs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provisioner.agent.containers import ByteCallback, ContainerError
+from provisioner.agent.host import Disk, Process
+from provisioner.clock import Clock
+
+
+class State:
+    """A dict, in memory or in a JSON file (written whole and renamed into place)."""
+
+    def __init__(self, initial: dict, path: Path | None = None):
+        self.path = path
+        self._data = initial
+        if path is not None and not path.exists():
+            self.save()
+
+    @property
+    def data(self) -> dict:
+        if self.path is not None:
+            for _ in range(3):  # another process may be renaming a new version into place
+                try:
+                    self._data = json.loads(self.path.read_text())
+                    break
+                except (OSError, ValueError):
+                    continue
+        return self._data
+
+    def save(self) -> None:
+        if self.path is not None:
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(self._data))
+            os.replace(tmp, self.path)
+
+
+# ---- host -------------------------------------------------------------------------------------
+
+class FakeHost:
+    """Processes (pid -> {uid, name, gpu, stubborn}), directories (path -> entries), disks
+    (path -> {free_fraction, read_only}). A stubborn process survives every signal."""
+
+    def __init__(self, state: State | None = None):
+        self.state = state or State({})
+        d = self.state.data
+        for key in ("processes", "dirs", "disks"):
+            d.setdefault(key, {})
+        d.setdefault("gpu_resets", 0)
+        self.state.save()
+
+    @property
+    def d(self) -> dict:
+        return self.state.data
+
+    def start_process(self, pid: int, uid: int, name: str, gpu: bool = False, stubborn: bool = False) -> None:
+        self.d["processes"][str(pid)] = {"uid": uid, "name": name, "gpu": gpu, "stubborn": stubborn}
+        self.state.save()
+
+    def user_processes(self, uid_min: int) -> list[Process]:
+        return [Process(int(pid), p["uid"], p["name"]) for pid, p in self.d["processes"].items() if p["uid"] >= uid_min]
+
+    def signal(self, pid: int, sig: int) -> None:
+        d = self.d
+        p = d["processes"].get(str(pid))
+        if p is not None and not p.get("stubborn") and sig in (signal.SIGTERM, signal.SIGKILL):
+            del d["processes"][str(pid)]
+            self.state.save()
+
+    def _disk_of(self, path: Path) -> dict | None:
+        best = None
+        for mount, disk in self.d["disks"].items():
+            if Path(path).is_relative_to(mount) and (best is None or len(mount) > len(best[0])):
+                best = (mount, disk)
+        return best[1] if best else None
+
+    def clear(self, path: Path) -> None:
+        disk = self._disk_of(path)
+        if disk is not None and disk.get("read_only") and self.d["dirs"].get(str(path)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        d = self.d
+        if str(path) in d["dirs"]:
+            d["dirs"][str(path)] = []
+            self.state.save()
+
+    def entries(self, path: Path) -> list[str]:
+        return sorted(self.d["dirs"].get(str(path), []))
+
+    def disk(self, path: Path) -> Disk | None:
+        disk = self._disk_of(path)
+        if disk is None:
+            return None
+        return Disk(float(disk.get("free_fraction", 0.5)), bool(disk.get("read_only", False)))
+
+    def reset_gpus(self, index: int) -> None:
+        """What a GPU reset does here: counts, and ends nothing (processes must be gone first)."""
+        d = self.d
+        d["gpu_resets"] += 1
+        self.state.save()
+
+
+# ---- container runtime ------------------------------------------------------------------------
+
+class FakeContainers:
+    """Layers in the store (id -> bytes), pulled at `bytes_per_s` on the injected clock, in steps;
+    containers (id -> label). `fail_pulls`: every pull fails, as an unreachable registry would."""
+
+    def __init__(self, clock: Clock, state: State | None = None, bytes_per_s: float = 1e9, steps: int = 4):
+        self.clock, self.bytes_per_s, self.steps = clock, bytes_per_s, steps
+        self.state = state or State({})
+        self.state.data.setdefault("layers", {})
+        self.state.data.setdefault("containers", {})
+        self.state.data.setdefault("fail_pulls", False)
+        self.state.save()
+
+    async def has_layer(self, layer_id: str) -> bool:
+        return layer_id in self.state.data["layers"]
+
+    async def pull_layer(self, layer_id: str, size_bytes: int, on_bytes: ByteCallback) -> None:
+        if self.state.data["fail_pulls"]:
+            raise ContainerError(f"pull of {layer_id}: registry unreachable")
+        for k in range(1, self.steps + 1):
+            await self.clock.sleep(size_bytes / self.bytes_per_s / self.steps)
+            on_bytes(size_bytes * k // self.steps)
+        d = self.state.data
+        d["layers"][layer_id] = size_bytes
+        self.state.save()
+
+    def run(self, container_id: str, label: str) -> None:
+        self.state.data["containers"][container_id] = label
+        self.state.save()
+
+    async def session_containers(self) -> list[str]:
+        return sorted(self.state.data["containers"])
+
+    async def stop(self, container_id: str) -> None:
+        d = self.state.data
+        d["containers"].pop(container_id, None)
+        self.state.save()
+
+
+# ---- NVML -------------------------------------------------------------------------------------
+
+class NVMLError(Exception):
+    def __init__(self, value: int = 999):
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801 (NVML's own spelling)
+    def __init__(self):
+        super().__init__(3)
+
+
+class NVMLError_Timeout(NVMLError):  # noqa: N801
+    def __init__(self):
+        super().__init__(10)
+
+
+@dataclass
+class _Event:
+    device: Any
+    eventType: int  # noqa: N815
+    eventData: int  # noqa: N815
+
+
+@dataclass(frozen=True)
+class _Util:
+    gpu: int
+    memory: int
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    usedGpuMemory: int  # noqa: N815
+
+
+class FakeNvml:
+    """The subset of the `pynvml` module the agent uses, answering as NVML does: handles are
+    opaque, readings a GPU lacks raise NVMLError_NotSupported, an empty event set waits out its
+    timeout with NVMLError_Timeout, and nothing works before nvmlInit. GPUs: `gpu.json`-style
+    dicts (temperature_c, throttle, ecc, ecc_supported, utilization, xids pending); the processes
+    on a GPU are the host's processes marked `gpu`."""
+
+    NVMLError = NVMLError
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_Timeout = NVMLError_Timeout
+
+    def __init__(self, host: FakeHost, state: State | None = None, count: int = 1):
+        self.host = host
+        self.state = state or State({})
+        gpus = self.state.data.setdefault("gpus", [])
+        while len(gpus) < count:
+            gpus.append({"temperature_c": 40, "throttle": 0, "ecc": 0, "ecc_supported": True,
+                         "utilization": 0, "xids": []})
+        self.state.save()
+        self._init = 0
+
+    def _check(self) -> None:
+        if not self._init:
+            raise NVMLError(1)  # NVML_ERROR_UNINITIALIZED
+
+    def _gpu(self, handle) -> dict:
+        self._check()
+        return self.state.data["gpus"][handle[1]]
+
+    def nvmlInit(self) -> None:  # noqa: N802
+        self._init += 1
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self._check()
+        self._init -= 1
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        self._check()
+        return len(self.state.data["gpus"])
+
+    def nvmlDeviceGetHandleByIndex(self, index: int):  # noqa: N802
+        self._check()
+        if not 0 <= index < len(self.state.data["gpus"]):
+            raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT
+        return ("gpu-handle", index)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor: int) -> int:  # noqa: N802
+        return int(self._gpu(handle)["temperature_c"])
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle) -> int:  # noqa: N802
+        return int(self._gpu(handle)["throttle"])
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, error_type: int, counter_type: int) -> int:  # noqa: N802
+        g = self._gpu(handle)
+        if not g.get("ecc_supported", True):
+            raise NVMLError_NotSupported()
+        return int(g["ecc"])
+
+    def nvmlDeviceGetUtilizationRates(self, handle) -> _Util:  # noqa: N802
+        return _Util(int(self._gpu(handle)["utilization"]), 0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle) -> list[_Proc]:  # noqa: N802
+        self._gpu(handle)
+        return [_Proc(int(pid), 1 << 30) for pid, p in self.host.d["processes"].items() if p.get("gpu")]
+
+    def nvmlSystemGetProcessName(self, pid: int) -> bytes:  # noqa: N802
+        self._check()
+        p = self.host.d["processes"].get(str(pid))
+        if p is None:
+            raise NVMLError(6)  # NVML_ERROR_NOT_FOUND
+        return p["name"].encode()
+
+    def nvmlEventSetCreate(self):  # noqa: N802
+        self._check()
+        return ["event-set"]
+
+    def nvmlDeviceRegisterEvents(self, handle, event_types: int, event_set) -> None:  # noqa: N802
+        self._gpu(handle)
+        event_set.append(handle)
+
+    def nvmlEventSetWait_v2(self, event_set, timeout_ms: int) -> _Event:  # noqa: N802
+        self._check()
+        d = self.state.data
+        for handle in event_set[1:]:
+            pending = d["gpus"][handle[1]]["xids"]
+            if pending:
+                xid = pending.pop(0)
+                self.state.save()
+                return _Event(handle, 0x8, xid)
+        raise NVMLError_Timeout()
+
+
+# ---- metadata server --------------------------------------------------------------------------
+
+class FakeMetadata:
+    """Attributes with an ETag that changes with them; a wait for change returns when they
+    change or after its timeout (on the injected clock); guest attributes in a dict."""
+
+    def __init__(self, clock: Clock, attributes: dict[str, str] | None = None):
+        self.clock = clock
+        self._attributes = dict(attributes or {})
+        self._version = 1
+        self._changed = asyncio.Event()
+        self.guest: dict[str, str] = {}
+        self.writes: list[tuple[str, str]] = []  # every PUT, in order
+        self.reads = 0
+
+    def etag(self) -> str:
+        return f"etag-{self._version}"
+
+    def set(self, key: str, value: str) -> None:
+        self._attributes[key] = value
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def attributes(self, last_etag: str, timeout_s: float) -> tuple[dict[str, str], str]:
+        self.reads += 1
+        if last_etag == self.etag():
+            changed = self._changed
+            timer = asyncio.ensure_future(self.clock.sleep(timeout_s))
+            waiter = asyncio.ensure_future(changed.wait())
+            await asyncio.wait({timer, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            timer.cancel()
+            waiter.cancel()
+        return dict(self._attributes), self.etag()
+
+    async def put_guest(self, key: str, value: str) -> None:
+        self.guest[key] = value
+        self.writes.append((key, value))
+
+    async def delete_guest(self, key: str) -> None:
+        self.guest.pop(key, None)
+
+
+def simulated(directory: Path, clock: Clock, bytes_per_s: float) -> tuple[FakeHost, FakeContainers, FakeNvml]:
+    """The fakes for `provisioner agent --simulate DIR`, with their state in DIR's JSON files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    host = FakeHost(State({}, directory / "host.json"))
+    return (host, FakeContainers(clock, State({}, directory / "containers.json"), bytes_per_s),
+            FakeNvml(host, State({}, directory / "gpu.json")))

@@ -1,0 +1,124 @@
+"""The GPUs, through NVML: the `nvidia-ml-py` module (imported lazily, so the agent starts on a
+machine without it) or any object with the same functions, such as `fakes.FakeNvml`."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# Clock-throttle reason bits (nvmlClocksThrottleReason*), named as operators read them.
+THROTTLE_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+}
+NVML_TEMPERATURE_GPU = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    index: int
+    temperature_c: float
+    throttle_reasons: tuple[str, ...]
+    ecc_uncorrected: int
+    xids: tuple[int, ...]  # XID errors seen since the last sample
+    utilization_pct: int
+    processes: tuple[str, ...] = field(default=())  # names of the processes using it
+
+
+def real_nvml() -> Any:
+    import pynvml  # nvidia-ml-py
+
+    return pynvml
+
+
+def nvidia_smi_reset(index: int) -> None:
+    subprocess.run(["nvidia-smi", "--gpu-reset", "-i", str(index)], check=True, capture_output=True, timeout=120)
+
+
+class Gpus:
+    def __init__(self, nvml: Any = None, reset: Callable[[int], None] = nvidia_smi_reset):
+        self._nvml = nvml
+        self._reset = reset
+        self._events = None
+
+    @property
+    def nvml(self) -> Any:
+        if self._nvml is None:
+            self._nvml = real_nvml()
+        return self._nvml
+
+    def start(self) -> None:
+        nv = self.nvml
+        nv.nvmlInit()
+        self._events = nv.nvmlEventSetCreate()
+        for h in self._handles():
+            try:
+                nv.nvmlDeviceRegisterEvents(h, XID_CRITICAL_ERROR, self._events)
+            except nv.NVMLError:
+                pass  # this GPU cannot report XIDs as events
+
+    def stop(self) -> None:
+        self.nvml.nvmlShutdown()
+
+    def _handles(self) -> list:
+        nv = self.nvml
+        return [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+
+    def _xids(self) -> dict[int, list[int]]:
+        """XID events waiting, by GPU index (drained without blocking)."""
+        nv, out = self.nvml, {}
+        if self._events is None:
+            return out
+        handles = self._handles()
+        while True:
+            try:
+                event = nv.nvmlEventSetWait_v2(self._events, 0)
+            except nv.NVMLError:  # NVML_ERROR_TIMEOUT: none left
+                return out
+            index = next((i for i, h in enumerate(handles) if h == event.device), -1)
+            out.setdefault(index, []).append(int(event.eventData))
+
+    def sample(self) -> list[GpuSample]:
+        nv = self.nvml
+        xids = self._xids()
+        out = []
+        for i, h in enumerate(self._handles()):
+            reasons = _optional(nv, lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h), 0)
+            names = tuple(name for bit, name in THROTTLE_REASONS.items() if reasons & bit and bit != 0x1)
+            ecc = _optional(nv, lambda: nv.nvmlDeviceGetTotalEccErrors(
+                h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC), 0)
+            util = _optional(nv, lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu, 0)
+            procs = _optional(nv, lambda: nv.nvmlDeviceGetComputeRunningProcesses(h), [])
+            out.append(GpuSample(i, float(nv.nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)), names, int(ecc),
+                                 tuple(xids.get(i, ())), int(util), tuple(self._name(p.pid) for p in procs)))
+        return out
+
+    def _name(self, pid: int) -> str:
+        nv = self.nvml
+        name = _optional(nv, lambda: nv.nvmlSystemGetProcessName(pid), f"pid {pid}")
+        return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+    async def reset(self) -> None:
+        """Resets every GPU (clears its memory and state between users)."""
+        for i in range(self.nvml.nvmlDeviceGetCount()):
+            await asyncio.to_thread(self._reset, i)
+
+    def busy(self) -> list[str]:
+        """Processes still using a GPU (leaves XID events for the next sample)."""
+        nv = self.nvml
+        return [self._name(p.pid) for h in self._handles()
+                for p in _optional(nv, lambda: nv.nvmlDeviceGetComputeRunningProcesses(h), [])]
+
+
+def _optional(nv: Any, read: Callable[[], Any], default: Any) -> Any:
+    """A reading some GPUs do not support (NVML_ERROR_NOT_SUPPORTED) counts as its default."""
+    try:
+        return read()
+    except nv.NVMLError:
+        return default
