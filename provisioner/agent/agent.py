@@ -62,7 +62,10 @@ class Agent:
         self._last: dict[str, str] = {}  # guest attributes as last written
 
     async def run(self) -> None:
-        self.gpus.start()
+        try:
+            self.gpus.start()
+        except Exception as err:  # no driver, no GPU: every health check will say so
+            log.error("NVML did not start: %s", err)
         await self.check_health()
         await self.put("ready", "1")
         log.info("agent ready")
