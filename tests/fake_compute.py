@@ -5,7 +5,8 @@ deleteInstances: a GKE node pool's nodes) and zone operations (get).
 
 It plays the VM's agent too: a booted instance reports `provisioner/ready`, and a command set in
 the `provisioner-command` metadata item is carried out after a delay, reporting progress and
-completion as guest attributes. Fault injection: stocked-out or over-quota zones (the insert's
+completion as guest attributes. With `agents="external"` it does not: each instance then has its
+own metadata server (tests/fake_metadata.py) for a real agent process to talk to. Fault injection: stocked-out or over-quota zones (the insert's
 operation fails, as on GCE, or with `sync_zone_errors` the insert itself answers 503 or 403), the
 next N calls of a method answering an HTTP error (429, 503, 403 with a reason), slow
 operations, a slow API (every answer delayed), failed operations, and an insert that commits and
@@ -52,8 +53,9 @@ class Instance:
 
 
 class FakeCompute:
-    def __init__(self, boot_s: float = 0.2, op_s: float = 0.05, command_s: float = 0.1):
+    def __init__(self, boot_s: float = 0.2, op_s: float = 0.05, command_s: float = 0.1, agents: str = "emulated"):
         self.boot_s, self.op_s, self.command_s = boot_s, op_s, command_s
+        self.agents = agents  # "emulated" here, or "external": real agents through metadata servers
         self.instances: dict[tuple[str, str], Instance] = {}  # (project, name)
         self.operations: dict[str, dict] = {}
         self.by_request_id: dict[str, str] = {}  # insert/delete request id -> operation name
@@ -71,6 +73,7 @@ class FakeCompute:
         self.in_flight = self.max_in_flight = 0
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
+        self.metadata_changed = threading.Condition(self._lock)  # wakes metadata wait-for-change
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -102,6 +105,13 @@ class FakeCompute:
             self.instances[(project, name)] = Instance(name, zone, {"name": name, "labels": labels}, time.time() - 60,
                                                        "RUNNING", {"ready": "1"})
 
+    def running(self, project: str) -> dict[str, Instance]:
+        """The project's instances that have booted, by name."""
+        with self._lock:
+            for inst in self.instances.values():
+                self._tick(inst)
+            return {name: inst for (p, name), inst in self.instances.items() if p == project and inst.status == "RUNNING"}
+
     def names(self, project: str) -> set[str]:
         with self._lock:
             return {name for (p, name) in self.instances if p == project}
@@ -113,7 +123,11 @@ class FakeCompute:
         now = time.time()
         if inst.status == "PROVISIONING" and now - inst.created >= self.boot_s:
             inst.status = "RUNNING"
+            if self.agents == "external":
+                return
             inst.guest["ready"] = "1"
+        if self.agents == "external":
+            return
         pending = inst.guest.get("_pending")
         if pending and inst.status == "RUNNING":
             cmd = json.loads(pending)
@@ -295,7 +309,8 @@ class FakeCompute:
                                "conditionNotMet")
         items = {i["key"]: i.get("value", "") for i in body.get("items", [])}
         inst.body["metadata"] = {"items": body.get("items", []), "fingerprint": f"fp-{next(self._ids)}"}
-        if "provisioner-command" in items:
+        self.metadata_changed.notify_all()
+        if "provisioner-command" in items and self.agents == "emulated":
             cmd = json.loads(items["provisioner-command"])
             cmd["_at"] = time.time()
             inst.guest["_pending"] = json.dumps(cmd)

@@ -124,9 +124,10 @@ class FakeContainers:
     def __init__(self, clock: Clock, state: State | None = None, bytes_per_s: float = 1e9, steps: int = 4):
         self.clock, self.bytes_per_s, self.steps = clock, bytes_per_s, steps
         self.state = state or State({})
-        self.state.data.setdefault("layers", {})
-        self.state.data.setdefault("containers", {})
-        self.state.data.setdefault("fail_pulls", False)
+        d = self.state.data  # one read: each read of a file-backed state reloads it
+        d.setdefault("layers", {})
+        d.setdefault("containers", {})
+        d.setdefault("fail_pulls", False)
         self.state.save()
 
     async def has_layer(self, layer_id: str) -> bool:
