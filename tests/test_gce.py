@@ -17,7 +17,7 @@ import time
 import grpc
 import pytest
 
-from conftest import fleet_config
+from conftest import cluster_channel, fleet_config
 from fake_compute import FakeCompute
 from provisioner.clock import RealClock
 from provisioner.cloud.base import CloudFailure, CloudVm, LaunchSpec
@@ -125,7 +125,7 @@ async def test_the_cluster_fills_serves_and_survives_a_stockout(tmp_path, fake, 
                 assert c.zone == fake.instances[(PROJECT, c.instance)].zone
 
         # A session: a warm VM pulls what it lacks through the agent, then runs; a stop wipes it.
-        async with grpc.aio.insecure_channel(proc.address) as ch:
+        async with cluster_channel(tmp_path / "data", None, proc.address, CLUSTER) as ch:
             stub = c_grpc.ClusterServiceStub(ch)
             spec = pb.SessionSpec(request_id="gce-1", user_id="ada", accelerator="gpu-p100", image="gpu:latest")
             s = (await stub.Allocate(c_pb.AllocateRequest(spec=spec), timeout=10)).session
@@ -389,4 +389,20 @@ async def test_guest_attributes_are_read_within_googles_rate(tmp_path, fake, loo
     worst = max(sum(1 for t in reads if start <= t < start + 60.0) for start in reads)
     assert worst <= 10, f"{worst} guest-attribute reads in one minute"
     assert all(c.query.get("queryPath") == "provisioner/" for c in fake.calls("getGuestAttributes"))
+    await b.close()
+
+
+async def test_a_health_check_reuses_a_recent_read_instead_of_queueing(tmp_path, fake, loopback_only):
+    from provisioner.images import Layer
+
+    b = backend(tmp_path, fake)
+    await ready_vm(b, "vm-q")
+    assert await b.pull("vm-q", "us-central1-f", [Layer("a", 10)]) is None
+    reads = len(fake.calls("getGuestAttributes"))
+    assert (await b.health("vm-q", "us-central1-f")).healthy
+    assert len(fake.calls("getGuestAttributes")) == reads  # the pull's last read answered
+    fake.instances[(PROJECT, "vm-q")].guest.update({"healthy": "0", "health-detail": "GPU 0 at 90 C"})
+    await asyncio.sleep(31 / TIME_SCALE)  # older than that now: read again
+    report = await b.health("vm-q", "us-central1-f")
+    assert not report.healthy and report.detail == "GPU 0 at 90 C"
     await b.close()
