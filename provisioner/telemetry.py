@@ -12,6 +12,7 @@ the attributes below (ATTR_CLUSTER above all) do.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
+import grpc
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_prefix
@@ -146,10 +148,36 @@ def shutdown_tracing(provider: TracerProvider | None) -> None:
     provider.shutdown()
 
 
+class _StreamsCloseInTheirCall(grpc.aio.ServerInterceptor):
+    """Serves server streams through the write API instead of handing grpc the generator.
+
+    When a client goes away while a stream waits on a write, grpc drops the generator unclosed
+    and asyncio's finalizer closes it later in a task of its own, where resetting the context
+    variables the stream set (the span OpenTelemetry attached, the caller) fails with a logged
+    traceback. Here the generator is closed in the call's own task."""
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or not inspect.isasyncgenfunction(handler.unary_stream):
+            return handler
+        inner = handler.unary_stream
+
+        async def behavior(request, context):
+            stream = inner(request, context)
+            try:
+                async for item in stream:
+                    await context.write(item)
+            finally:
+                await stream.aclose()
+
+        return grpc.unary_stream_rpc_method_handler(behavior, request_deserializer=handler.request_deserializer,
+                                                    response_serializer=handler.response_serializer)
+
+
 def server_interceptors(tracer_provider: TracerProvider | None = None) -> list:
-    """For grpc.aio.server(interceptors=...): one server span per traced call, child of the
-    caller's context from the metadata."""
-    return [aio_server_interceptor(tracer_provider=tracer_provider, filter_=_traced)]
+    """For grpc.aio.server(interceptors=...), outermost first: one server span per traced call,
+    child of the caller's context from the metadata."""
+    return [_StreamsCloseInTheirCall(), aio_server_interceptor(tracer_provider=tracer_provider, filter_=_traced)]
 
 
 def client_interceptors(tracer_provider: TracerProvider | None = None) -> list:
