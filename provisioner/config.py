@@ -219,11 +219,52 @@ class RegionsConfig(_Model):
     inter_region_penalty_s: NonNegativeFloat = 30.0  # added to a remote cluster's time-to-ready
 
 
+Role = Literal["user", "service", "admin"]
+
+
+class IssuerConfig(_Model):
+    """A trusted issuer of bearer tokens (JWT). Its keys come from a PEM public key file (relative
+    paths are under the data dir) or from the issuer's published keys (jwks_url)."""
+
+    issuer: str = Field(min_length=1)
+    audience: str = Field(min_length=1)
+    public_key_file: str | None = None
+    jwks_url: str | None = None
+    identity_claim: str = "sub"  # Google ID tokens of service accounts: "email"
+    default_roles: tuple[Role, ...] = ()  # for identities not listed in `roles`
+    roles: dict[str, tuple[Role, ...]] = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> IssuerConfig:
+        if (self.public_key_file is None) == (self.jwks_url is None):
+            raise _At("public_key_file", "give exactly one of public_key_file and jwks_url")
+        if self.jwks_url is not None and not self.jwks_url.startswith("https://"):
+            raise _At("jwks_url", "must be an https:// URL")
+        return self
+
+
+class SecurityConfig(_Model):
+    issuers: tuple[IssuerConfig, ...] = (
+        IssuerConfig(issuer="provisioner-local", audience="provisioner", public_key_file="auth/token-key.pub.pem",
+                     default_roles=("user",), roles={"local-operator": ("service", "admin")}),
+    )
+    # The name in the front's certificate, which clusters require of their callers.
+    front_tls_name: str = Field(default="front.provisioner.internal", min_length=1)
+    # The name each cluster's certificate must carry; {cluster} is the cluster's name.
+    cluster_tls_name: str = Field(default="{cluster}.cluster.provisioner.internal", pattern=r"\{cluster\}")
+    # Open streams (WatchSession) one caller may hold on the front, by its broadest role.
+    max_streams: dict[Role, Annotated[int, Field(ge=1)]] = {"user": 8, "service": 5000, "admin": 64}
+
+    def cluster_name(self, cluster: str) -> str:
+        return self.cluster_tls_name.replace("{cluster}", cluster)
+
+
 class FleetSettings(_Model):
     front: FrontConfig = FrontConfig()
     sessions: SessionsConfig = SessionsConfig()
     quotas: QuotaConfig = QuotaConfig()
     regions: RegionsConfig = RegionsConfig()
+    security: SecurityConfig = SecurityConfig()
 
 
 # ---- clusters/images.yaml ----------------------------------------------------------------

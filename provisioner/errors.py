@@ -49,6 +49,20 @@ class FailedPrecondition(ProvisionerError):
     reason = "FAILED_PRECONDITION"
 
 
+class Unauthenticated(ProvisionerError):
+    """No credentials, or credentials that do not check out."""
+
+    grpc_code = "UNAUTHENTICATED"
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(ProvisionerError):
+    """A known caller asked for something its roles do not allow."""
+
+    grpc_code = "PERMISSION_DENIED"
+    reason = "PERMISSION_DENIED"
+
+
 class Aborted(ProvisionerError):
     """Nothing was done and nothing will be: the request came too late. Safe to place elsewhere."""
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from provisioner.api.guard import Guard, bearer_identity, certificate_identity, stream_caps
 from provisioner.api.server import Server
+from provisioner.audit import AuditLog
 from provisioner.clock import Clock
 from provisioner.cloud.base import CloudBackend
 from provisioner.cluster import service as cluster_service
@@ -25,7 +27,20 @@ from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
 from provisioner.front.service import Fleet
 from provisioner.cluster import leader
+from provisioner.security import auth, tls
+from provisioner.security.pki import TlsFiles, ensure_local_pki, local_files
+from provisioner.security.tokens import LOCAL_ISSUER, Issuer, TokenVerifier, ensure_local_key, load_public_key
 from provisioner.store import Store, open_store
+from provisioner.v1 import admin_service_pb2 as admin_pb
+from provisioner.v1 import cluster_service_pb2 as cluster_pb
+
+ADMIN_METHODS = [m.name for m in admin_pb.DESCRIPTOR.services_by_name["AdminService"].methods]
+CLUSTER_METHODS = [m.name for m in cluster_pb.DESCRIPTOR.services_by_name["ClusterService"].methods]
+# At the front: sessions for users and services, AdminService for admins.
+FRONT_POLICY = auth.with_admin_service(auth.FRONT_POLICY, auth.Rule.ADMIN, ADMIN_METHODS)
+# At a cluster: the front alone, for both of its services.
+CLUSTER_POLICY = auth.with_cluster_service(
+    auth.with_admin_service(auth.CLUSTER_POLICY, auth.Rule.FRONT, ADMIN_METHODS), CLUSTER_METHODS)
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +101,39 @@ async def _exit_when_lease_lost(lease: leader.Lease, cluster: str) -> None:
     os._exit(75)  # crash-only: not one more cloud call once another replica may be acting
 
 
+# ---- security material ---------------------------------------------------------------------
+
+def local_tls(fleet: FleetConfig, data_dir: Path, process: str) -> TlsFiles:
+    """The TLS files of `process` ("front" or a cluster's name) from the fleet's throwaway local
+    CA under the data dir, made on first use: for a fleet on one machine, with no TLS flags."""
+    sec = fleet.settings.security
+    leaves = {"front": [sec.front_tls_name], **{f"cluster-{c.name}": [sec.cluster_name(c.name)]
+                                                for c in fleet.clusters}}
+    ensure_local_pki(Path(data_dir) / "tls", leaves)
+    return local_files(Path(data_dir) / "tls", process if process == "front" else f"cluster-{process}")
+
+
+def token_verifier(fleet: FleetConfig, data_dir: Path) -> TokenVerifier:
+    """The issuers the front trusts; the local fleet's signing key is made on first use."""
+    issuers = []
+    for cfg in fleet.settings.security.issuers:
+        key = None
+        if cfg.public_key_file is not None:
+            path = Path(data_dir) / cfg.public_key_file
+            if cfg.issuer == LOCAL_ISSUER and not path.exists():
+                ensure_local_key(path.parent)
+            key = load_public_key(path)
+        issuers.append(Issuer(cfg.issuer, cfg.audience, cfg.identity_claim, frozenset(cfg.default_roles),
+                              {k: frozenset(v) for k, v in cfg.roles.items()}, key, cfg.jwks_url))
+    return TokenVerifier(issuers)
+
+
 async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: Path, *,
                         address: str | None = None, backend: CloudBackend | None = None,
-                        tracer_provider=None, database_url: str | None = None) -> ClusterProcess:
-    """Waits for the cluster's lease (another replica may lead), then restores and serves."""
+                        tracer_provider=None, database_url: str | None = None,
+                        tls_files: TlsFiles | None = None) -> ClusterProcess:
+    """Waits for the cluster's lease (another replica may lead), then restores and serves over
+    mutual TLS (`tls_files`, default: the local CA's), answering the front's certificate only."""
     cfg = fleet.cluster(name)
     lease = make_lease(database_url, data_dir, name)
     await leader.acquire(lease, name)
@@ -98,9 +142,13 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
     runtime = ClusterRuntime(core, backend or make_backend(cfg, clock, tracer_provider, data_dir), clock, store,
                              tracer_provider)
     await runtime.start()
+    files = tls_files or local_tls(fleet, data_dir, name)
+    guard = Guard(CLUSTER_POLICY, certificate_identity({fleet.settings.security.front_tls_name: frozenset({auth.FRONT})}),
+                  AuditLog(store, clock, source=name))
     server = Server(address or cfg.address,
                     lambda s: cluster_service.register(s, runtime, address or cfg.address), tracer_provider,
-                    on_drain=runtime.end_streams)
+                    on_drain=runtime.end_streams, guard=guard,
+                    credentials=tls.server_credentials(files, require_client_cert=True))
     await server.start()
     log.info("cluster %s listening on %s", name, server.address)
     return ClusterProcess(cfg, runtime, server, store, lease,
@@ -130,10 +178,19 @@ class FrontProcess:
 
 async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, address: str | None = None,
                       cluster_addresses: dict[str, str] | None = None, tracer_provider=None,
-                      link_interceptors: Sequence = (), database_url: str | None = None) -> FrontProcess:
-    """`link_interceptors` sit on the front's channels to the clusters (tests inject faults there)."""
+                      link_interceptors: Sequence = (), database_url: str | None = None,
+                      tls_files: TlsFiles | None = None, plaintext: bool = False,
+                      plaintext_anywhere: bool = False) -> FrontProcess:
+    """Serves over TLS (`tls_files`, default: the local CA's; `plaintext` only behind something
+    that terminates TLS) and dials the clusters over mutual TLS with the same certificate.
+    `link_interceptors` sit on the front's channels to the clusters (tests inject faults there)."""
     addresses = {c.name: c.address for c in fleet_cfg.clusters} | (cluster_addresses or {})
-    clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors)
+    files = tls_files or local_tls(fleet_cfg, data_dir, "front")
+    ca, chain, key = files.read()
+    link = tls.channel_credentials(ca, chain, key)
+    security = fleet_cfg.settings.security
+    clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
+                             credentials=link, server_name=security.cluster_name(c.name))
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
     for c in clients:
@@ -141,8 +198,12 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     store = open_store(database_url, Path(data_dir) / "front.db")
     address = address or fleet_cfg.settings.front.address
     sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock)
+    guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock),
+                  stream_caps(dict(security.max_streams)))
     server = Server(address, lambda s: front_service.register(s, sessions), tracer_provider,
-                    on_drain=sessions.end_streams)
+                    on_drain=sessions.end_streams, guard=guard,
+                    credentials=None if plaintext else tls.server_credentials(files, require_client_cert=False),
+                    plaintext_anywhere=plaintext_anywhere)
     await server.start()
     log.info("front listening on %s", server.address)
     return FrontProcess(fleet, server, store, sessions.placement,

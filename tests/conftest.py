@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from provisioner.clock import RealClock
-from provisioner.config import FleetConfig, default_clusters_dir, load_fleet
+from provisioner.config import FleetConfig, SecurityConfig, default_clusters_dir, load_fleet
+from provisioner.security.client import dev_token, front_credentials, local_ca
+from provisioner.security.pki import local_files
 from provisioner.serve import LocalFleet, start_local_fleet
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as s_pb
@@ -44,10 +46,14 @@ def fleet_config(tmp_path: Path, edit_cluster: Callable[[dict], None] | None = N
 
 @dataclass
 class FleetHandle:
+    """A running fleet and a channel to its front as the local operator (service and admin)."""
+
     fleet: LocalFleet
     channel: grpc.aio.Channel
     sessions: s_grpc.SessionServiceStub
     admin: admin_grpc.AdminServiceStub
+    data_dir: Path
+    security: SecurityConfig
 
     @property
     def front_address(self) -> str:
@@ -56,9 +62,17 @@ class FleetHandle:
     def cluster(self, name: str):
         return next(c for c in self.fleet.clusters if c.config.name == name)
 
-    def cluster_channel(self, name: str) -> grpc.aio.Channel:
-        """A new channel to one cluster's own port, as the front reaches it (the caller closes it)."""
-        return grpc.aio.insecure_channel(self.cluster(name).address)
+    def cluster_channel(self, name: str, as_process: str = "front") -> grpc.aio.Channel:
+        """A new channel to one cluster's own port with the certificate of `as_process` ("front",
+        as the front reaches it, or e.g. "cluster-asia-east1"); the caller closes it."""
+        return cluster_channel(self.data_dir, self.security, self.cluster(name).address, name, as_process)
+
+    def front_channel(self, token: str | None = None, **kwargs) -> grpc.aio.Channel:
+        """A new channel to the front with `token` (default: the local operator's)."""
+        return front_channel(self.data_dir, self.front_address, token, **kwargs)
+
+    def token(self, subject: str) -> str:
+        return dev_token(self.data_dir, subject)
 
     async def create(self, **spec) -> pb.Session:
         spec.setdefault("request_id", f"req-{time.monotonic_ns()}")
@@ -105,8 +119,26 @@ async def start_fleet(config: FleetConfig, data_dir: Path, tracer_provider=None,
                       time_scale: float = TIME_SCALE) -> FleetHandle:
     fleet = await start_local_fleet(config, RealClock(time_scale), data_dir, front_address="127.0.0.1:0",
                                     cluster_port_base=0, tracer_provider=tracer_provider)
-    channel = grpc.aio.insecure_channel(fleet.front.address)
-    return FleetHandle(fleet, channel, s_grpc.SessionServiceStub(channel), admin_grpc.AdminServiceStub(channel))
+    channel = front_channel(data_dir, fleet.front.address)
+    return FleetHandle(fleet, channel, s_grpc.SessionServiceStub(channel), admin_grpc.AdminServiceStub(channel),
+                       data_dir, config.settings.security)
+
+
+def front_channel(data_dir: Path, address: str, token: str | None = None, **kwargs) -> grpc.aio.Channel:
+    """A channel to a front of the fleet whose local CA and token key are under `data_dir`."""
+    creds = front_credentials(local_ca(data_dir).read_bytes(), token or dev_token(data_dir))
+    return grpc.aio.secure_channel(address, creds, **kwargs)
+
+
+def cluster_channel(data_dir: Path, security: SecurityConfig | None, address: str, cluster: str,
+                    as_process: str = "front") -> grpc.aio.Channel:
+    """A channel to a cluster of the fleet whose local CA is under `data_dir`, with the
+    certificate of `as_process` (the front's: the only one a cluster answers)."""
+    security = security or SecurityConfig()
+    files = local_files(Path(data_dir) / "tls", as_process)
+    ca, chain, key = files.read()
+    return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(ca, key, chain),
+                                   options=[("grpc.ssl_target_name_override", security.cluster_name(cluster))])
 
 
 @pytest.fixture

@@ -189,6 +189,7 @@ async def test_cli_admin_audit_against_a_running_fleet(local_fleet, capsys, monk
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
     monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
     monkeypatch.delenv("PROVISIONER_TRACES", raising=False)
+    monkeypatch.setenv("PROVISIONER_DATA_DIR", str(local_fleet.data_dir))  # its CA and token key
     front_log, cluster_log = _logs(local_fleet)
     for i in range(12):
         front_log.append("ops@example.com", ("admin",), DRAIN if i % 2 else POLICY,

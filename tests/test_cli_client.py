@@ -22,6 +22,7 @@ from opentelemetry.util._once import Once
 
 from provisioner import cli
 from provisioner.cli import client, render
+from provisioner.security.pki import ensure_local_pki, local_files
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as session_pb
@@ -179,13 +180,24 @@ class FakeAdmin(admin_grpc.AdminServiceServicer):
         return admin_pb.EvictVmResponse(vm=_vm(types_pb2.VM_STATE_DELETING))
 
 
+@pytest.fixture(autouse=True)
+def credentials(tmp_path, monkeypatch):
+    """A local CA under a data dir, as `up` makes it, and a token in the environment."""
+    ensure_local_pki(tmp_path / "tls", {"front": ["front.provisioner.internal"]})
+    monkeypatch.setenv("PROVISIONER_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("PROVISIONER_TOKEN", "token-of-the-test")
+    monkeypatch.delenv("PROVISIONER_CA", raising=False)
+    return local_files(tmp_path / "tls", "front")
+
+
 @pytest.fixture
-def front():
+def front(credentials):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     sessions, admin = FakeSessions(), FakeAdmin()
     session_grpc.add_SessionServiceServicer_to_server(sessions, server)
     admin_grpc.add_AdminServiceServicer_to_server(admin, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    _, chain, key = credentials.read()
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, chain)]))
     server.start()
     yield types.SimpleNamespace(addr=f"127.0.0.1:{port}", sessions=sessions, admin=admin)
     server.stop(None)
@@ -335,6 +347,24 @@ def test_not_found_is_one_line(run):
     rc, _, err = run("session", "get", "missing")
     assert rc == 1
     assert err == "error: NOT_FOUND: no session missing\n"
+
+
+def test_every_call_is_tls_with_the_bearer_token(run, front, monkeypatch):
+    assert run("session", "get", "us-central1.s1", "--json")[0] == 0
+    assert front.sessions.metadata[-1]["authorization"] == "Bearer token-of-the-test"
+    monkeypatch.delenv("PROVISIONER_TOKEN")
+    rc, _, err = run("session", "get", "us-central1.s1")  # no token, and no local key to mint one
+    assert rc == 1 and err.startswith("error: no credentials: give --token")
+
+
+def test_a_dev_token_is_minted_from_the_local_key(run, front, monkeypatch, tmp_path):
+    from provisioner.security.tokens import ensure_local_key
+
+    monkeypatch.delenv("PROVISIONER_TOKEN")
+    ensure_local_key(tmp_path / "auth")
+    assert run("session", "get", "us-central1.s1")[0] == 0
+    header = front.sessions.metadata[-1]["authorization"]
+    assert header.startswith("Bearer ey") and header != "Bearer token-of-the-test"
 
 
 def test_front_from_env(front, capsys, monkeypatch):

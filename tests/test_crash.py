@@ -20,6 +20,7 @@ from collections import Counter
 import grpc
 import pytest
 
+from conftest import cluster_channel
 from provisioner.config import default_clusters_dir
 from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
@@ -68,6 +69,7 @@ async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_pat
     rng = random.Random(2026)
     acked: dict[str, str] = {}  # request id -> session id, for every create that was answered
     stopped: set[str] = set()  # request ids whose stop was answered
+    users: dict[str, str] = {}  # request id -> its user (request ids are scoped by user)
     counter = iter(range(1_000_000))
 
     async def worker(stub, k: int, stop: asyncio.Event) -> None:
@@ -80,7 +82,8 @@ async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_pat
                     stopped.add(rid)
                 else:
                     rid = f"crash-{next(counter)}"
-                    spec = pb.SessionSpec(request_id=rid, user_id=f"u{wrng.randrange(40)}",
+                    users[rid] = f"u{wrng.randrange(40)}"
+                    spec = pb.SessionSpec(request_id=rid, user_id=users[rid],
                                           accelerator=wrng.choice(("gpu-p100", "gpu-t4x2")),
                                           image=wrng.choice(("gpu:latest", "gpu:v150", "gpu:v158")))
                     resp = await stub.Allocate(c_pb.AllocateRequest(spec=spec), timeout=5)
@@ -92,10 +95,10 @@ async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_pat
     try:
         for round_ in range(KILLS):
             await service.start()
-            async with grpc.aio.insecure_channel(address) as ch:
+            async with cluster_channel(data_dir, None, address, CLUSTER) as ch:
                 stub = c_grpc.ClusterServiceStub(ch)
                 for rid, sid in acked.items():  # everything acknowledged before is still there
-                    got = (await stub.Get(c_pb.GetRequest(request_id=rid), timeout=5)).session
+                    got = (await stub.Get(c_pb.GetRequest(request_id=rid, user_id=users[rid]), timeout=5)).session
                     assert got.id == sid
                     if rid in stopped:
                         assert got.state in STOPPED_PB
@@ -112,7 +115,7 @@ async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_pat
         # Last start: the cluster reconciles. Every session is stopped so the pools come to rest,
         # then its records and the cloud must agree VM for VM.
         await service.start()
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with cluster_channel(data_dir, None, address, CLUSTER) as ch:
             stub = c_grpc.ClusterServiceStub(ch)
             for rid, sid in acked.items():
                 if rid not in stopped:

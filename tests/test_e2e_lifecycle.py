@@ -148,11 +148,13 @@ async def test_bad_input_is_invalid_argument_naming_the_field_and_creates_nothin
     assert after == before
 
 
-async def test_unknown_session_is_not_found(local_fleet):
-    for sid in ("us-central1.s-nope", "mars-1.s-nope", "garbage"):
+async def test_unknown_session_is_not_found_and_a_malformed_id_is_invalid(local_fleet):
+    for sid, code in (("us-central1.s-00000000ff", grpc.StatusCode.NOT_FOUND),
+                      ("mars-1.s-00000000ff", grpc.StatusCode.NOT_FOUND),
+                      ("garbage", grpc.StatusCode.INVALID_ARGUMENT)):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await local_fleet.sessions.GetSession(s_pb.GetSessionRequest(session_id=sid))
-        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert info.value.code() == code, sid
 
 
 async def test_deadline_is_honoured(local_fleet):

@@ -26,7 +26,7 @@ from provisioner.serve import start_cluster, start_front
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
 from provisioner.v1 import types_pb2 as pb
-from conftest import TIME_SCALE, fleet_config
+from conftest import front_channel, TIME_SCALE, fleet_config
 
 FAULTS = ("unavailable", "deadline_after_commit", "reply_dropped")
 ALLOCATE = "/provisioner.v1.ClusterService/Allocate"
@@ -94,7 +94,7 @@ def sessions_by_request(clusters) -> Counter[str]:
 async def test_every_request_id_yields_exactly_one_session_under_link_faults(tmp_path, methods):
     faults = LinkFaults(share=0.3, seed=11, methods=methods)
     clusters, front = await start(tmp_path, faults)
-    channel = grpc.aio.insecure_channel(front.address)
+    channel = front_channel(tmp_path / "data", front.address)
     stub = s_grpc.SessionServiceStub(channel)
     regions = ("us-central1", "europe-west4", "asia-east1")
     answers: dict[str, set[str]] = {}
@@ -175,7 +175,7 @@ async def test_the_trace_of_a_create_shows_the_routing_decision_and_every_attemp
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     clusters, front = await start(tmp_path, DropFirstReply(), provider)
-    channel = grpc.aio.insecure_channel(front.address)
+    channel = front_channel(tmp_path / "data", front.address)
     try:
         spec = pb.SessionSpec(request_id="traced-1", user_id="ada", accelerator="gpu-p100", image="gpu:latest",
                               region_hint="asia-east1")

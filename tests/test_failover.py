@@ -10,6 +10,7 @@ A healthy cluster, on the other hand, must never drop out of routing.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 import sqlite3
@@ -19,6 +20,7 @@ from collections import Counter
 import grpc
 import pytest
 
+from conftest import front_channel
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as s_pb
@@ -33,10 +35,14 @@ CLIENTS = 8
 
 
 def sessions_per_request(data_dir) -> Counter[str]:
+    """Request id -> sessions for it; a discarded duplicate stays on record, ended, uncounted."""
     count: Counter[str] = Counter()
     for name in CLUSTERS:
         db = sqlite3.connect(data_dir / f"cluster-{name}.db")
-        count.update(rid for (rid,) in db.execute("SELECT request_id FROM sessions"))
+        for (body,) in db.execute("SELECT body FROM sessions"):
+            s = json.loads(body)
+            if not s["reason"].startswith("discarded:"):
+                count[s["spec"]["request_id"]] += 1
         db.close()
     return count
 
@@ -52,7 +58,7 @@ def open_attempts(data_dir) -> int:
 @pytest.mark.timeout(120)
 async def test_sigkill_of_a_cluster_under_load(tmp_path, fleet):
     data_dir = tmp_path / "data"
-    channel = grpc.aio.insecure_channel(fleet.front.address)
+    channel = front_channel(fleet.data_dir, fleet.front.address)
     stub = s_grpc.SessionServiceStub(channel)
     admin = admin_grpc.AdminServiceStub(channel)
     results: list[tuple[float, bool, bool, str]] = []  # (sent at, demanded the victim, ok, error)
@@ -119,7 +125,7 @@ async def test_sigkill_of_a_cluster_under_load(tmp_path, fleet):
 async def test_a_hung_cluster_leaves_routing_within_seconds_and_comes_back(fleet):
     """A stopped (not dead) process keeps its sockets open: keepalive pings notice it."""
     proc = fleet.clusters[VICTIM].proc
-    async with grpc.aio.insecure_channel(fleet.front.address) as channel:
+    async with front_channel(fleet.data_dir, fleet.front.address) as channel:
         admin = admin_grpc.AdminServiceStub(channel)
 
         async def healthy() -> bool:
@@ -147,7 +153,7 @@ async def test_a_hung_cluster_leaves_routing_within_seconds_and_comes_back(fleet
 async def test_a_front_restart_keeps_request_ids_and_watches_resume(fleet):
     spec = pb.SessionSpec(request_id="survives-restart", user_id="ada", accelerator="gpu-p100",
                           image="gpu:latest", region_hint="asia-east1")
-    async with grpc.aio.insecure_channel(fleet.front.address) as ch:
+    async with front_channel(fleet.data_dir, fleet.front.address) as ch:
         stub = s_grpc.SessionServiceStub(ch)
         first = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=10)).session
         seen = []
@@ -157,7 +163,7 @@ async def test_a_front_restart_keeps_request_ids_and_watches_resume(fleet):
     await fleet.front.kill()
     await fleet.front.start()
     await fleet.wait_routable()
-    async with grpc.aio.insecure_channel(fleet.front.address) as ch:
+    async with front_channel(fleet.data_dir, fleet.front.address) as ch:
         stub = s_grpc.SessionServiceStub(ch)
         again = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=10)).session
         assert again.id == first.id  # the key outlived the front

@@ -13,7 +13,7 @@ import dataclasses
 import grpc
 import pytest
 
-from conftest import fleet_config
+from conftest import cluster_channel, fleet_config
 from fake_cluster_manager import FakeClusterManager
 from fake_compute import FakeCompute
 from provisioner.clock import RealClock
@@ -78,7 +78,7 @@ async def test_pools_grow_serve_and_shrink_through_node_pool_resizes(tmp_path, f
         assert live <= set(ours)
         assert all(core.vms[vid].pool == node_labels(compute)[ours[vid]]["provisioner-pool"] for vid in live)
 
-        async with grpc.aio.insecure_channel(proc.address) as ch:
+        async with cluster_channel(tmp_path / "data", None, proc.address, CLUSTER) as ch:
             stub = c_grpc.ClusterServiceStub(ch)
             spec = pb.SessionSpec(request_id="gke-1", user_id="ada", accelerator="gpu-t4x2", image="gpu:latest")
             s = (await stub.Allocate(c_pb.AllocateRequest(spec=spec), timeout=10)).session

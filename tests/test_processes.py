@@ -17,6 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from conftest import cluster_channel, front_channel
 from provisioner.config import default_clusters_dir
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -81,6 +82,7 @@ class Fleet:
         address = f"127.0.0.1:{free_port()}"
         self.front = Service([str(PROVISIONER), "serve", "front", "--traces", "none", "--address", address,
                               *routes, *common], address, tmp_path / "front.log")
+        self.data_dir = tmp_path / "data"  # shared: the local CA and token key are made there once
 
     @property
     def services(self) -> list[Service]:
@@ -92,7 +94,7 @@ class Fleet:
 
     async def wait_routable(self, front: Service | None = None, timeout: float = 10.0) -> None:
         """Until the front has every cluster's capacity, so it can route to any of them."""
-        async with grpc.aio.insecure_channel((front or self.front).address) as ch:
+        async with front_channel(self.data_dir, (front or self.front).address) as ch:
             admin = admin_grpc.AdminServiceStub(ch)
             deadline = time.monotonic() + timeout
             while True:
@@ -131,7 +133,7 @@ def _spec(request_id: str, **kw) -> pb.SessionSpec:
 
 
 async def test_cli_creates_and_stops_a_session_on_separate_processes(fleet):
-    front = ["--front", fleet.front.address, "--json"]
+    front = ["--front", fleet.front.address, "--data-dir", str(fleet.data_dir), "--json"]
     code, out, err = await cli("session", "create", "--user", "u", "--accelerator", "gpu-p100",
                                "--image", "gpu:latest", "--wait", *front)
     assert code == 0, err
@@ -155,13 +157,13 @@ async def test_cli_creates_and_stops_a_session_on_separate_processes(fleet):
 
 async def test_sigterm_drains_and_a_restart_keeps_the_sessions(fleet):
     victim = fleet.clusters["us-central1"]
-    async with grpc.aio.insecure_channel(fleet.front.address) as front_ch:
+    async with front_channel(fleet.data_dir, fleet.front.address) as front_ch:
         sessions = s_grpc.SessionServiceStub(front_ch)
         spec = _spec("before-sigterm", region_hint="us-central1", region_required=True)
         first = (await sessions.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=10)).session
         assert first.cluster == "us-central1"
 
-        async with grpc.aio.insecure_channel(victim.address) as ch:
+        async with cluster_channel(fleet.data_dir, None, victim.address, "us-central1") as ch:
             await asyncio.wait_for(ch.channel_ready(), 5)
             health = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest())
             assert (await asyncio.wait_for(health.read(), 5)).status == HEALTH.SERVING
@@ -185,7 +187,7 @@ async def test_sigterm_drains_and_a_restart_keeps_the_sessions(fleet):
         assert await asyncio.wait_for(victim.proc.wait(), 8) == 0
         log = victim.log.read_text()
         assert "draining" in log and "stopped" in log, log
-        async with grpc.aio.insecure_channel(victim.address) as ch:
+        async with cluster_channel(fleet.data_dir, None, victim.address, "us-central1") as ch:
             with pytest.raises(grpc.aio.AioRpcError) as gone:
                 await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
             assert gone.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -206,7 +208,7 @@ async def test_sigterm_ends_open_streams_instead_of_waiting_out_the_grace(tmp_pa
                       address, tmp_path / "cluster.log")
     try:
         await cluster.start()
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with cluster_channel(tmp_path / "data", None, address, "us-central1") as ch:
             # What a front holds open on every cluster.
             capacity = cluster_grpc.ClusterServiceStub(ch).WatchCapacity(cluster_pb.WatchCapacityRequest())
             await asyncio.wait_for(capacity.read(), 5)

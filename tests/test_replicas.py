@@ -15,6 +15,7 @@ import time
 import grpc
 import pytest
 
+from conftest import cluster_channel, front_channel
 from provisioner.config import default_clusters_dir
 from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
@@ -56,7 +57,7 @@ async def test_only_the_leader_acts_and_the_standby_takes_over(tmp_path, postgre
         standby = await spawn(argv(addresses[1]), tmp_path / "standby.log")
         standby_line = asyncio.ensure_future(standby.stdout.readline())
 
-        async with grpc.aio.insecure_channel(addresses[0]) as ch:
+        async with cluster_channel(data_dir, None, addresses[0], CLUSTER) as ch:
             stub = c_grpc.ClusterServiceStub(ch)
             made = []
             for i in range(4):
@@ -77,10 +78,11 @@ async def test_only_the_leader_acts_and_the_standby_takes_over(tmp_path, postgre
         print(f"standby serving {took_over_s:.2f} s after the leader was killed")
         assert took_over_s < 10
 
-        async with grpc.aio.insecure_channel(addresses[1]) as ch:
+        async with cluster_channel(data_dir, None, addresses[1], CLUSTER) as ch:
             stub = c_grpc.ClusterServiceStub(ch)
             for s in made:  # the same sessions, from the shared database
-                got = (await stub.Get(c_pb.GetRequest(request_id=s.spec.request_id), timeout=5)).session
+                got = (await stub.Get(c_pb.GetRequest(request_id=s.spec.request_id, user_id=s.spec.user_id),
+                                      timeout=5)).session
                 assert got.id == s.id
             await asyncio.sleep(2.0)  # the new leader carries on the work under way
         after = calls(data_dir)
@@ -151,8 +153,8 @@ async def test_two_fronts_on_one_postgresql_make_one_session_per_request_id(tmp_
         from provisioner.v1 import session_service_pb2 as s_pb
         from provisioner.v1 import session_service_pb2_grpc as s_grpc
 
-        async with grpc.aio.insecure_channel(fleet.front.address) as a, \
-                grpc.aio.insecure_channel(second.address) as b:
+        async with front_channel(fleet.data_dir, fleet.front.address) as a, \
+                front_channel(fleet.data_dir, second.address) as b:
             stubs = [s_grpc.SessionServiceStub(a), s_grpc.SessionServiceStub(b)]
 
             async def both(i: int) -> set[str]:

@@ -70,8 +70,7 @@ async def traced(tmp_path, otlp_receiver):  # noqa: F811
 async def test_one_trace_from_client_to_cloud(traced):
     fleet, provider, receiver = traced
     tracer = provider.get_tracer("test")
-    async with grpc.aio.insecure_channel(fleet.front_address,
-                                         interceptors=telemetry.client_interceptors(provider)) as ch:
+    async with fleet.front_channel(interceptors=telemetry.client_interceptors(provider)) as ch:
         sessions = s_grpc.SessionServiceStub(ch)
         spec = pb.SessionSpec(request_id="trace-e2e", user_id="alice", accelerator="gpu-p100",
                               image="gpu:latest", region_hint="us-central1")
@@ -133,7 +132,7 @@ async def test_one_trace_from_client_to_cloud(traced):
 
 async def test_cli_trace_is_joined_by_the_fleet(traced):
     fleet, provider, receiver = traced
-    env = {**os.environ, telemetry.ENV_OTLP_ENDPOINT: receiver.endpoint}
+    env = {**os.environ, telemetry.ENV_OTLP_ENDPOINT: receiver.endpoint, "PROVISIONER_DATA_DIR": str(fleet.data_dir)}
     proc = await asyncio.create_subprocess_exec(
         str(PROVISIONER), "--traces", "otlp", "session", "create", "--front", fleet.front_address,
         "--user", "bob", "--accelerator", "gpu-p100", "--image", "gpu:latest", "--json",

@@ -13,6 +13,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from provisioner import telemetry
+from provisioner.api import limits
+from provisioner.security.tls import check_plaintext
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +26,29 @@ ACCEPT_PINGS = [("grpc.http2.min_ping_interval_without_data_ms", 500),
 
 
 class Server:
+    """`guard` authenticates and authorizes every call of ours (api/guard.py); `credentials` are
+    TLS (security/tls.py). Without credentials the server listens in plaintext, which it refuses
+    on a non-loopback address unless `plaintext_anywhere`."""
+
     def __init__(self, address: str, register: Callable[[grpc.aio.Server], Iterable[str]],
-                 tracer_provider=None, on_drain: Callable[[], None] | None = None):
+                 tracer_provider=None, on_drain: Callable[[], None] | None = None, *,
+                 guard: grpc.aio.ServerInterceptor, credentials: grpc.ServerCredentials | None,
+                 plaintext_anywhere: bool = False):
         self.on_drain = on_drain
-        self.server = grpc.aio.server(interceptors=telemetry.server_interceptors(tracer_provider),
-                                      options=ACCEPT_PINGS)
+        # Tracing outermost, so the guard's refusals and the caller's identity land on the span.
+        self.server = grpc.aio.server(interceptors=[*telemetry.server_interceptors(tracer_provider), guard],
+                                      options=[*ACCEPT_PINGS, ("grpc.max_receive_message_length",
+                                                               limits.MAX_REQUEST_BYTES)])
         self.services = list(register(self.server))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
-        self.port = self.server.add_insecure_port(address)
+        if credentials is None:
+            check_plaintext(address, plaintext_anywhere)
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, credentials)
         if self.port == 0:
             raise OSError(f"cannot listen on {address}")
         self.address = f"{address.rsplit(':', 1)[0]}:{self.port}"

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import grpc
 from google.rpc import error_details_pb2
@@ -161,8 +162,44 @@ def _client_flags() -> argparse.ArgumentParser:
                         help="machine-readable JSON on stdout")
     common.add_argument("--timeout", type=_positive_float, default=argparse.SUPPRESS, metavar="SECONDS",
                         help=f"deadline of each call (default {DEFAULT_TIMEOUT_S:g}; not for watches)")
+    common.add_argument("--token", default=argparse.SUPPRESS,
+                        help="bearer token (default: $PROVISIONER_TOKEN, else the file $PROVISIONER_TOKEN_FILE, "
+                             "else a dev token from the local fleet's key in the data dir)")
+    common.add_argument("--ca", default=argparse.SUPPRESS, metavar="PEM",
+                        help="CA certificate to trust for the front (default: $PROVISIONER_CA, else the local "
+                             "fleet's CA in the data dir if there is one, else the system's roots)")
+    common.add_argument("--data-dir", default=argparse.SUPPRESS,
+                        help="the local fleet's data dir, for its CA and key (default: $PROVISIONER_DATA_DIR, "
+                             "else .data)")
     add_trace_flag(common)
     return common
+
+
+def credentials(args: argparse.Namespace) -> grpc.ChannelCredentials:
+    """TLS to the front with a bearer token on every call: from flags or the environment, else
+    the local fleet's own CA and a dev token minted with its key (`provisioner up` makes both)."""
+    from provisioner.security import client as security
+
+    data_dir = Path(getattr(args, "data_dir", None) or os.environ.get("PROVISIONER_DATA_DIR") or ".data")
+    token = getattr(args, "token", None) or os.environ.get("PROVISIONER_TOKEN")
+    if not token and (token_file := os.environ.get("PROVISIONER_TOKEN_FILE")):
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise CliError(f"cannot read the token file {token_file}: {e.strerror or e}") from None
+    if not token:
+        try:
+            token = security.dev_token(data_dir)
+        except FileNotFoundError as e:
+            raise CliError(f"no credentials: give --token (or PROVISIONER_TOKEN); {e}") from None
+    ca_path = getattr(args, "ca", None) or os.environ.get("PROVISIONER_CA")
+    if not ca_path and security.local_ca(data_dir).exists():
+        ca_path = security.local_ca(data_dir)
+    try:
+        ca = Path(ca_path).read_bytes() if ca_path else None
+    except OSError as e:
+        raise CliError(f"cannot read the CA certificate {ca_path}: {e.strerror or e}") from None
+    return security.front_credentials(ca, token)
 
 
 # --- running a command ---------------------------------------------------------------------
@@ -236,7 +273,7 @@ def _run(name: str, handler: Callable[[Client, argparse.Namespace], int],
          args: argparse.Namespace) -> int:
     tracing = Tracing(trace_exporter(args))
     try:
-        channel = grpc.insecure_channel(front_address(args), options=[
+        channel = grpc.secure_channel(front_address(args), credentials(args), options=[
             ("grpc.enable_retries", 1), ("grpc.service_config", _SERVICE_CONFIG)])
         with tracing.wrap(channel) as channel, tracing.span(f"cli {name}"):
             return handler(Client(channel, args), args)

@@ -32,10 +32,13 @@ class ClusterClient:
     """One cluster: its stubs, and its capacity as last streamed. Unhealthy while the stream is down."""
 
     def __init__(self, name: str, region: str, address: str, tracer_provider=None,
-                 interceptors: Sequence[grpc.aio.ClientInterceptor] = ()):
+                 interceptors: Sequence[grpc.aio.ClientInterceptor] = (), *,
+                 credentials: grpc.ChannelCredentials, server_name: str):
+        """Mutual TLS: `credentials` carry the front's certificate, and the cluster must prove it
+        is `server_name` (whatever address it is reached at)."""
         self.name, self.region, self.address = name, region, address
-        self.channel = grpc.aio.insecure_channel(
-            address, options=KEEPALIVE,
+        self.channel = grpc.aio.secure_channel(
+            address, credentials, options=[*KEEPALIVE, ("grpc.ssl_target_name_override", server_name)],
             interceptors=[*telemetry.client_interceptors(tracer_provider), *interceptors])
         self.breaker = CircuitBreaker()
         self.sessions = cluster_grpc.ClusterServiceStub(self.channel)

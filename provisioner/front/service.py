@@ -15,7 +15,7 @@ import grpc
 from opentelemetry import trace
 
 from provisioner import telemetry
-from provisioner.api import convert
+from provisioner.api import convert, guard
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.cluster.core import cluster_of
 from provisioner.audit import AuditLog
@@ -89,13 +89,15 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         span = trace.get_current_span()
         if not request.spec.request_id:
             request.spec.request_id = str(uuid.uuid4())
+        if owner := guard.current().owner:  # a user creates sessions for itself only
+            request.spec.user_id = owner
         spec = convert.spec_from_pb(request.spec)
         image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
         span.set_attributes({telemetry.ATTR_REQUEST_ID: spec.request_id, telemetry.ATTR_USER: spec.user_id,
                              telemetry.ATTR_IMAGE: image, telemetry.ATTR_POOL: spec.accelerator})
         deadline = asyncio.get_running_loop().time() + _remaining(context)
-        async with self.placement.exclusive(spec.request_id):
-            if known := self.store.session_for_request(spec.request_id):
+        async with self.placement.exclusive(spec.key):
+            if known := self.store.session_for_request(spec.key):
                 span.add_event("duplicate request", {"session.id": known})
                 resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
                 return session_pb.CreateSessionResponse(session=resp.session)
@@ -114,7 +116,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     @unary
     async def GetSession(self, request, context):
         resp = await call(self.fleet.for_session(request.session_id).sessions.Get,
-                          cluster_pb.GetRequest(session_id=request.session_id))
+                          cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner))
         return session_pb.GetSessionResponse(session=resp.session)
 
     async def _user_sessions(self, user_id: str, states) -> list[pb.Session]:
@@ -135,9 +137,10 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     @unary
     async def ListSessions(self, request, context):
-        if not request.user_id:
+        user_id = request.user_id or guard.current().owner
+        if not user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
-        sessions = await self._user_sessions(request.user_id, list(request.states))
+        sessions = await self._user_sessions(user_id, list(request.states))
         items, token = page(sessions, request.page_size, request.page_token)
         return session_pb.ListSessionsResponse(sessions=items, next_page_token=token)
 
@@ -145,7 +148,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     async def WatchSession(self, request, context):
         client = self.fleet.for_session(request.session_id)
         call = client.sessions.Watch(cluster_pb.WatchRequest(
-            session_id=request.session_id, after_revision=request.after_revision))
+            session_id=request.session_id, after_revision=request.after_revision, user_id=guard.current().owner))
         self._streams.add(call)
         try:
             async for resp in call:
@@ -168,22 +171,24 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     @unary
     async def TouchSession(self, request, context):
         resp = await call(self.fleet.for_session(request.session_id).sessions.Touch,
-                          cluster_pb.TouchRequest(session_id=request.session_id))
+                          cluster_pb.TouchRequest(session_id=request.session_id, user_id=guard.current().owner))
         return session_pb.TouchSessionResponse(session=resp.session)
 
     @unary
     async def StopSession(self, request, context):
         resp = await call(self.fleet.for_session(request.session_id).sessions.Stop,
-                          cluster_pb.StopRequest(session_id=request.session_id, reason=request.reason))
+                          cluster_pb.StopRequest(session_id=request.session_id, reason=request.reason,
+                                                 user_id=guard.current().owner))
         return session_pb.StopSessionResponse(session=resp.session)
 
     @unary
     async def GetQuota(self, request, context):
-        if not request.user_id:
+        user_id = request.user_id or guard.current().owner
+        if not user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
         now = self.clock.now()
         week_start = now - (now % WEEK_S)
-        sessions = await self._user_sessions(request.user_id, [])
+        sessions = await self._user_sessions(user_id, [])
         used_s = 0.0
         for s in sessions:
             ready = s.ready_time.ToNanoseconds() / 1e9
@@ -193,7 +198,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             used_s += max(0.0, end - max(ready, week_start))
         q = self.limits.quotas
         return session_pb.GetQuotaResponse(quota=pb.Quota(
-            user_id=request.user_id, gpu_hours_limit=q.gpu_hours_per_week, gpu_hours_used=used_s / 3600,
+            user_id=user_id, gpu_hours_limit=q.gpu_hours_per_week, gpu_hours_used=used_s / 3600,
             reset_time=convert.timestamp(week_start + WEEK_S), max_active_sessions=q.max_active_sessions_per_user,
             active_sessions=sum(1 for s in sessions if s.state in LIVE_STATES)))
 

@@ -1,0 +1,221 @@
+"""The server's edge: every call is decoded, bounded, authenticated and authorized here, before
+any servicer sees it.
+
+One interceptor per server turns credentials (a bearer token at the front, the peer's
+certificate at a cluster) into a typed `Caller`, decodes the request itself (so undecodable bytes
+are INVALID_ARGUMENT, not a traceback), checks its limits, asks the pure `authorize`, and hands
+the servicer the caller and the user it may act for (`current()`). Admin actions and refused
+calls go to the audit log. Health and reflection stay anonymous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+from opentelemetry import trace
+
+from provisioner.api import limits
+from provisioner.api.status import abort
+from provisioner.audit import DENIED, OK, AuditLog
+from provisioner.errors import InvalidArgument, PermissionDenied, ProvisionerError, QuotaExceeded, Unauthenticated
+from provisioner.security.auth import ADMIN_SERVICE, ANONYMOUS, ANONYMOUS_SERVICES, Caller, Decision, Rule, authorize
+from provisioner.security.tokens import TokenVerifier
+
+log = logging.getLogger(__name__)
+
+ATTR_CALLER, ATTR_ROLES = "provisioner.caller", "provisioner.caller.roles"
+
+
+@dataclass(frozen=True)
+class Access:
+    """What the servicer gets: who called, and the only user whose sessions it may touch ("" = any)."""
+
+    caller: Caller
+    owner: str = ""
+
+
+_ACCESS: ContextVar[Access | None] = ContextVar("provisioner_access", default=None)
+
+
+def current() -> Access:
+    """The access of the call being served. Outside a guarded call (an in-process test of a
+    servicer) there is none, which is a bug: refuse rather than serve unguarded."""
+    access = _ACCESS.get()
+    if access is None:
+        raise PermissionDenied("no authenticated caller")
+    return access
+
+
+Identify = Callable[[grpc.aio.ServicerContext], Awaitable[Caller]]
+
+
+def bearer_identity(verifier: TokenVerifier) -> Identify:
+    """At the front: the caller is whoever the `authorization: Bearer <JWT>` token names."""
+
+    async def identify(context: grpc.aio.ServicerContext) -> Caller:
+        token = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, token = value.partition(" ")
+                if scheme.lower() != "bearer":
+                    raise Unauthenticated("the authorization header must be 'Bearer <token>'")
+                break
+        if not token:
+            return ANONYMOUS
+        if (caller := verifier.cached(token)) is not None:
+            return caller
+        # A first sight of a token may fetch the issuer's keys: off the event loop.
+        return await asyncio.to_thread(verifier.verify, token.strip())
+
+    return identify
+
+
+def certificate_identity(names_to_roles: dict[str, frozenset[str]]) -> Identify:
+    """At a cluster: the caller is the name in its verified client certificate (mTLS)."""
+
+    async def identify(context: grpc.aio.ServicerContext) -> Caller:
+        auth = context.auth_context() or {}
+        names = [n.decode(errors="replace") for n in auth.get("x509_subject_alternative_name", ())]
+        names += [n.decode(errors="replace") for n in auth.get("x509_common_name", ())]
+        for name in names:
+            if name in names_to_roles:
+                return Caller(name, names_to_roles[name], "certificate")
+        return Caller(names[0], frozenset(), "certificate") if names else ANONYMOUS
+
+    return identify
+
+
+class Guard(grpc.aio.ServerInterceptor):
+    def __init__(self, policy: dict[str, Rule], identify: Identify, audit: AuditLog | None = None,
+                 max_streams: Callable[[Caller], int] | None = None):
+        self.policy = policy
+        self.identify = identify
+        self.audit = audit
+        self.max_streams = max_streams
+        self._streams: dict[str, int] = {}  # open streams by caller identity
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        method = details.method
+        if handler is None or method.split("/")[1] in ANONYMOUS_SERVICES:
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(method, handler), response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(method, handler), response_serializer=handler.response_serializer)
+        return None  # no RPC of ours streams requests: UNIMPLEMENTED
+
+    def _unary(self, method: str, handler: grpc.RpcMethodHandler):
+        async def behavior(raw: bytes, context: grpc.aio.ServicerContext):
+            request, access = await self._admit(method, handler, raw, context)
+            token = _ACCESS.set(access)
+            outcome = OK
+            try:
+                return await handler.unary_unary(request, context)
+            except BaseException:
+                outcome = _code_name(context)
+                raise
+            finally:
+                _ACCESS.reset(token)
+                if self.audit is not None and is_admin_action(method):
+                    self._audit(access.caller, method, request, outcome)
+
+        return behavior
+
+    def _stream(self, method: str, handler: grpc.RpcMethodHandler):
+        async def behavior(raw: bytes, context: grpc.aio.ServicerContext):
+            request, access = await self._admit(method, handler, raw, context)
+            identity = access.caller.identity
+            cap = self.max_streams(access.caller) if self.max_streams else None
+            if cap is not None and self._streams.get(identity, 0) >= cap:
+                await self._refuse(context, access.caller, method,
+                                   QuotaExceeded(f"at most {cap} open streams per caller", retry_after_s=5.0))
+            self._streams[identity] = self._streams.get(identity, 0) + 1
+            token = _ACCESS.set(access)
+            try:
+                async for item in handler.unary_stream(request, context):
+                    yield item
+            finally:
+                _ACCESS.reset(token)
+                self._streams[identity] -= 1
+                if not self._streams[identity]:
+                    del self._streams[identity]
+
+        return behavior
+
+    async def _admit(self, method: str, handler, raw: bytes, context) -> tuple[object, Access]:
+        """Identify, decode, bound, authorize: the request and the caller's access, or an abort."""
+        try:
+            caller = await self.identify(context)
+        except ProvisionerError as err:
+            await self._refuse(context, ANONYMOUS, method, err)
+        span = trace.get_current_span()
+        span.set_attributes({ATTR_CALLER: caller.identity, ATTR_ROLES: ",".join(sorted(caller.roles))})
+        try:
+            request = handler.request_deserializer(raw)
+        except (DecodeError, ValueError, TypeError):
+            await abort(context, InvalidArgument("the request could not be decoded"))
+        decision: Decision = authorize(self.policy, caller, method, request)
+        if not decision.allowed:
+            err = (Unauthenticated if decision.code == "UNAUTHENTICATED" else PermissionDenied)(decision.reason)
+            await self._refuse(context, caller, method, err)
+        try:
+            limits.check_request(request)
+        except InvalidArgument as err:
+            await abort(context, err)
+        return request, Access(caller, decision.owner)
+
+    async def _refuse(self, context, caller: Caller, method: str, err: ProvisionerError):
+        if self.audit is not None and not isinstance(err, QuotaExceeded):
+            self._audit(caller, method, None, DENIED, err.message)
+        trace.get_current_span().add_event("refused", {"code": err.grpc_code, "reason": err.message})
+        await abort(context, err)
+
+    def _audit(self, caller: Caller, method: str, request, outcome: str, detail: str = "") -> None:
+        try:
+            self.audit.append(caller.identity, sorted(caller.roles), method, _target(request), outcome, detail)
+        except Exception:
+            # The action itself is done (or refused); a failed audit write must not change its answer.
+            log.exception("audit record for %s by %s could not be written", method, caller.identity)
+
+
+def is_admin_action(method: str) -> bool:
+    """AdminService calls that change something (drain, policy, prewarm, evict...): audited.
+    Its List* reads are not, or every status poll would fill the log."""
+    return method.startswith(ADMIN_SERVICE) and not method.removeprefix(ADMIN_SERVICE).startswith("List")
+
+
+def _target(request) -> str:
+    """What an admin call acted on, in a few words (cluster, pool, vm, image...)."""
+    if request is None:
+        return ""
+    parts = []
+    for name in ("cluster", "pool", "vm_id", "image", "count"):
+        value = getattr(request, name, None)
+        if value:
+            parts.append(f"{name}={value}")
+    return " ".join(parts)
+
+
+def _code_name(context) -> str:
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    return "CANCELLED" if code is None else str(code)
+
+
+def stream_caps(caps_by_role: dict[str, int]) -> Callable[[Caller], int]:
+    """A caller may hold as many streams as its broadest role allows."""
+
+    def cap(caller: Caller) -> int:
+        return max((caps_by_role.get(r, 0) for r in caller.roles), default=0) or min(caps_by_role.values())
+
+    return cap
