@@ -166,16 +166,16 @@ class Guard(grpc.aio.ServerInterceptor):
         decision: Decision = authorize(self.policy, caller, method, request)
         if not decision.allowed:
             err = (Unauthenticated if decision.code == "UNAUTHENTICATED" else PermissionDenied)(decision.reason)
-            await self._refuse(context, caller, method, err)
+            await self._refuse(context, caller, method, err, request)
         try:
             limits.check_request(request)
         except InvalidArgument as err:
             await abort(context, err)
         return request, Access(caller, decision.owner)
 
-    async def _refuse(self, context, caller: Caller, method: str, err: ProvisionerError):
+    async def _refuse(self, context, caller: Caller, method: str, err: ProvisionerError, request=None):
         if self.audit is not None and not isinstance(err, QuotaExceeded):
-            self._audit(caller, method, None, DENIED, err.message)
+            self._audit(caller, method, request, DENIED, err.message)
         trace.get_current_span().add_event("refused", {"code": err.grpc_code, "reason": err.message})
         await abort(context, err)
 
@@ -198,7 +198,7 @@ def _target(request) -> str:
     if request is None:
         return ""
     parts = []
-    for name in ("cluster", "pool", "vm_id", "image", "count"):
+    for name in ("cluster", "pool", "vm_id", "image", "count", "session_id", "user_id"):
         value = getattr(request, name, None)
         if value:
             parts.append(f"{name}={value}")

@@ -28,12 +28,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     front.add_argument("--address", default=None, help="where to listen (default: fleet.yaml)")
     front.add_argument("--cluster", action="append", default=[], metavar="NAME=ADDRESS",
                        help="reach a cluster at this address instead of the configured one (repeatable)")
+    front.add_argument("--plaintext", action="store_true",
+                       help="serve clients without TLS (loopback only; tokens are still required)")
+    front.add_argument("--plaintext-anywhere", action="store_true",
+                       help="with --plaintext: also on a non-loopback address, when something in front of "
+                            "the front terminates TLS (a mesh sidecar, a load balancer)")
     front.set_defaults(func=cmd_serve_front)
     cluster = kinds.add_parser("cluster", help="one regional cluster provisioner")
     _common(cluster, 1.0)
     cluster.add_argument("--name", required=True, help="the cluster, as named in clusters/")
     cluster.add_argument("--address", default=None, help="where to listen (default: its clusters/ file)")
     cluster.set_defaults(func=cmd_serve_cluster)
+    for p in (front, cluster):
+        _tls_flags(p)
+
+    token = sub.add_parser("token", help="mint a dev token for the local fleet (signed with its key)")
+    token.add_argument("--subject", default="local-operator",
+                       help="the identity (default local-operator: service and admin on the local fleet; "
+                            "any other name is a user of that id)")
+    token.add_argument("--ttl", type=float, default=3600.0, metavar="SECONDS", help="lifetime (default 3600)")
+    token.add_argument("--data-dir", default=os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR),
+                       help="the local fleet's data dir, which holds its key (env PROVISIONER_DATA_DIR)")
+    token.set_defaults(func=cmd_token)
 
     trace = sub.add_parser("trace", help="show the spans of a session's requests as a tree")
     trace.add_argument("session_id")
@@ -73,6 +89,33 @@ def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
                    help="trace exporter (default: $PROVISIONER_TRACES, else file: <data-dir>/traces.jsonl)")
 
 
+def _tls_flags(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument("--tls-ca", default=env("PROVISIONER_TLS_CA"), metavar="PEM",
+                   help="the CA that signs the fleet's certificates (env PROVISIONER_TLS_CA)")
+    p.add_argument("--tls-cert", default=env("PROVISIONER_TLS_CERT"), metavar="PEM",
+                   help="this process's certificate chain (env PROVISIONER_TLS_CERT)")
+    p.add_argument("--tls-key", default=env("PROVISIONER_TLS_KEY"), metavar="PEM",
+                   help="its private key (env PROVISIONER_TLS_KEY). Without the three: a local CA under "
+                        "--data-dir, for a fleet on one machine")
+
+
+def _tls_files(args):
+    """The TLS files the flags name, or None for the local CA's."""
+    from provisioner.security.pki import TlsFiles
+
+    given = [args.tls_ca, args.tls_cert, args.tls_key]
+    if not any(given):
+        return None
+    if not all(given):
+        raise SystemExit("error: --tls-ca, --tls-cert and --tls-key go together")
+    files = TlsFiles(*(Path(f) for f in given))
+    for path in given:
+        if not Path(path).is_file():
+            raise SystemExit(f"error: no such file: {path}")
+    return files
+
+
 def _setup(args, service: str):
     from provisioner import telemetry
     from provisioner.clock import RealClock, shared_origin
@@ -100,6 +143,7 @@ def _serve_until_signalled(provider, start) -> int:
     or Ctrl-C, then drains and flushes the spans."""
     from provisioner.api.server import stop_event_on_signals
 
+    from provisioner.security.tls import PlaintextRefused
     from provisioner.store import StoreError
 
     async def run() -> None:
@@ -120,7 +164,7 @@ def _serve_until_signalled(provider, start) -> int:
 
     try:
         asyncio.run(run())
-    except StoreError as e:
+    except (StoreError, PlaintextRefused) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
@@ -179,6 +223,7 @@ async def _wait_warm(local) -> None:
 
 def cmd_serve_cluster(args) -> int:
     fleet, data_dir, clock, provider, _ = _setup(args, f"provisioner-cluster-{args.name}")
+    tls_files = _tls_files(args)
     if args.name not in fleet.cluster_names:
         raise SystemExit(f"error: no cluster {args.name!r} in the fleet; clusters: {', '.join(fleet.cluster_names)}")
 
@@ -186,7 +231,7 @@ def cmd_serve_cluster(args) -> int:
         from provisioner.serve import start_cluster
 
         proc = await start_cluster(fleet, args.name, clock, data_dir, address=args.address, tracer_provider=provider,
-                                   database_url=args.database_url)
+                                   database_url=args.database_url, tls_files=tls_files)
         print(f"cluster {args.name} listening on {proc.address}", flush=True)
         return proc.stop
 
@@ -195,6 +240,9 @@ def cmd_serve_cluster(args) -> int:
 
 def cmd_serve_front(args) -> int:
     fleet, data_dir, clock, provider, _ = _setup(args, "provisioner-front")
+    tls_files = _tls_files(args)
+    if args.plaintext_anywhere and not args.plaintext:
+        raise SystemExit("error: --plaintext-anywhere goes with --plaintext")
     overrides = {}
     for item in args.cluster:
         name, sep, address = item.partition("=")
@@ -206,11 +254,26 @@ def cmd_serve_front(args) -> int:
         from provisioner.serve import start_front
 
         proc = await start_front(fleet, clock, data_dir, address=args.address, cluster_addresses=overrides,
-                                 tracer_provider=provider, database_url=args.database_url)
+                                 tracer_provider=provider, database_url=args.database_url, tls_files=tls_files,
+                                 plaintext=args.plaintext, plaintext_anywhere=args.plaintext_anywhere)
         print(f"front listening on {proc.address}", flush=True)
         return proc.stop
 
     return _serve_until_signalled(provider, start)
+
+
+def cmd_token(args) -> int:
+    from provisioner.security.client import dev_token
+
+    if args.ttl <= 0:
+        print("error: --ttl must be > 0", file=sys.stderr)
+        return 2
+    try:
+        print(dev_token(Path(args.data_dir), args.subject, args.ttl))
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_trace(args) -> int:

@@ -93,7 +93,8 @@ class TokenVerifier:
         expires = float(claims["exp"]) if isinstance(claims["exp"], (int, float)) else 0.0
         if now >= expires + LEEWAY_S:
             raise Unauthenticated("the token has expired")
-        if isinstance(claims.get("nbf"), (int, float)) and now + LEEWAY_S < claims["nbf"]:
+        starts = max((claims[c] for c in ("nbf", "iat") if isinstance(claims.get(c), (int, float))), default=0.0)
+        if now + LEEWAY_S < starts:
             raise Unauthenticated("the token is not valid yet")
         caller = issuer.caller(claims)
         self._remember(token, caller, expires)
