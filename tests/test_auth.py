@@ -88,3 +88,28 @@ def test_bad_tokens_are_unauthenticated(make, reason):
     verifier = TokenVerifier([_issuer(key)], wall=lambda: 1_000_000.0)
     with pytest.raises(Unauthenticated, match=reason):
         verifier.verify(make(key, other))
+
+
+@pytest.mark.parametrize("address, anywhere, refused", [
+    ("127.0.0.1:0", False, False), ("localhost:0", False, False), ("[::1]:0", False, False),
+    ("0.0.0.0:0", False, True), ("10.1.2.3:50051", False, True), ("front.internal:443", False, True),
+    ("0.0.0.0:0", True, False),
+])
+def test_plaintext_is_for_loopback_unless_said_otherwise(address, anywhere, refused):
+    from provisioner.security.tls import PlaintextRefused, check_plaintext
+
+    if refused:
+        with pytest.raises(PlaintextRefused, match="non-loopback"):
+            check_plaintext(address, anywhere)
+    else:
+        check_plaintext(address, anywhere)
+
+
+def test_a_front_refuses_to_start_in_plaintext_on_a_public_address(tmp_path):
+    from provisioner.api.guard import Guard, bearer_identity
+    from provisioner.api.server import Server
+    from provisioner.security.tls import PlaintextRefused
+
+    guard = Guard({}, bearer_identity(TokenVerifier([])))
+    with pytest.raises(PlaintextRefused):
+        Server("0.0.0.0:0", lambda server: [], guard=guard, credentials=None)
