@@ -129,7 +129,7 @@ def _bad_field(err: grpc.aio.AioRpcError) -> str:
     (pb.PoolPolicy(headroom_fraction=math.inf), "policy.headroom_fraction"),
     (pb.PoolPolicy(min_vms=7, max_vms=5), "policy.min_vms"),
     (pb.PoolPolicy(max_vms=401), "policy.max_vms"),  # europe-west4's gpu-p100: max_vms 400, no higher limit
-    (pb.PoolPolicy(min_vms=2_000_000_000, max_vms=2_000_000_000), "policy.max_vms"),
+    (pb.PoolPolicy(min_vms=50_000, max_vms=50_000), "policy.max_vms"),  # within the API's limits, over the file's
 ])
 async def test_set_pool_policy_out_of_bounds_is_invalid_argument(local_fleet, policy, field):
     req = admin_pb.SetPoolPolicyRequest(cluster="europe-west4", pool="gpu-p100", policy=policy)
@@ -214,6 +214,7 @@ async def test_cli_set_policy_then_reset_policy(local_fleet, capsys, monkeypatch
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # the CLI's tracing stays its own
     monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
     monkeypatch.delenv("PROVISIONER_TRACES", raising=False)
+    monkeypatch.setenv("PROVISIONER_DATA_DIR", str(local_fleet.data_dir))  # its CA and token key
 
     async def run(*argv: str):
         rc = await asyncio.to_thread(cli.main, ["admin", *argv, "--front", local_fleet.front_address, "--json"])
