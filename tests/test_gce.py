@@ -406,3 +406,39 @@ async def test_a_health_check_reuses_a_recent_read_instead_of_queueing(tmp_path,
     report = await b.health("vm-q", "us-central1-f")
     assert not report.healthy and report.detail == "GPU 0 at 90 C"
     await b.close()
+
+
+async def test_a_burst_of_429s_fails_no_session_and_deletes_no_vm(tmp_path, fake, loopback_only):
+    """The cluster's health pass during a burst of 429s on every read: the running session keeps
+    running and no healthy VM is deleted."""
+    from provisioner.cluster.core import ClusterCore, IdSource
+    from provisioner.cluster.runtime import ClusterRuntime
+    from provisioner.model import SessionSpec
+
+    config = gce_fleet(tmp_path, fake, retry_attempts=2)
+    cfg = config.cluster(CLUSTER)
+    clock = RealClock(TIME_SCALE)
+    runtime = ClusterRuntime(ClusterCore(cfg, config.catalog, config.settings.sessions, IdSource(CLUSTER)),
+                             GceBackend(cfg, clock), clock)
+    await runtime.start()
+    try:
+        core = runtime.core
+        await until(lambda: all(n >= 2 for n in warm_per_pool(runtime_proc(runtime)).values()), what="warm pools")
+        s = runtime.allocate(SessionSpec("burst-1", "ada", "gpu-p100", "gpu:latest"))
+        await until(lambda: s.state.value == "running", what="running session")
+        live = {vid for vid, vm in core.vms.items() if vm.state.value in ("warm", "assigned")}
+        for op in ("get", "getGuestAttributes"):
+            fake.fail_next(op, 429, 200)
+        await runtime._check_health()
+        assert {c.status for c in fake.calls("get")[-4:]} == {429}  # the pass did read into the burst
+        fake.failing.clear()
+        assert s.state.value == "running"
+        assert all(core.vms[vid].healthy and core.vms[vid].state.value != "deleting" for vid in live)
+        assert live <= fake.names(PROJECT)
+    finally:
+        await runtime.close()
+
+
+def runtime_proc(runtime):
+    """What warm_per_pool reads from a cluster process."""
+    return type("Proc", (), {"runtime": runtime})
