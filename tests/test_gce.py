@@ -423,7 +423,7 @@ async def test_a_burst_of_429s_fails_no_session_and_deletes_no_vm(tmp_path, fake
     await runtime.start()
     try:
         core = runtime.core
-        await until(lambda: all(n >= 2 for n in warm_per_pool(runtime_proc(runtime)).values()), what="warm pools")
+        await until(lambda: sum(vm.state.value == "warm" for vm in core.vms.values()) >= 4, what="warm pools")
         s = runtime.allocate(SessionSpec("burst-1", "ada", "gpu-p100", "gpu:latest"))
         await until(lambda: s.state.value == "running", what="running session")
         live = {vid for vid, vm in core.vms.items() if vm.state.value in ("warm", "assigned")}
@@ -437,8 +437,3 @@ async def test_a_burst_of_429s_fails_no_session_and_deletes_no_vm(tmp_path, fake
         assert live <= fake.names(PROJECT)
     finally:
         await runtime.close()
-
-
-def runtime_proc(runtime):
-    """What warm_per_pool reads from a cluster process."""
-    return type("Proc", (), {"runtime": runtime})
