@@ -63,9 +63,6 @@ class Gpus:
             except nv.NVMLError:
                 pass  # this GPU cannot report XIDs as events
 
-    def stop(self) -> None:
-        self.nvml.nvmlShutdown()
-
     def _handles(self) -> list:
         nv = self.nvml
         return [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
