@@ -14,7 +14,6 @@ import json
 import socket
 import time
 
-import grpc
 import pytest
 
 from conftest import cluster_channel, fleet_config
