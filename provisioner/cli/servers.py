@@ -188,6 +188,8 @@ def cmd_up(args) -> int:
         where = (f"PostgreSQL {redact(args.database_url)}" if args.database_url
                  else "SQLite: front.db, cluster-*.db; simulated cloud: sim-cloud-*.db")
         print(f"data      {data_dir}/   ({where})")
+        print(f"security  {data_dir}/tls/ca.pem (the local CA), {data_dir}/auth/ (token key): the CLI uses "
+              "both; provisioner token --subject NAME mints a user's token")
         if exporter == "file":
             print(f"traces    {data_dir}/traces.jsonl   (provisioner trace SESSION_ID)")
         print(f"time      x{args.time_scale:g} (model seconds per wall second)")
