@@ -105,7 +105,7 @@ class IdSource:
 
     def __init__(self, cluster: str, seed: int | None = None):
         self.cluster = cluster
-        self._rng = random.Random(seed)
+        self._rng = random.SystemRandom() if seed is None else random.Random(seed)
 
     def _suffix(self) -> str:
         return f"{self._rng.getrandbits(40):010x}"
