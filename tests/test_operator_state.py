@@ -124,22 +124,23 @@ def _bad_field(err: grpc.aio.AioRpcError) -> str:
     return ""
 
 
-@pytest.mark.parametrize("policy, field", [
-    (pb.PoolPolicy(headroom_fraction=math.nan), "policy.headroom_fraction"),
-    (pb.PoolPolicy(headroom_fraction=math.inf), "policy.headroom_fraction"),
-    (pb.PoolPolicy(min_vms=7, max_vms=5), "policy.min_vms"),
-    (pb.PoolPolicy(max_vms=401), "policy.max_vms"),  # europe-west4's gpu-p100: max_vms 400, no higher limit
-    (pb.PoolPolicy(min_vms=50_000, max_vms=50_000), "policy.max_vms"),  # within the API's limits, over the file's
-])
-async def test_set_pool_policy_out_of_bounds_is_invalid_argument(local_fleet, policy, field):
-    req = admin_pb.SetPoolPolicyRequest(cluster="europe-west4", pool="gpu-p100", policy=policy)
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await local_fleet.admin.SetPoolPolicy(req)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert _bad_field(err.value) == field
+async def test_set_pool_policy_out_of_bounds_is_invalid_argument(local_fleet):
+    for policy, field in [
+        (pb.PoolPolicy(headroom_fraction=math.nan), "policy.headroom_fraction"),
+        (pb.PoolPolicy(headroom_fraction=math.inf), "policy.headroom_fraction"),
+        (pb.PoolPolicy(min_vms=7, max_vms=5), "policy.min_vms"),
+        (pb.PoolPolicy(max_vms=401), "policy.max_vms"),  # europe-west4's gpu-p100: max_vms 400, no higher limit
+        (pb.PoolPolicy(min_vms=50_000, max_vms=50_000), "policy.max_vms"),  # within the API's limits, over the file's
+    ]:
+        req = admin_pb.SetPoolPolicyRequest(cluster="europe-west4", pool="gpu-p100", policy=policy)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await local_fleet.admin.SetPoolPolicy(req)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, policy
+        assert _bad_field(err.value) == field, policy
     pools = await local_fleet.admin.ListPools(admin_pb.ListPoolsRequest(cluster="europe-west4"))
     p100 = next(p for p in pools.pools if p.name == "gpu-p100")
     assert (p100.policy.min_vms, p100.policy.max_vms, p100.policy.headroom_fraction) == (1, 400, 0.2)
+    assert local_fleet.cluster("europe-west4").store.load_operator_state("europe-west4") == {}
 
 
 async def test_drain_and_policy_survive_a_restart_and_reset_undoes_the_policy(tmp_path):
