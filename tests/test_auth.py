@@ -105,7 +105,7 @@ def test_plaintext_is_for_loopback_unless_said_otherwise(address, anywhere, refu
         check_plaintext(address, anywhere)
 
 
-def test_a_front_refuses_to_start_in_plaintext_on_a_public_address(tmp_path):
+async def test_a_front_refuses_to_start_in_plaintext_on_a_public_address():
     from provisioner.api.guard import Guard, bearer_identity
     from provisioner.api.server import Server
     from provisioner.security.tls import PlaintextRefused
