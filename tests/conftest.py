@@ -7,11 +7,12 @@ takes 0.3 s and a full image pull 2 s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -141,13 +142,22 @@ def cluster_channel(data_dir: Path, security: SecurityConfig | None, address: st
                                    options=[("grpc.ssl_target_name_override", security.cluster_name(cluster))])
 
 
+@contextlib.asynccontextmanager
+async def warm_fleet(config: FleetConfig, data_dir: Path) -> AsyncIterator[FleetHandle]:
+    """A fleet whose pools hold their minimum of warm VMs, stopped on the way out."""
+    handle = await start_fleet(config, data_dir)
+    try:
+        await handle.wait_warm()
+        yield handle
+    finally:
+        await handle.channel.close()
+        await handle.fleet.stop(0.5)
+
+
 @pytest.fixture
 async def local_fleet(tmp_path):
-    handle = await start_fleet(fleet_config(tmp_path), tmp_path / "data")
-    await handle.wait_warm()
-    yield handle
-    await handle.channel.close()
-    await handle.fleet.stop(0.5)
+    async with warm_fleet(fleet_config(tmp_path), tmp_path / "data") as handle:
+        yield handle
 
 
 @pytest.fixture(scope="session")

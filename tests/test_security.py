@@ -11,7 +11,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import fleet_config, start_fleet
+from conftest import fleet_config, start_fleet, warm_fleet
 from provisioner.security.client import dev_token
 from provisioner.config import load_fleet
 from provisioner.security.tokens import ensure_local_key, mint
@@ -62,11 +62,8 @@ def with_roles(tmp_path):
 
 @pytest.fixture
 async def fleet(tmp_path):
-    handle = await start_fleet(with_roles(tmp_path), tmp_path / "data")
-    await handle.wait_warm()
-    yield handle
-    await handle.channel.close()
-    await handle.fleet.stop(0.5)
+    async with warm_fleet(with_roles(tmp_path), tmp_path / "data") as handle:
+        yield handle
 
 
 def spec(user: str, request_id: str | None = None, **kw) -> pb.SessionSpec:
