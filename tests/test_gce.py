@@ -20,7 +20,7 @@ from conftest import cluster_channel, fleet_config
 from fake_compute import FakeCompute
 from provisioner.clock import RealClock
 from provisioner.cloud.base import CloudFailure, CloudVm, LaunchSpec
-from provisioner.cloud.gce import GceBackend, request_id
+from provisioner.cloud.gce import GUEST_IDLE_MAX_S, GceBackend, request_id
 from provisioner.serve import start_cluster
 from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
@@ -323,6 +323,7 @@ async def test_a_burst_of_429s_on_reads_leaves_a_healthy_vm_healthy(tmp_path, fa
     await ready_vm(b, "vm-h")
     for op, status in (("get", 429), ("get", 503), ("getGuestAttributes", 429)):
         fake.failing.clear()
+        await b.clock.sleep(GUEST_IDLE_MAX_S + 1)  # the last guest-attribute read is too old to reuse
         fake.fail_next(op, status, 20)  # more than every try (the client library retries some 503s itself)
         before = len(fake.calls(op))
         report = await b.health("vm-h", "us-central1-f")
