@@ -7,6 +7,7 @@ clusters/<name>.yaml   ClusterConfig: one regional cluster, its cloud backend an
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -340,9 +341,31 @@ class FleetConfig(_Model):
 
 # ---- loading -----------------------------------------------------------------------------
 
+ENV_CLUSTERS = "PROVISIONER_CLUSTERS"
+ETC_CLUSTERS = Path("/etc/provisioner")
+
+
 def default_clusters_dir() -> Path:
-    """The source tree's clusters/ (the package is installed editable, next to it)."""
+    """The clusters/ of a source checkout (the package's parent directory); an installed wheel
+    has none there."""
     return Path(__file__).resolve().parent.parent / "clusters"
+
+
+def find_clusters_dir(given: str | Path | None = None) -> Path:
+    """The fleet config directory: `given` (--clusters), else $PROVISIONER_CLUSTERS, else
+    /etc/provisioner, else a source checkout's clusters/. The first one set is used as it is (a
+    wrong flag or variable is an error, not a reason to look further); of the standard places, the
+    first that holds a fleet.yaml. Raises ConfigError naming every place it looked."""
+    if given is not None:
+        return Path(given)
+    if os.environ.get(ENV_CLUSTERS):
+        return Path(os.environ[ENV_CLUSTERS])
+    standard = (ETC_CLUSTERS, default_clusters_dir())
+    for directory in standard:
+        if (directory / FLEET_FILE).is_file():
+            return directory
+    looked = ", ".join(["--clusters (not given)", f"${ENV_CLUSTERS} (not set)", *(str(d) for d in standard)])
+    raise ConfigError("<fleet config>", "<directory>", f"no {FLEET_FILE} found; looked in {looked}")
 
 
 class _Loader(yaml.SafeLoader):
@@ -440,7 +463,7 @@ def load_catalog(path: str | Path) -> ImageCatalog:
 
 def load_fleet(directory: str | Path | None = None) -> FleetConfig:
     """fleet.yaml, images.yaml, and every other *.yaml in `directory` as one cluster each."""
-    directory = Path(directory) if directory is not None else default_clusters_dir()
+    directory = find_clusters_dir(directory)
     if not directory.is_dir():
         raise ConfigError(directory, "<directory>", "not a directory (or missing)")
     settings = load_settings(directory / FLEET_FILE)

@@ -13,6 +13,8 @@ DEFAULT_DATA_DIR = ".data"
 # The local fleet runs model time 30x faster than the wall: a 90 s boot takes 3 s and a full
 # 10-minute image pull 20 s, so a demo never waits minutes (idle culling after 2 real minutes).
 UP_TIME_SCALE = 30.0
+CLUSTERS_HELP = ("fleet config directory (default: $PROVISIONER_CLUSTERS, else /etc/provisioner, else a source "
+                 "checkout's clusters/)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--trace", required=True, help="session trace CSV (arrival_s,user,kind,accelerator,...)")
     sim.add_argument("--scale", type=int, default=1, help="superimpose K shifted copies of the trace (default 1)")
     sim.add_argument("--seed", type=int, default=0, help="seed for the physics, ids and copy offsets")
-    sim.add_argument("--clusters", default=None, help="fleet config directory (default: the shipped clusters/)")
+    sim.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
     sim.add_argument("--policy", choices=["fixed", "headroom", "predictive"], default=None,
                      help="autoscaler for every pool (default: each pool's own, from its config)")
     sim.add_argument("--headroom", type=float, default=None, metavar="FRACTION",
@@ -76,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
-    p.add_argument("--clusters", default=None, help="fleet config directory (default: the shipped clusters/)")
+    p.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
     p.add_argument("--data-dir", default=os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR),
                    help="where the SQLite databases and the span file go (env PROVISIONER_DATA_DIR)")
     p.add_argument("--time-scale", type=float, default=time_scale,
