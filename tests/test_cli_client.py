@@ -22,6 +22,7 @@ from opentelemetry.util._once import Once
 
 from provisioner import cli
 from provisioner.cli import client, render
+from provisioner.client import _base
 from provisioner.security.pki import ensure_local_pki, local_files
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -248,11 +249,11 @@ def test_create_json_sends_the_spec(run, front):
     assert "request id" not in err  # --json keeps stderr quiet
 
 
-def test_create_human_prints_request_id_for_retries(run, front):
+def test_create_human_shows_the_request_id(run, front):
     rc, out, err = run("session", "create", "--user", "ada", "--accelerator", "gpu-p100",
                        "--image", "gpu:v154")
     assert rc == 0
-    assert f"request id: {front.sessions.requests[0].spec.request_id}" in err
+    assert f"{front.sessions.requests[0].spec.request_id}\n" in out and "request id" not in err
     assert "state:" in out and "queued" in out
 
     rc, _, err = run("session", "create", "--user", "ada", "--accelerator", "gpu-p100",
@@ -287,7 +288,7 @@ def test_create_wait_exits_1_when_the_session_fails(run, front):
 
 
 def test_watch_json_lines_and_resume_after_unavailable(run, front, monkeypatch):
-    monkeypatch.setattr(client, "WATCH_RESUMES", 1)
+    monkeypatch.setattr(_base, "WATCH_RESUMES", 1)
     front.sessions.break_watch_once = True
     rc, out, err = run("session", "watch", "us-central1.s1", "--json")
     assert rc == 0, err

@@ -11,6 +11,8 @@ import grpc
 
 from provisioner.agent import cli as agent_cli
 from provisioner.cli import client
+from provisioner.client import ProvisionerError
+from provisioner.client.errors import from_rpc_error
 
 
 def _servers():
@@ -45,8 +47,16 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
         return int(args.func(args) or 0)
-    except grpc.RpcError as e:
-        print(client.describe_rpc_error(e), file=sys.stderr)
+    except ModuleNotFoundError as e:
+        if (e.name or "").startswith("provisioner"):
+            raise
+        # A client-only install (`pip install provisioner`) has the API client, not the servers.
+        print(f"error: this command needs the server's packages ({e.name} is missing): "
+              "pip install 'provisioner[server]'", file=sys.stderr)
+        return 1
+    except (ProvisionerError, grpc.RpcError) as e:
+        err = from_rpc_error(e) if isinstance(e, grpc.RpcError) else e
+        print(client.describe_error(err, client.front_address(args)), file=sys.stderr)
         return 1
     except client.CliError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -17,40 +17,20 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
+from provisioner import client as api
+from provisioner.client import _base, credentials as api_credentials
 from provisioner.cli import render
 from provisioner.v1 import admin_service_pb2 as admin_pb
-from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as session_pb
-from provisioner.v1 import session_service_pb2_grpc as session_grpc
 from provisioner.v1 import types_pb2
 
-DEFAULT_FRONT = "127.0.0.1:50051"
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_FRONT = _base.DEFAULT_FRONT
+DEFAULT_TIMEOUT_S = _base.DEFAULT_TIMEOUT_S
 TRACE_EXPORTERS = ("none", "console", "otlp", "file")
-WATCH_RESUMES = 5
 MAX_AUDIT_PAGE = 500  # the most records the server sends in one page
-
-# Every call the CLI makes is safe to repeat (CreateSession is idempotent by request_id), so the
-# channel itself retries a front that is briefly unreachable.
-_SERVICE_CONFIG = json.dumps({
-    "methodConfig": [{
-        "name": [{"service": "provisioner.v1.SessionService"},
-                 {"service": "provisioner.v1.AdminService"}],
-        "retryPolicy": {
-            "maxAttempts": 3,
-            "initialBackoff": "0.2s",
-            "maxBackoff": "2s",
-            "backoffMultiplier": 2,
-            "retryableStatusCodes": ["UNAVAILABLE"],
-        },
-    }],
-})
 
 S = types_pb2.SessionState
 _ENDED = {S.SESSION_STATE_STOPPED, S.SESSION_STATE_FAILED}
@@ -64,28 +44,14 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
-def describe_rpc_error(err: grpc.RpcError) -> str:
-    """One line: `error: CODE: message`, plus the offending field and retry delay if detailed."""
-    code = err.code() if hasattr(err, "code") else None
-    message = err.details() if hasattr(err, "details") else str(err)
-    extra = []
-    try:
-        status = rpc_status.from_call(err)
-    except (AttributeError, ValueError):  # no rich status, or one that disagrees with the call
-        status = None
-    for detail in status.details if status else []:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            for v in bad.field_violations:
-                why = f": {v.description}" if v.description and v.description not in message else ""
-                extra.append(f"field {v.field}{why}")
-        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            info = error_details_pb2.RetryInfo()
-            detail.Unpack(info)
-            extra.append(f"retry in {render.format_duration(info.retry_delay.ToNanoseconds() / 1e9)}")
-    line = f"error: {code.name if code else 'UNKNOWN'}: {message}"
-    return f"{line} ({'; '.join(extra)})" if extra else line
+def describe_error(err: api.ProvisionerError, front: str) -> str:
+    """One line: `error: CODE: message (field ...; retry in ...)`, with a hint when the front
+    cannot be reached at all."""
+    line = f"error: {err}"
+    if isinstance(err, api.Unavailable) and err.unreachable:
+        line += (f"\nhint: nothing answers at {front}: start the local fleet with `provisioner up`, "
+                 "or point --front (or PROVISIONER_FRONT) at the front")
+    return line
 
 
 # --- arguments -----------------------------------------------------------------------------
@@ -175,31 +141,13 @@ def _client_flags() -> argparse.ArgumentParser:
     return common
 
 
-def credentials(args: argparse.Namespace) -> grpc.ChannelCredentials:
-    """TLS to the front with a bearer token on every call: from flags or the environment, else
-    the local fleet's own CA and a dev token minted with its key (`provisioner up` makes both)."""
-    from provisioner.security import client as security
-
-    data_dir = Path(getattr(args, "data_dir", None) or os.environ.get("PROVISIONER_DATA_DIR") or ".data")
-    token = getattr(args, "token", None) or os.environ.get("PROVISIONER_TOKEN")
-    if not token and (token_file := os.environ.get("PROVISIONER_TOKEN_FILE")):
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as e:
-            raise CliError(f"cannot read the token file {token_file}: {e.strerror or e}") from None
-    if not token:
-        try:
-            token = security.dev_token(data_dir)
-        except FileNotFoundError as e:
-            raise CliError(f"no credentials: give --token (or PROVISIONER_TOKEN); {e}") from None
-    ca_path = getattr(args, "ca", None) or os.environ.get("PROVISIONER_CA")
-    if not ca_path and security.local_ca(data_dir).exists():
-        ca_path = security.local_ca(data_dir)
+def credentials(args: argparse.Namespace) -> api.Credentials:
+    """From flags, else as the client library finds them (environment, local fleet)."""
     try:
-        ca = Path(ca_path).read_bytes() if ca_path else None
-    except OSError as e:
-        raise CliError(f"cannot read the CA certificate {ca_path}: {e.strerror or e}") from None
-    return security.front_credentials(ca, token)
+        return api_credentials.resolve(getattr(args, "token", None), getattr(args, "ca", None),
+                                       getattr(args, "data_dir", None))
+    except api.NoCredentials as e:
+        raise CliError(e.message) from None
 
 
 # --- running a command ---------------------------------------------------------------------
@@ -207,10 +155,12 @@ def credentials(args: argparse.Namespace) -> grpc.ChannelCredentials:
 
 class Client:
     def __init__(self, channel: grpc.Channel, args: argparse.Namespace):
-        self.sessions = session_grpc.SessionServiceStub(channel)
-        self.admin = admin_grpc.AdminServiceStub(channel)
+        self.api = api.Client(front_address(args), channel=channel,
+                              timeout=getattr(args, "timeout", DEFAULT_TIMEOUT_S))
         self.json = getattr(args, "json", False)
-        self.timeout = getattr(args, "timeout", DEFAULT_TIMEOUT_S)
+
+    def call(self, method: str, request):
+        return self.api.call(method, request)
 
     def show(self, obj, text: str) -> None:
         print(json.dumps(obj, indent=2) if self.json else text, flush=True)
@@ -229,7 +179,8 @@ def trace_exporter(args: argparse.Namespace) -> str:
 
 
 class Tracing:
-    """The CLI's tracer, if the telemetry module is installed; otherwise every method is a no-op."""
+    """The CLI's tracer, if the telemetry module and OpenTelemetry are installed; otherwise every
+    method is a no-op."""
 
     def __init__(self, exporter: str):
         self.exporter = exporter
@@ -237,7 +188,8 @@ class Tracing:
         try:
             self._telemetry = importlib.import_module("provisioner.telemetry")
         except ModuleNotFoundError as e:
-            if e.name != "provisioner.telemetry":
+            # Without the module, or with only the client's packages installed: no tracing.
+            if e.name != "provisioner.telemetry" and (e.name or "").startswith("provisioner"):
                 raise
             return
         self.provider = self._telemetry.setup_tracing("provisioner-cli", exporter=exporter)
@@ -273,8 +225,9 @@ def _run(name: str, handler: Callable[[Client, argparse.Namespace], int],
          args: argparse.Namespace) -> int:
     tracing = Tracing(trace_exporter(args))
     try:
-        channel = grpc.secure_channel(front_address(args), credentials(args), options=[
-            ("grpc.enable_retries", 1), ("grpc.service_config", _SERVICE_CONFIG)])
+        creds = credentials(args)
+        channel = grpc.secure_channel(front_address(args),
+                                      api_credentials.front_credentials(creds.ca_pem, creds.token))
         with tracing.wrap(channel) as channel, tracing.span(f"cli {name}"):
             return handler(Client(channel, args), args)
     finally:
@@ -292,42 +245,23 @@ def _show_session(c: Client, s: types_pb2.Session) -> None:
     c.show(render.session_to_json(s), render.session_detail(s, _now()))
 
 
-def watch(c: Client, session_id: str, after_revision: int = 0) -> Iterator[types_pb2.Session]:
-    """Every change of a session; resumes after the last revision seen if the stream breaks."""
-    last, resumes = after_revision, 0
-    while True:
-        req = session_pb.WatchSessionRequest(session_id=session_id, after_revision=last)
-        try:
-            for resp in c.sessions.WatchSession(req):
-                resumes = 0
-                s = resp.session
-                if last and s.revision and s.revision <= last:
-                    continue  # already seen before the stream was resumed
-                last = max(last, s.revision)
-                yield s
-            return
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.UNAVAILABLE or resumes >= WATCH_RESUMES:
-                raise
-            resumes += 1
-            c.note(f"watch interrupted ({e.details()}); resuming after revision {last}")
-            time.sleep(min(0.2 * 2**resumes, 5.0))
-
-
 def session_create(c: Client, args) -> int:
     if args.require_region and not args.region:
         raise CliError("--require-region needs --region", exit_code=2)
     request_id = args.request_id or str(uuid.uuid4())
-    if not args.request_id:
-        c.note(f"request id: {request_id} (reuse it with --request-id to retry safely)")
     spec = types_pb2.SessionSpec(
         request_id=request_id, user_id=args.user, notebook_id=args.notebook or "",
         kind=args.kind or 0, accelerator=args.accelerator, image=args.image,
         region_hint=args.region or "", region_required=args.require_region)
     if args.max_runtime is not None:
         spec.max_runtime.FromTimedelta(timedelta(seconds=args.max_runtime))
-    s = c.sessions.CreateSession(session_pb.CreateSessionRequest(spec=spec),
-                                 timeout=c.timeout).session
+    try:
+        s = c.call("CreateSession", session_pb.CreateSessionRequest(spec=spec)).session
+    except (api.Unavailable, api.DeadlineExceeded):
+        # Only when the session may exist is the request id worth keeping (a refusal made nothing).
+        c.note(f"request id: {request_id} (the session may have been made: retry with "
+               f"--request-id {request_id} to get it, never a second one)")
+        raise
     if args.wait and s.state != S.SESSION_STATE_RUNNING and s.state not in _ENDED:
         s = _wait_ready(c, s)
     _show_session(c, s)
@@ -339,7 +273,7 @@ def session_create(c: Client, args) -> int:
 def _wait_ready(c: Client, s: types_pb2.Session) -> types_pb2.Session:
     """Follows the session until it runs or ends, reporting each change on stderr."""
     shown = ""
-    for s in watch(c, s.id):
+    for s in c.api.watch_messages(s.id):
         line = render.progress_line(s, _now())
         if line != shown:
             print(line, file=sys.stderr, flush=True)
@@ -350,8 +284,7 @@ def _wait_ready(c: Client, s: types_pb2.Session) -> types_pb2.Session:
 
 
 def session_get(c: Client, args) -> int:
-    _show_session(c, c.sessions.GetSession(
-        session_pb.GetSessionRequest(session_id=args.session_id), timeout=c.timeout).session)
+    _show_session(c, c.call("GetSession", session_pb.GetSessionRequest(session_id=args.session_id)).session)
     return 0
 
 
@@ -361,7 +294,7 @@ def session_list(c: Client, args) -> int:
                                          page_token=args.page_token or "")
     sessions, seen = [], {req.page_token}
     while True:
-        resp = c.sessions.ListSessions(req, timeout=c.timeout)
+        resp = c.call("ListSessions", req)
         sessions.extend(resp.sessions)
         if not args.all or not resp.next_page_token:
             break
@@ -379,7 +312,7 @@ def session_list(c: Client, args) -> int:
 
 
 def session_watch(c: Client, args) -> int:
-    for s in watch(c, args.session_id, args.after_revision):
+    for s in c.api.watch_messages(args.session_id, args.after_revision):
         if c.json:
             print(json.dumps(render.session_to_json(s)), flush=True)
         else:
@@ -390,20 +323,18 @@ def session_watch(c: Client, args) -> int:
 
 
 def session_touch(c: Client, args) -> int:
-    _show_session(c, c.sessions.TouchSession(
-        session_pb.TouchSessionRequest(session_id=args.session_id), timeout=c.timeout).session)
+    _show_session(c, c.call("TouchSession", session_pb.TouchSessionRequest(session_id=args.session_id)).session)
     return 0
 
 
 def session_stop(c: Client, args) -> int:
     req = session_pb.StopSessionRequest(session_id=args.session_id, reason=args.reason or "")
-    _show_session(c, c.sessions.StopSession(req, timeout=c.timeout).session)
+    _show_session(c, c.call("StopSession", req).session)
     return 0
 
 
 def session_quota(c: Client, args) -> int:
-    q = c.sessions.GetQuota(session_pb.GetQuotaRequest(user_id=args.user),
-                            timeout=c.timeout).quota
+    q = c.call("GetQuota", session_pb.GetQuotaRequest(user_id=args.user)).quota
     c.show(render.quota_to_json(q), render.quota_detail(q, _now()))
     return 0
 
@@ -412,29 +343,26 @@ def session_quota(c: Client, args) -> int:
 
 
 def admin_clusters(c: Client, args) -> int:
-    clusters = c.admin.ListClusters(admin_pb.ListClustersRequest(), timeout=c.timeout).clusters
+    clusters = c.call("ListClusters", admin_pb.ListClustersRequest()).clusters
     c.show({"clusters": [render.cluster_to_json(x) for x in clusters]},
            render.cluster_table(clusters))
     return 0
 
 
 def admin_pools(c: Client, args) -> int:
-    pools = c.admin.ListPools(admin_pb.ListPoolsRequest(cluster=args.cluster or ""),
-                              timeout=c.timeout).pools
+    pools = c.call("ListPools", admin_pb.ListPoolsRequest(cluster=args.cluster or "")).pools
     c.show({"pools": [render.pool_to_json(p) for p in pools]}, render.pool_table(pools))
     return 0
 
 
 def admin_drain(c: Client, args) -> int:
-    cluster = c.admin.DrainCluster(admin_pb.DrainClusterRequest(cluster=args.cluster),
-                                   timeout=c.timeout).cluster
+    cluster = c.call("DrainCluster", admin_pb.DrainClusterRequest(cluster=args.cluster)).cluster
     c.show(render.cluster_to_json(cluster), render.cluster_detail(cluster))
     return 0
 
 
 def admin_undrain(c: Client, args) -> int:
-    cluster = c.admin.UndrainCluster(admin_pb.UndrainClusterRequest(cluster=args.cluster),
-                                     timeout=c.timeout).cluster
+    cluster = c.call("UndrainCluster", admin_pb.UndrainClusterRequest(cluster=args.cluster)).cluster
     c.show(render.cluster_to_json(cluster), render.cluster_detail(cluster))
     return 0
 
@@ -449,7 +377,7 @@ def admin_set_policy(c: Client, args) -> int:
                        "--recycle/--no-recycle", exit_code=2)
     req = admin_pb.SetPoolPolicyRequest(cluster=args.cluster, pool=args.pool,
                                         policy=types_pb2.PoolPolicy(**given))
-    pool = c.admin.SetPoolPolicy(req, timeout=c.timeout).pool
+    pool = c.call("SetPoolPolicy", req).pool
     c.show(render.pool_to_json(pool), render.pool_detail(pool))
     return 0
 
@@ -457,7 +385,7 @@ def admin_set_policy(c: Client, args) -> int:
 def admin_prewarm(c: Client, args) -> int:
     req = admin_pb.PrewarmImageRequest(cluster=args.cluster, pool=args.pool, image=args.image,
                                        count=args.count)
-    vm_ids = list(c.admin.PrewarmImage(req, timeout=c.timeout).vm_ids)
+    vm_ids = list(c.call("PrewarmImage", req).vm_ids)
     text = (f"pulling {args.image} onto {len(vm_ids)} VM(s): {', '.join(vm_ids)}" if vm_ids
             else f"no VM needs to pull {args.image}")
     c.show({"vm_ids": vm_ids}, text)
@@ -467,14 +395,14 @@ def admin_prewarm(c: Client, args) -> int:
 def admin_vms(c: Client, args) -> int:
     req = admin_pb.ListVmsRequest(cluster=args.cluster or "", pool=args.pool or "",
                                   states=args.state or [])
-    vms = c.admin.ListVms(req, timeout=c.timeout).vms
+    vms = c.call("ListVms", req).vms
     c.show({"vms": [render.vm_to_json(v) for v in vms]}, render.vm_table(vms, _now()))
     return 0
 
 
 def admin_reset_policy(c: Client, args) -> int:
     req = admin_pb.SetPoolPolicyRequest(cluster=args.cluster, pool=args.pool, reset=True)
-    pool = c.admin.SetPoolPolicy(req, timeout=c.timeout).pool
+    pool = c.call("SetPoolPolicy", req).pool
     c.show(render.pool_to_json(pool), render.pool_detail(pool))
     return 0
 
@@ -487,7 +415,7 @@ def admin_audit(c: Client, args) -> int:
     records, seen = [], {""}
     while len(records) < args.limit:
         req.page_size = min(args.limit - len(records), MAX_AUDIT_PAGE)
-        resp = c.admin.ListAuditRecords(req, timeout=c.timeout)
+        resp = c.call("ListAuditRecords", req)
         records.extend(resp.records)
         if not resp.next_page_token:
             break
@@ -505,7 +433,7 @@ def admin_audit(c: Client, args) -> int:
 
 def admin_evict(c: Client, args) -> int:
     req = admin_pb.EvictVmRequest(cluster=args.cluster, vm_id=args.vm_id, reason=args.reason or "")
-    vm = c.admin.EvictVm(req, timeout=c.timeout).vm
+    vm = c.call("EvictVm", req).vm
     c.show(render.vm_to_json(vm), render.vm_detail(vm))
     return 0
 

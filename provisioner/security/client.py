@@ -1,20 +1,16 @@
-"""A client's side of the fleet's security: trusting the front, presenting a token, and the
-local fleet's defaults (its CA and a dev token minted with its key, both under the data dir)."""
+"""The local fleet's dev tokens, minted with its key under the data dir (this needs the server's
+packages); trusting the front and presenting a token live in `provisioner.client.credentials`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
-
-from provisioner.security.pki import CA_CERT
+from provisioner.client.credentials import bearer, front_credentials, local_ca
 from provisioner.security.tokens import KEY_FILE, mint
 
+__all__ = ["LOCAL_OPERATOR", "bearer", "dev_token", "front_credentials", "local_ca", "local_key"]
+
 LOCAL_OPERATOR = "local-operator"  # what the CLI is against a local fleet (service and admin)
-
-
-def local_ca(data_dir: Path) -> Path:
-    return Path(data_dir) / "tls" / CA_CERT
 
 
 def local_key(data_dir: Path) -> Path:
@@ -30,14 +26,3 @@ def dev_token(data_dir: Path, subject: str = LOCAL_OPERATOR, ttl_s: float = 3600
         raise FileNotFoundError(f"no token signing key at {path}: start the local fleet once (provisioner up), "
                                 "or give a token") from None
     return mint(pem, subject, ttl_s=ttl_s)
-
-
-def front_credentials(ca_pem: bytes | None, token: str) -> grpc.ChannelCredentials:
-    """TLS trusting `ca_pem` (None: the system's roots) with the token on every call."""
-    return grpc.composite_channel_credentials(grpc.ssl_channel_credentials(root_certificates=ca_pem),
-                                              grpc.access_token_call_credentials(token))
-
-
-def bearer(token: str) -> tuple[tuple[str, str]]:
-    """The call metadata that carries a token (for channels without call credentials)."""
-    return (("authorization", f"Bearer {token}"),)

@@ -1,0 +1,78 @@
+"""Which token and CA a client uses: given ones, else the environment, else the local fleet's
+(its CA under `<data dir>/tls/`, and a dev token minted with its key when the server's packages
+are installed)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from provisioner.client.errors import NoCredentials
+
+LOCAL_CA = Path("tls") / "ca.pem"  # under the data dir, where `provisioner up` makes it
+
+
+@dataclass(frozen=True)
+class Credentials:
+    token: str
+    ca_pem: bytes | None  # None: the system's roots
+
+
+def local_ca(data_dir: Path | str) -> Path:
+    return Path(data_dir) / LOCAL_CA
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("PROVISIONER_DATA_DIR") or ".data")
+
+
+def resolve(token: str | None = None, ca: str | Path | bytes | None = None,
+            data_dir: str | Path | None = None) -> Credentials:
+    """The token: `token`, else $PROVISIONER_TOKEN, else the file $PROVISIONER_TOKEN_FILE, else a
+    `local-operator` dev token from the local fleet's key. The CA: `ca` (a path or PEM bytes),
+    else $PROVISIONER_CA, else the local fleet's CA if there is one, else the system's roots."""
+    data_dir = Path(data_dir) if data_dir else default_data_dir()
+    token = token or os.environ.get("PROVISIONER_TOKEN")
+    if not token and (token_file := os.environ.get("PROVISIONER_TOKEN_FILE")):
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise NoCredentials(f"cannot read the token file {token_file}: {e.strerror or e}") from None
+    if not token:
+        token = _dev_token(data_dir)
+    if isinstance(ca, bytes):
+        return Credentials(token, ca)
+    ca_path = ca or os.environ.get("PROVISIONER_CA")
+    if not ca_path and local_ca(data_dir).exists():
+        ca_path = local_ca(data_dir)
+    try:
+        ca_pem = Path(ca_path).read_bytes() if ca_path else None
+    except OSError as e:
+        raise NoCredentials(f"cannot read the CA certificate {ca_path}: {e.strerror or e}") from None
+    return Credentials(token, ca_pem)
+
+
+def _dev_token(data_dir: Path) -> str:
+    try:  # minting needs the server's packages (PyJWT, cryptography)
+        security = importlib.import_module("provisioner.security.client")
+    except ImportError:
+        raise NoCredentials("no credentials: give --token (or PROVISIONER_TOKEN)") from None
+    try:
+        return security.dev_token(data_dir)
+    except FileNotFoundError as e:
+        raise NoCredentials(f"no credentials: give --token (or PROVISIONER_TOKEN); {e}") from None
+
+
+def front_credentials(ca_pem: bytes | None, token: str) -> grpc.ChannelCredentials:
+    """TLS trusting `ca_pem` (None: the system's roots) with the token on every call."""
+    return grpc.composite_channel_credentials(grpc.ssl_channel_credentials(root_certificates=ca_pem),
+                                              grpc.access_token_call_credentials(token))
+
+
+def bearer(token: str) -> tuple[tuple[str, str]]:
+    """The call metadata that carries a token (for channels without call credentials)."""
+    return (("authorization", f"Bearer {token}"),)
