@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from provisioner.api.guard import Guard, bearer_identity, certificate_identity, stream_caps
-from provisioner.api.server import Server
+from provisioner.api.server import HealthPort, Server
 from provisioner.audit import AuditLog
 from provisioner.clock import Clock
 from provisioner.cloud.base import CloudBackend
@@ -26,6 +26,7 @@ from provisioner.front import service as front_service
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
 from provisioner.front.service import Fleet
+from provisioner.metrics import Metrics
 from provisioner.cluster import leader
 from provisioner.security import auth, tls
 from provisioner.security.pki import TlsFiles, ensure_local_pki, local_files
@@ -131,16 +132,27 @@ def token_verifier(fleet: FleetConfig, data_dir: Path) -> TokenVerifier:
 async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: Path, *,
                         address: str | None = None, backend: CloudBackend | None = None,
                         tracer_provider=None, database_url: str | None = None,
-                        tls_files: TlsFiles | None = None) -> ClusterProcess:
+                        tls_files: TlsFiles | None = None, metrics: Metrics | None = None,
+                        health_port: HealthPort | None = None) -> ClusterProcess:
     """Waits for the cluster's lease (another replica may lead), then restores and serves over
-    mutual TLS (`tls_files`, default: the local CA's), answering the front's certificate only."""
+    mutual TLS (`tls_files`, default: the local CA's), answering the front's certificate only.
+    `metrics`: the process's registry, fed by this cluster; `health_port` mirrors its status."""
     cfg = fleet.cluster(name)
     lease = make_lease(database_url, data_dir, name)
+    if metrics is not None:
+        metrics.leading(name, False)
     await leader.acquire(lease, name)
+    if metrics is not None:
+        metrics.leading(name, True)
     store = open_store(database_url, Path(data_dir) / f"cluster-{name}.db")
     core = ClusterCore(cfg, fleet.catalog, fleet.settings.sessions, IdSource(name))
-    runtime = ClusterRuntime(core, backend or make_backend(cfg, clock, tracer_provider, data_dir), clock, store,
-                             tracer_provider)
+    backend = backend or make_backend(cfg, clock, tracer_provider, data_dir)
+    if metrics is not None:
+        metrics.time_store(store, name)
+        backend = metrics.backend(backend, name)
+    runtime = ClusterRuntime(core, backend, clock, store, tracer_provider)
+    if metrics is not None:
+        metrics.watch_cluster(runtime)
     await runtime.start()
     files = tls_files or local_tls(fleet, data_dir, name)
     guard = Guard(CLUSTER_POLICY, certificate_identity({fleet.settings.security.front_tls_name: frozenset({auth.FRONT})}),
@@ -148,7 +160,7 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
     server = Server(address or cfg.address,
                     lambda s: cluster_service.register(s, runtime, address or cfg.address), tracer_provider,
                     on_drain=runtime.end_streams, guard=guard,
-                    credentials=tls.server_credentials(files, require_client_cert=True))
+                    credentials=tls.server_credentials(files, require_client_cert=True), health_port=health_port)
     await server.start()
     log.info("cluster %s listening on %s", name, server.address)
     return ClusterProcess(cfg, runtime, server, store, lease,
@@ -180,7 +192,8 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
                       cluster_addresses: dict[str, str] | None = None, tracer_provider=None,
                       link_interceptors: Sequence = (), database_url: str | None = None,
                       tls_files: TlsFiles | None = None, plaintext: bool = False,
-                      plaintext_anywhere: bool = False) -> FrontProcess:
+                      plaintext_anywhere: bool = False, metrics: Metrics | None = None,
+                      health_port: HealthPort | None = None) -> FrontProcess:
     """Serves over TLS (`tls_files`, default: the local CA's; `plaintext` only behind something
     that terminates TLS) and dials the clusters over mutual TLS with the same certificate.
     `link_interceptors` sit on the front's channels to the clusters (tests inject faults there)."""
@@ -196,14 +209,18 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     for c in clients:
         c.start()
     store = open_store(database_url, Path(data_dir) / "front.db")
+    if metrics is not None:
+        metrics.time_store(store, "front")
     address = address or fleet_cfg.settings.front.address
     sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock)
+    if metrics is not None:
+        metrics.watch_front(fleet, sessions.placement)
     guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock),
                   stream_caps(dict(security.max_streams)))
     server = Server(address, lambda s: front_service.register(s, sessions), tracer_provider,
                     on_drain=sessions.end_streams, guard=guard,
                     credentials=None if plaintext else tls.server_credentials(files, require_client_cert=False),
-                    plaintext_anywhere=plaintext_anywhere)
+                    plaintext_anywhere=plaintext_anywhere, health_port=health_port)
     await server.start()
     log.info("front listening on %s", server.address)
     return FrontProcess(fleet, server, store, sessions.placement,
@@ -222,7 +239,7 @@ class LocalFleet:
 
 async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, front_address: str | None = None,
                             cluster_port_base: int | None = None, tracer_provider=None,
-                            database_url: str | None = None) -> LocalFleet:
+                            database_url: str | None = None, metrics: Metrics | None = None) -> LocalFleet:
     """Every cluster of the fleet plus the front, in this process, on loopback.
 
     `cluster_port_base` overrides the configured cluster addresses (0: any free ports).
@@ -232,9 +249,10 @@ async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path
         address = None if cluster_port_base is None else \
             f"127.0.0.1:{cluster_port_base + i if cluster_port_base else 0}"
         clusters.append(await start_cluster(fleet_cfg, c.name, clock, data_dir, address=address,
-                                            tracer_provider=tracer_provider, database_url=database_url))
+                                            tracer_provider=tracer_provider, database_url=database_url,
+                                            metrics=metrics))
     front = await start_front(fleet_cfg, clock, data_dir, address=front_address,
                               cluster_addresses={p.config.name: p.address for p in clusters},
-                              tracer_provider=tracer_provider, database_url=database_url)
+                              tracer_provider=tracer_provider, database_url=database_url, metrics=metrics)
     await front.fleet.wait_until_ready(timeout_s=10.0)
     return LocalFleet(front, clusters)

@@ -117,9 +117,10 @@ def _pool_warm(proc) -> bool:
 
 
 async def start_fleet(config: FleetConfig, data_dir: Path, tracer_provider=None,
-                      time_scale: float = TIME_SCALE) -> FleetHandle:
+                      time_scale: float = TIME_SCALE, **options) -> FleetHandle:
+    """`options` go to start_local_fleet (e.g. metrics)."""
     fleet = await start_local_fleet(config, RealClock(time_scale), data_dir, front_address="127.0.0.1:0",
-                                    cluster_port_base=0, tracer_provider=tracer_provider)
+                                    cluster_port_base=0, tracer_provider=tracer_provider, **options)
     channel = front_channel(data_dir, fleet.front.address)
     return FleetHandle(fleet, channel, s_grpc.SessionServiceStub(channel), admin_grpc.AdminServiceStub(channel),
                        data_dir, config.settings.security)
@@ -143,9 +144,9 @@ def cluster_channel(data_dir: Path, security: SecurityConfig | None, address: st
 
 
 @contextlib.asynccontextmanager
-async def warm_fleet(config: FleetConfig, data_dir: Path) -> AsyncIterator[FleetHandle]:
+async def warm_fleet(config: FleetConfig, data_dir: Path, **options) -> AsyncIterator[FleetHandle]:
     """A fleet whose pools hold their minimum of warm VMs, stopped on the way out."""
-    handle = await start_fleet(config, data_dir)
+    handle = await start_fleet(config, data_dir, **options)
     try:
         await handle.wait_warm()
         yield handle

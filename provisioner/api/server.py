@@ -33,8 +33,10 @@ class Server:
     def __init__(self, address: str, register: Callable[[grpc.aio.Server], Iterable[str]],
                  tracer_provider=None, on_drain: Callable[[], None] | None = None, *,
                  guard: grpc.aio.ServerInterceptor, credentials: grpc.ServerCredentials | None,
-                 plaintext_anywhere: bool = False):
+                 plaintext_anywhere: bool = False, health_port: HealthPort | None = None):
+        """`health_port`, if any, mirrors this server's serving status."""
         self.on_drain = on_drain
+        self.health_port = health_port
         # Tracing outermost, so the guard's refusals and the caller's identity land on the span.
         self.server = grpc.aio.server(interceptors=[*telemetry.server_interceptors(tracer_provider), guard],
                                       options=[*ACCEPT_PINGS, ("grpc.max_receive_message_length",
@@ -68,6 +70,39 @@ class Server:
     async def _set_serving(self, status) -> None:
         for name in ("", *self.services):
             await self.health.set(name, status)
+            if self.health_port is not None:
+                await self.health_port.health.set(name, status)
+
+
+class HealthPort:
+    """grpc.health.v1 alone, in plaintext on a port of its own, for probes that speak no TLS (the
+    kubelet's native gRPC probes). It serves nothing but serving status, so it needs neither TLS
+    nor credentials; every other service stays on the main server's TLS port.
+
+    Service "" (and each of the main server's services) mirrors the main server: NOT_SERVING
+    until it serves (a standby replica waiting for its lease), SERVING while it does,
+    NOT_SERVING again from the moment it drains. Service "liveness" is SERVING while the process
+    answers at all, standby or not. Start it before anything that may wait."""
+
+    LIVENESS = "liveness"
+
+    def __init__(self, address: str):
+        self.server = grpc.aio.server()
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {address}")
+        self.address = f"{address.rsplit(':', 1)[0]}:{self.port}"
+
+    async def start(self) -> None:
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.set(self.LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        await self.server.start()
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
 
 
 def stop_event_on_signals() -> asyncio.Event:

@@ -43,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     cluster.set_defaults(func=cmd_serve_cluster)
     for p in (front, cluster):
         _tls_flags(p)
+        p.add_argument("--health-address", default=os.environ.get("PROVISIONER_HEALTH_ADDRESS"), metavar="HOST:PORT",
+                       help="also serve grpc.health.v1, and nothing else, in plaintext here: for probes that speak "
+                            "no TLS, such as Kubernetes' gRPC probes (service '' mirrors the server's status, "
+                            "'liveness' is SERVING while the process runs; env PROVISIONER_HEALTH_ADDRESS)")
 
     token = sub.add_parser("token", help="mint a dev token for the local fleet (signed with its key)")
     token.add_argument("--subject", default="local-operator",
@@ -87,6 +91,9 @@ def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
                    help="postgresql://USER@HOST/DB to share state between replicas (default: SQLite files "
                         "in --data-dir; env PROVISIONER_DATABASE_URL)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--metrics-address", default=os.environ.get("PROVISIONER_METRICS_ADDRESS"), metavar="HOST:PORT",
+                   help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics "
+                        "(env PROVISIONER_METRICS_ADDRESS; default: none)")
     p.add_argument("--traces", choices=["none", "console", "otlp", "file"], default=argparse.SUPPRESS,
                    help="trace exporter (default: $PROVISIONER_TRACES, else file: <data-dir>/traces.jsonl)")
 
@@ -174,6 +181,36 @@ def _serve_until_signalled(provider, start) -> int:
     return 0
 
 
+class _Edge:
+    """What a server process offers besides its API, started before anything that may wait (a
+    standby replica waits for its lease, and must answer probes and scrapes meanwhile)."""
+
+    def __init__(self, metrics, metrics_server, health_port):
+        self.metrics, self.metrics_server, self.health_port = metrics, metrics_server, health_port
+
+    @classmethod
+    async def start(cls, args) -> _Edge:
+        from provisioner.api.server import HealthPort
+        from provisioner.metrics import Metrics
+
+        metrics, metrics_server, health_port = Metrics(), None, None
+        if args.metrics_address:
+            metrics_server = await metrics.serve(args.metrics_address)
+            print(f"metrics   http://{args.metrics_address.rsplit(':', 1)[0]}:{metrics_server.port}/metrics",
+                  file=sys.stderr, flush=True)
+        if getattr(args, "health_address", None):
+            health_port = HealthPort(args.health_address)
+            await health_port.start()
+            print(f"health    {health_port.address} (plaintext, grpc.health.v1 only)", file=sys.stderr, flush=True)
+        return cls(metrics, metrics_server, health_port)
+
+    async def close(self) -> None:
+        if self.health_port is not None:
+            await self.health_port.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
+
+
 def cmd_up(args) -> int:
     fleet, data_dir, clock, provider, exporter = _setup(args, "provisioner")
 
@@ -181,8 +218,10 @@ def cmd_up(args) -> int:
         from provisioner.serve import start_local_fleet
         from provisioner.store import redact
 
+        edge = await _Edge.start(args)
         local = await start_local_fleet(fleet, clock, data_dir, front_address=args.front_address,
-                                        tracer_provider=provider, database_url=args.database_url)
+                                        tracer_provider=provider, database_url=args.database_url,
+                                        metrics=edge.metrics)
         print(f"front     {local.front.address}   (public SessionService, AdminService)")
         for c in local.clusters:
             print(f"cluster   {c.address}   {c.config.name}: "
@@ -197,7 +236,11 @@ def cmd_up(args) -> int:
         print(f"time      x{args.time_scale:g} (model seconds per wall second)")
         # In the background, so that a signal during warm-up stops the fleet at once.
         asyncio.get_running_loop().create_task(_wait_warm(local))
-        return local.stop
+
+        async def stop() -> None:
+            await local.stop()
+            await edge.close()
+        return stop
 
     return _serve_until_signalled(provider, start)
 
@@ -234,10 +277,16 @@ def cmd_serve_cluster(args) -> int:
     async def start():
         from provisioner.serve import start_cluster
 
+        edge = await _Edge.start(args)
         proc = await start_cluster(fleet, args.name, clock, data_dir, address=args.address, tracer_provider=provider,
-                                   database_url=args.database_url, tls_files=tls_files)
+                                   database_url=args.database_url, tls_files=tls_files, metrics=edge.metrics,
+                                   health_port=edge.health_port)
         print(f"cluster {args.name} listening on {proc.address}", flush=True)
-        return proc.stop
+
+        async def stop() -> None:
+            await proc.stop()
+            await edge.close()
+        return stop
 
     return _serve_until_signalled(provider, start)
 
@@ -257,11 +306,17 @@ def cmd_serve_front(args) -> int:
     async def start():
         from provisioner.serve import start_front
 
+        edge = await _Edge.start(args)
         proc = await start_front(fleet, clock, data_dir, address=args.address, cluster_addresses=overrides,
                                  tracer_provider=provider, database_url=args.database_url, tls_files=tls_files,
-                                 plaintext=args.plaintext, plaintext_anywhere=args.plaintext_anywhere)
+                                 plaintext=args.plaintext, plaintext_anywhere=args.plaintext_anywhere,
+                                 metrics=edge.metrics, health_port=edge.health_port)
         print(f"front listening on {proc.address}", flush=True)
-        return proc.stop
+
+        async def stop() -> None:
+            await proc.stop()
+            await edge.close()
+        return stop
 
     return _serve_until_signalled(provider, start)
 

@@ -58,6 +58,8 @@ class ClusterRuntime:
         self.streams_closed = False
         # pool -> the policy fields operators set that differ from the config file (also in the store).
         self.overrides: dict[str, dict] = {}
+        # Told of the changed sessions after each event (restored ones once, flagged): metrics.
+        self.observers: list[Callable[[list[Session], bool], None]] = []
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -66,6 +68,8 @@ class ClusterRuntime:
         if self.store is not None:
             name = self.core.name
             self.core.restore(self.store.load_sessions(name), self.store.load_vms(name), self.clock.now())
+            for observe in self.observers:
+                observe(list(self.core.sessions.values()), True)
             self._restore_operator_state(self.store.load_operator_state(name))
         self._apply()
         try:
@@ -263,6 +267,8 @@ class ClusterRuntime:
         sessions, vms = self.core.take_changes()
         if self.store is not None:
             self.store.save(sessions, vms)
+        for observe in self.observers:
+            observe(sessions, False)
         for s in sessions:
             for q in self._watchers.get(s.id, ()):
                 q.put_nowait(_snapshot(s))

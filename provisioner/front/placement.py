@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -63,6 +64,9 @@ class Placement:
         self._waiters: dict[str, int] = {}
         # What the resolver found: sessions adopted as a request's answer, duplicates discarded.
         self.adopted = self.discarded = 0
+        # For metrics: attempts by (cluster, outcome), and placements by outcome.
+        self.attempt_outcomes: Counter[tuple[str, str]] = Counter()
+        self.outcomes: Counter[str] = Counter()
 
     @asynccontextmanager
     async def exclusive(self, request_id: str) -> AsyncIterator[None]:
@@ -97,6 +101,7 @@ class Placement:
                 session = await self._attempt(client, request, budget, deadline, span)
             except RemoteError as err:
                 if not (ambiguous(err) or err.code in REFUSALS):
+                    self.outcomes["invalid"] += 1
                     raise  # the request itself is wrong: another cluster would say the same
                 last = err
                 continue
@@ -104,6 +109,8 @@ class Placement:
             # same cluster again (idempotent) instead of placing a second session elsewhere.
             winner = self.store.remember_request(rid, session.id, cand.cluster, self.clock.now())
             if winner != session.id:  # another front replica placed it first
+                self.attempt_outcomes[cand.cluster, "duplicate"] += 1
+                self.outcomes["duplicate"] += 1
                 try:
                     await self._discard(client, rid, f"request placed as {winner}")
                     self.store.settle_attempt(rid, cand.cluster, NONE)
@@ -117,7 +124,9 @@ class Placement:
             span.set_attributes({telemetry.ATTR_SESSION_ID: session.id, telemetry.ATTR_CLUSTER: cand.cluster,
                                  telemetry.ATTR_START: pb.StartKind.Name(session.start)
                                  .removeprefix("START_KIND_").lower()})
+            self.outcomes["placed"] += 1
             return session
+        self.outcomes["failed"] += 1
         if last is not None:
             raise last
         raise Unavailable("no candidate cluster could be tried before the deadline")
@@ -150,16 +159,20 @@ class Placement:
                 if (found := await self._ask(client, rid, deadline)) is not None:
                     span.add_event("found", {"cluster": client.name, "session.id": found.id})
                     client.breaker.success()
+                    self.attempt_outcomes[client.name, "found"] += 1
                     return found  # settled as made once recorded as the request's answer
                 # "Not found" is final only after commit_by: the resolver asks again then.
                 self.store.settle_attempt(rid, client.name, UNRESOLVED)
+                self.attempt_outcomes[client.name, "unresolved"] += 1
                 span.add_event("unresolved", {"cluster": client.name, "code": err.code.name})
             else:
                 client.breaker.success()  # it answered
                 self.store.settle_attempt(rid, client.name, NONE)
+                self.attempt_outcomes[client.name, "refused"] += 1
                 span.add_event("refused", {"cluster": client.name, "code": err.code.name})
             raise
         client.breaker.success()
+        self.attempt_outcomes[client.name, "placed"] += 1
         return resp.session
 
     async def _ask(self, client: ClusterClient, key: str, deadline: float) -> pb.Session | None:

@@ -1,0 +1,311 @@
+"""Prometheus metrics, read at the edges: gauges from the state the cluster core and the front
+already keep (at scrape time), counters and histograms from the changes the runtime applies, the
+cloud calls and the store's transactions. Nothing in the core knows about them.
+
+Labels are bounded: cluster, pool, zone, state, kind, start, method, outcome, image (from the
+catalog). Never a user, session or VM id. One registry per process; a local fleet in one process
+shares one, told apart by the `cluster` label. Times in the cluster's model time are labelled as
+such in their help text (the simulated cloud may run faster than the wall).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from provisioner.autoscale import desired_vms
+from provisioner.cloud.base import CloudFailure
+from provisioner.model import Session
+from provisioner.states import SessionState, VmState
+
+if TYPE_CHECKING:
+    from provisioner.cluster.runtime import ClusterRuntime
+    from provisioner.front.placement import Placement
+    from provisioner.front.service import Fleet
+    from provisioner.store import Store
+
+log = logging.getLogger(__name__)
+
+# Model seconds from request to running: a warm start takes well under a second, a cold one
+# with a full pull ten minutes or more.
+TIME_TO_RUNNING_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600)
+CLOUD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_LIVE_SESSION_STATES = [s for s in SessionState if s not in (SessionState.STOPPED, SessionState.FAILED)]
+_BREAKER_STATES = ("closed", "open", "half-open")
+# No `_created` series beside every counter: they double the series and nothing here reads them.
+disable_created_metrics()
+
+
+class Metrics:
+    """One process's registry and the counters that are fed as things happen."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.sessions_created = Counter("provisioner_sessions_created", "Sessions made by the cluster.",
+                                        ["cluster", "pool", "kind"], registry=r)
+        self.session_starts = Counter("provisioner_session_starts", "Sessions that reached running, by how "
+                                      "they got their VM (warm, partial, cold).", ["cluster", "pool", "start"],
+                                      registry=r)
+        self.sessions_ended = Counter("provisioner_sessions_ended", "Sessions that ended, by final state.",
+                                      ["cluster", "pool", "state"], registry=r)
+        self.time_to_running = Histogram("provisioner_session_time_to_running_seconds",
+                                         "From request to running, in the cluster's model seconds.",
+                                         ["cluster", "pool", "start"], buckets=TIME_TO_RUNNING_BUCKETS, registry=r)
+        self.cloud_calls = Counter("provisioner_cloud_calls", "Calls to the cloud backend by method and outcome "
+                                   "(ok, a failure code such as stockout or rate_limited, or exception).",
+                                   ["cluster", "method", "outcome"], registry=r)
+        self.cloud_seconds = Histogram("provisioner_cloud_call_duration_seconds",
+                                       "Wall time of calls to the cloud backend.", ["cluster", "method"],
+                                       buckets=CLOUD_BUCKETS, registry=r)
+        self.store_seconds = Histogram("provisioner_store_transaction_duration_seconds",
+                                       "Wall time of a store transaction or read, waiting for the store included.",
+                                       ["process", "operation"], buckets=STORE_BUCKETS, registry=r)
+        self.leader = Gauge("provisioner_leader", "1 while this replica holds the cluster's lease.", ["cluster"],
+                            registry=r)
+        self.leader_since = Gauge("provisioner_leader_since_timestamp_seconds",
+                                  "When this replica took the cluster's lease (Unix time).", ["cluster"], registry=r)
+
+    # ---- clusters ------------------------------------------------------------------------
+
+    def watch_cluster(self, runtime: ClusterRuntime) -> None:
+        """Counts the runtime's session changes and reports its state on every scrape."""
+        runtime.observers.append(_SessionCounter(self, runtime.core.name).changed)
+        self.registry.register(_ClusterCollector(runtime))
+
+    def leading(self, cluster: str, leading: bool) -> None:
+        self.leader.labels(cluster).set(1 if leading else 0)
+        if leading:
+            self.leader_since.labels(cluster).set(time.time())
+
+    def backend(self, backend, cluster: str) -> MeteredBackend:
+        return MeteredBackend(backend, self, cluster)
+
+    # ---- the front -------------------------------------------------------------------------
+
+    def watch_front(self, fleet: Fleet, placement: Placement) -> None:
+        self.registry.register(_FrontCollector(fleet, placement))
+
+    # ---- both ----------------------------------------------------------------------------
+
+    def time_store(self, store: Store, process: str) -> Store:
+        """Times every transaction and read of `store` (the same object, its two doors wrapped)."""
+        write, read = store.transaction, store.reading
+        store.transaction = _timed(write, self.store_seconds.labels(process, "write"))  # type: ignore[method-assign]
+        store.reading = _timed(read, self.store_seconds.labels(process, "read"))  # type: ignore[method-assign]
+        return store
+
+    async def serve(self, address: str) -> MetricsServer:
+        """Serves GET /metrics over HTTP at `address` (host:port; port 0 picks one). On the event
+        loop, not a thread: the collectors read state the loop changes."""
+        host, _, port = address.rpartition(":")
+        server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
+        return MetricsServer(server)
+
+    async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+            path = rest.split(" ", 1)[0].split("?", 1)[0]
+            if method == "GET" and path == "/metrics":
+                try:
+                    status, body, kind = "200 OK", generate_latest(self.registry), CONTENT_TYPE_LATEST
+                except Exception:
+                    log.exception("collecting metrics failed")
+                    status, body, kind = "500 Internal Server Error", b"collecting metrics failed\n", "text/plain"
+            else:
+                status, body, kind = "404 Not Found", b"only GET /metrics here\n", "text/plain"
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
+                         "Connection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError,
+                ValueError):
+            pass
+        finally:
+            writer.close()
+
+
+class MetricsServer:
+    def __init__(self, server: asyncio.Server):
+        self._server = server
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+
+def _timed(door, histogram):
+    @contextmanager
+    def timed(*args, **kwargs) -> Iterator:
+        started = time.perf_counter()
+        try:
+            with door(*args, **kwargs) as cur:
+                yield cur
+        finally:
+            histogram.observe(time.perf_counter() - started)
+    return timed
+
+
+class _SessionCounter:
+    """Feeds the counters from changed sessions: each history entry is seen once (the runtime
+    hands over every changed session after each event; several changes may come at once)."""
+
+    def __init__(self, metrics: Metrics, cluster: str):
+        self.m, self.cluster = metrics, cluster
+        self.seen: dict[str, int] = {}  # live session id -> history entries already counted
+
+    def changed(self, sessions: list[Session], restored: bool = False) -> None:
+        for s in sessions:
+            if restored:  # counted by the process that made them
+                if not s.terminal:
+                    self.seen[s.id] = len(s.history)
+                continue
+            first = self.seen.get(s.id, 0)
+            for i, change in enumerate(s.history[first:], start=first):
+                state = change.state
+                if i == 0:
+                    self.m.sessions_created.labels(self.cluster, s.pool, s.spec.kind.value).inc()
+                if state == SessionState.RUNNING.value and s.start is not None:
+                    start = s.start.value
+                    self.m.session_starts.labels(self.cluster, s.pool, start).inc()
+                    self.m.time_to_running.labels(self.cluster, s.pool, start).observe(
+                        max(0.0, change.time - s.created_at))
+                elif state in (SessionState.STOPPED.value, SessionState.FAILED.value):
+                    self.m.sessions_ended.labels(self.cluster, s.pool, state).inc()
+            if s.terminal:
+                self.seen.pop(s.id, None)
+            else:
+                self.seen[s.id] = len(s.history)
+
+
+class _ClusterCollector(Collector):
+    def __init__(self, runtime: ClusterRuntime):
+        self.rt = runtime
+
+    def collect(self):
+        core, now = self.rt.core, self.rt.clock.now()
+        c = core.name
+        sessions = GaugeMetricFamily("provisioner_sessions", "Live sessions by state and kind.",
+                                     labels=["cluster", "pool", "kind", "state"])
+        queue = GaugeMetricFamily("provisioner_queue_length", "Sessions waiting for a VM.", labels=["cluster", "pool"])
+        oldest = GaugeMetricFamily("provisioner_queue_oldest_wait_seconds",
+                                   "How long the longest-waiting queued session has waited (model seconds).",
+                                   labels=["cluster", "pool"])
+        vms = GaugeMetricFamily("provisioner_vms", "VMs by state (deleted ones not counted).",
+                                labels=["cluster", "pool", "state"])
+        unhealthy = GaugeMetricFamily("provisioner_vms_unhealthy", "VMs whose last health check failed.",
+                                      labels=["cluster", "pool"])
+        by_image = GaugeMetricFamily("provisioner_warm_vms_with_image",
+                                     "Assignable warm VMs holding each image version.",
+                                     labels=["cluster", "pool", "image"])
+        desired = GaugeMetricFamily("provisioner_autoscaler_desired_vms",
+                                    "VMs the autoscaler wants now (demand plus warm, within min and max).",
+                                    labels=["cluster", "pool"])
+        actual = GaugeMetricFamily("provisioner_autoscaler_actual_vms",
+                                   "VMs the pool has or is making (all but deleting ones).", labels=["cluster", "pool"])
+        cost = GaugeMetricFamily("provisioner_pool_cost_dollars_per_hour",
+                                 "What the pool's VMs cost now (every VM not yet deleted).", labels=["cluster", "pool"])
+        stocked = GaugeMetricFamily("provisioner_zone_stocked_out", "1 while a zone is skipped after a stockout.",
+                                    labels=["cluster", "pool", "zone"])
+        draining = GaugeMetricFamily("provisioner_cluster_draining", "1 while the cluster is drained.",
+                                     labels=["cluster"])
+        draining.add_metric([c], 1 if core.draining else 0)
+        counts: dict[tuple[str, str, str], int] = {}
+        waiting: dict[str, float] = {}
+        for s in core.sessions.values():
+            if s.terminal or s.state is None:
+                continue
+            key = (s.pool, s.spec.kind.value, s.state.value)
+            counts[key] = counts.get(key, 0) + 1
+            if s.state is SessionState.QUEUED:
+                waiting[s.pool] = max(waiting.get(s.pool, 0.0), now - s.created_at)
+        for name, pool in core.pools.items():
+            for kind in ("interactive", "batch"):
+                for state in _LIVE_SESSION_STATES:
+                    sessions.add_metric([c, name, kind, state.value], counts.get((name, kind, state.value), 0))
+            queue.add_metric([c, name], len(pool.queue))
+            oldest.add_metric([c, name], waiting.get(name, 0.0))
+            for state in VmState:
+                if state is not VmState.DELETED:
+                    vms.add_metric([c, name, state.value], pool.count.get(state, 0))
+            unhealthy.add_metric([c, name], sum(1 for vm in pool.vms.values() if not vm.healthy))
+            held: dict[str, int] = {}
+            for vm in core.assignable(pool):
+                for image in vm.cache.images(core.catalog):
+                    held[image] = held.get(image, 0) + 1
+            for image, n in sorted(held.items()):
+                by_image.add_metric([c, name, image], n)
+            desired.add_metric([c, name], desired_vms(core.snapshot(pool)))
+            actual.add_metric([c, name], len(pool.vms) - pool.count.get(VmState.DELETING, 0))
+            cost.add_metric([c, name], len(pool.vms) * pool.config.hourly_price_usd)
+            for zone in pool.config.zones:
+                stocked.add_metric([c, name, zone], 1 if pool.stocked_out_until.get(zone, 0) > now else 0)
+        yield from (sessions, queue, oldest, vms, unhealthy, by_image, desired, actual, cost, stocked, draining)
+
+
+class _FrontCollector(Collector):
+    def __init__(self, fleet: Fleet, placement: Placement):
+        self.fleet, self.placement = fleet, placement
+
+    def collect(self):
+        healthy = GaugeMetricFamily("provisioner_front_cluster_healthy",
+                                    "1 while the front hears the cluster's capacity stream.", labels=["cluster"])
+        routable = GaugeMetricFamily("provisioner_front_cluster_routable",
+                                     "1 while the front may send the cluster new sessions.", labels=["cluster"])
+        breaker = GaugeMetricFamily("provisioner_front_breaker_state",
+                                    "The front's circuit breaker for the cluster (1 for its current state).",
+                                    labels=["cluster", "state"])
+        attempts = CounterMetricFamily("provisioner_placement_attempts",
+                                       "Placement attempts at a cluster by outcome (placed, found after an "
+                                       "ambiguous failure, refused, unresolved, duplicate).",
+                                       labels=["cluster", "outcome"])
+        placements = CounterMetricFamily("provisioner_placements", "CreateSession placements by outcome.",
+                                         labels=["outcome"])
+        now = time.monotonic()
+        for client in self.fleet.clients.values():
+            healthy.add_metric([client.name], 1 if client.healthy else 0)
+            view = client.view()
+            routable.add_metric([client.name], 1 if view.healthy and not view.draining else 0)
+            state = client.breaker.state(now)
+            for s in _BREAKER_STATES:
+                breaker.add_metric([client.name, s], 1 if s == state else 0)
+        for (cluster, outcome), n in sorted(self.placement.attempt_outcomes.items()):
+            attempts.add_metric([cluster, outcome], n)
+        for outcome, n in sorted(self.placement.outcomes.items()):
+            placements.add_metric([outcome], n)
+        yield from (healthy, routable, breaker, attempts, placements)
+
+
+class MeteredBackend:
+    """The cluster's cloud backend with each call counted and timed; anything else passes through."""
+
+    _METHODS = ("create", "wait_ready", "pull", "wipe", "delete", "list_vms", "health")
+
+    def __init__(self, backend, metrics: Metrics, cluster: str):
+        self._backend, self._m, self._cluster = backend, metrics, cluster
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._backend, name)
+        if name not in self._METHODS:
+            return attr
+
+        async def call(*args, **kwargs):
+            started = time.perf_counter()
+            outcome = "exception"
+            try:
+                result = await attr(*args, **kwargs)
+                outcome = result.code if isinstance(result, CloudFailure) else "ok"
+                return result
+            finally:
+                self._m.cloud_calls.labels(self._cluster, name, outcome).inc()
+                self._m.cloud_seconds.labels(self._cluster, name).observe(time.perf_counter() - started)
+        return call
