@@ -145,6 +145,18 @@ class Session:
         now = self.read_time or datetime.now(timezone.utc)
         return max(timedelta(0), self.estimated_ready_time - now)
 
+    @property
+    def progress(self) -> str:
+        """One line for a person: state, queue position, pull, estimate (server time), reason."""
+        parts = [str(self.state or "unknown")]
+        if self.queue_position:
+            parts.append(f"queue #{self.queue_position}")
+        if self.pull is not None and self.state is SessionState.PULLING_IMAGE:
+            parts.append(f"pull {self.pull.fraction:.0%} of {self.pull.bytes_total / 1e9:.1f} GB")
+        if self.ready_in is not None:
+            parts.append(f"ready in ~{round(self.ready_in.total_seconds())}s")
+        return " ".join(parts) + (f": {self.reason}" if self.reason else "")
+
 
 @dataclass(frozen=True)
 class Quota:
