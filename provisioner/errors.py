@@ -71,8 +71,14 @@ class Aborted(ProvisionerError):
 
 
 class QuotaExceeded(ProvisionerError):
+    """`reset_time` (epoch seconds), when the quota resets, reaches the client in the ErrorInfo."""
+
     grpc_code = "RESOURCE_EXHAUSTED"
     reason = "QUOTA_EXCEEDED"
+
+    def __init__(self, message: str, *, reset_time: float | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.reset_time = reset_time
 
 
 class NoCapacity(ProvisionerError):

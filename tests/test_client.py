@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from concurrent import futures
+from datetime import datetime, timezone
 from pathlib import Path
 
 import grpc
@@ -262,3 +263,16 @@ def test_credentials_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("PROVISIONER_TOKEN_FILE", str(tmp_path / "none"))
     with pytest.raises(api.NoCredentials, match="cannot read the token file"):
         api.resolve()
+
+
+def test_a_quota_error_from_the_server_edge_carries_its_reset_time(scripted):
+    from provisioner.api.status import to_status
+    from provisioner.errors import QuotaExceeded
+
+    server, c = scripted
+    reset = datetime(2026, 11, 30, tzinfo=timezone.utc)
+    err = QuotaExceeded("30 of 30 GPU hours used this week", field="user_id", reset_time=reset.timestamp())
+    server.failures = [rpc_status.to_status(to_status(err))]
+    with pytest.raises(api.QuotaExceeded) as e:
+        c.create_session(user_id="ada", accelerator="gpu-p100", image="gpu:v154")
+    assert e.value.reset_time == reset and e.value.field == "user_id"

@@ -11,6 +11,7 @@ import logging
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -40,6 +41,10 @@ def to_status(err: ProvisionerError) -> status_pb2.Status:
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN)
     if err.field:
         info.metadata["field"] = err.field
+    if getattr(err, "reset_time", None) is not None:  # a quota's: provisioner.client reads it
+        reset = Timestamp()
+        reset.FromNanoseconds(int(err.reset_time * 1e9))
+        info.metadata["reset_time"] = reset.ToJsonString()
     status.details.add().Pack(info)
     if err.field and code is grpc.StatusCode.INVALID_ARGUMENT:
         bad = error_details_pb2.BadRequest()
