@@ -1,14 +1,20 @@
 """A server stream whose client goes away while it waits on a write is closed in the call's own
-task (telemetry._StreamsCloseInTheirCall), so context variables it set can be reset."""
+task (telemetry._StreamsCloseInTheirCall), so context variables it set can be reset; and the
+guard's stream, which the tracing wrapper above it leaves to asyncio's finalizer, closes cleanly
+from another task."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+from types import SimpleNamespace
 
 import grpc
 
+from provisioner.api.guard import Guard
+from provisioner.security.auth import CLUSTER_SERVICE, FRONT, Caller, with_cluster_service
 from provisioner.telemetry import server_interceptors
+from provisioner.v1 import cluster_service_pb2 as cluster_pb
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_stream_var", default="")
 
@@ -62,3 +68,27 @@ async def test_other_handlers_are_left_alone():
         return handler
 
     assert await server_interceptors()[0].intercept_service(continuation, None) is handler
+
+
+async def test_a_guarded_stream_may_be_closed_from_another_task():
+    """As asyncio's finalizer does when a wrapper above drops the guard's stream unclosed."""
+
+    async def identify(context):
+        return Caller("front", frozenset({FRONT}), "certificate")
+
+    guard = Guard(with_cluster_service({}, ["Watch"]), identify)
+
+    async def watch(request, context):
+        yield "first"
+        yield "second"
+
+    handler = grpc.unary_stream_rpc_method_handler(watch, request_deserializer=cluster_pb.WatchRequest.FromString)
+
+    async def continuation(details):
+        return handler
+
+    wrapped = await guard.intercept_service(continuation, SimpleNamespace(method=CLUSTER_SERVICE + "Watch"))
+    stream = wrapped.unary_stream(b"", None)
+    assert await asyncio.create_task(stream.__anext__()) == "first"
+    await asyncio.create_task(stream.aclose())
+    assert guard._streams == {}  # the open-stream count came back down

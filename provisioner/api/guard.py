@@ -139,12 +139,13 @@ class Guard(grpc.aio.ServerInterceptor):
                 await self._refuse(context, access.caller, method,
                                    QuotaExceeded(f"at most {cap} open streams per caller", retry_after_s=5.0))
             self._streams[identity] = self._streams.get(identity, 0) + 1
-            token = _ACCESS.set(access)
+            # Not reset: the call's task (and its context) ends with the stream, and a stream the
+            # client left may be closed from another task, where a reset would raise.
+            _ACCESS.set(access)
             try:
                 async for item in handler.unary_stream(request, context):
                     yield item
             finally:
-                _ACCESS.reset(token)
                 self._streams[identity] -= 1
                 if not self._streams[identity]:
                     del self._streams[identity]
