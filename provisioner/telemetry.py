@@ -12,6 +12,7 @@ the attributes below (ATTR_CLUSTER above all) do.
 
 from __future__ import annotations
 
+import fcntl
 import inspect
 import json
 import os
@@ -50,6 +51,9 @@ ENV_FILE = "PROVISIONER_TRACES_FILE"
 ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4317"
 DEFAULT_FILE = "provisioner-traces.jsonl"
+ENV_FILE_MAX_BYTES = "PROVISIONER_TRACES_MAX_BYTES"
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # per file; with 3 rotated files at most 256 MiB of spans
+DEFAULT_BACKUPS = 3
 
 # Calls that are not part of any request: probes, tooling, and the OTLP exporter's own export
 # (tracing the export would feed itself).
@@ -63,27 +67,51 @@ def is_traced(call_details) -> bool:
 
 
 class JsonLinesSpanExporter(SpanExporter):
-    """Appends one JSON object per finished span to a file."""
+    """Appends one JSON object per finished span to a file, rotated by size: when a write would
+    take it past `max_bytes`, the file becomes `<name>.1` (`.1` becomes `.2` ..., the oldest beyond
+    `backups` is dropped). Several processes may share the file (a fleet started from one data
+    dir): appends and rotations are serialized by a lock file beside it."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, backups: int = DEFAULT_BACKUPS):
         self.path = Path(path)
+        self.max_bytes, self.backups = max_bytes, backups
         # The batch processor exports from its own thread; console/simple from the caller's.
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        text = "".join(json.dumps(span_to_dict(s), default=str) + "\n" for s in spans)
+        data = "".join(json.dumps(span_to_dict(s), default=str) + "\n" for s in spans).encode()
         try:
-            with self._lock, self.path.open("a", encoding="utf-8") as f:
-                f.write(text)
+            with self._lock, open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                size = self.path.stat().st_size if self.path.exists() else 0
+                if size and size + len(data) > self.max_bytes:
+                    self._rotate()
+                with self.path.open("ab") as f:
+                    f.write(data)
         except OSError:
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
+
+    def _rotate(self) -> None:
+        for i in range(self.backups - 1, 0, -1):
+            older = rotated(self.path, i)
+            if older.exists():
+                older.replace(rotated(self.path, i + 1))
+        if self.backups:
+            self.path.replace(rotated(self.path, 1))
+        else:
+            self.path.unlink()
 
     def shutdown(self) -> None:
         pass
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
+
+
+def rotated(path: Path, n: int) -> Path:
+    """The n-th rotated span file (1: the newest)."""
+    return path.with_name(f"{path.name}.{n}")
 
 
 def span_to_dict(span: ReadableSpan) -> dict:
@@ -125,7 +153,8 @@ def setup_tracing(
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     elif kind == "file":
         path = file_path or os.environ.get(ENV_FILE) or DEFAULT_FILE
-        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(path)))
+        max_bytes = int(os.environ.get(ENV_FILE_MAX_BYTES) or DEFAULT_MAX_BYTES)
+        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(path, max_bytes)))
     elif kind == "otlp":
         # Imported here: it pulls in the OTLP protos, which "none" and "file" do not need.
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415

@@ -32,8 +32,16 @@ SHORT_NAMES = {
 
 
 def load_spans(path: str | Path) -> list[dict]:
-    """All spans in the file. A torn last line (the writer was killed mid-write) is skipped."""
-    lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    """All spans in the file and the files rotated from it, oldest first. A torn last line (the
+    writer was killed mid-write) is skipped."""
+    path = Path(path)
+    backups = sorted((p for p in path.parent.glob(path.name + ".*") if p.suffix[1:].isdigit()),
+                     key=lambda p: -int(p.suffix[1:]))
+    return [span for p in [*backups, path] for span in _load_file(p)]
+
+
+def _load_file(path: Path) -> list[dict]:
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
     spans = []
     for i, line in enumerate(lines):
         try:
@@ -54,8 +62,13 @@ def find_traces(spans: list[dict], session_id: str) -> list[str]:
     return list(dict.fromkeys(s["trace_id"] for s in hits))
 
 
+def _value(v) -> str:
+    # Floats as a person reads them (expected_s=41.4, not 41.39999999999999).
+    return str(round(v, 3)) if isinstance(v, float) else str(v)
+
+
 def _attrs(attributes: dict) -> str:
-    return " ".join(f"{short}={attributes[key]}" for key, short in SHORT_NAMES.items() if key in attributes)
+    return " ".join(f"{short}={_value(attributes[key])}" for key, short in SHORT_NAMES.items() if key in attributes)
 
 
 def _span_line(span: dict) -> str:
@@ -75,7 +88,7 @@ def _span_line(span: dict) -> str:
 
 def _event_line(span: dict, event: dict) -> str:
     offset = (event["time_ns"] - span["start_ns"]) / 1e6 if span.get("start_ns") is not None else 0.0
-    attrs = " ".join(f"{k}={v}" for k, v in event.get("attributes", {}).items())
+    attrs = " ".join(f"{k}={_value(v)}" for k, v in event.get("attributes", {}).items())
     return f"* {event['name']} @+{offset:.1f} ms" + (f" {attrs}" if attrs else "")
 
 

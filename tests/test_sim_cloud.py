@@ -393,3 +393,21 @@ async def test_a_durable_inventory_outlives_the_cloud_object(clock, tmp_path):
     ops = [op for (op,) in third._db.execute("SELECT op FROM calls ORDER BY rowid")]
     assert ops == ["create", "wait_ready", "create", "delete"]
     third.close()
+
+
+async def test_a_health_check_makes_a_span_only_when_it_fails(clock):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    cloud = SimCloud(Cfg(), clock, tracer=provider.get_tracer("test"))
+    s = spec()
+    await ready(cloud, clock, s)
+    exporter.clear()
+    for _ in range(5):
+        assert (await cloud.health(s.vm_id, s.zone)).healthy
+    assert exporter.get_finished_spans() == ()
+    cloud.mark_unhealthy(s.vm_id, "Xid 79")
+    assert not (await cloud.health(s.vm_id, s.zone)).healthy
+    span, = exporter.get_finished_spans()
+    assert span.name == "sim.health" and not span.status.is_ok and "Xid 79" in span.status.description
+    assert span.attributes["provisioner.vm_id"] == s.vm_id

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from pathlib import Path
@@ -91,6 +90,8 @@ def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
                    help="postgresql://USER@HOST/DB to share state between replicas (default: SQLite files "
                         "in --data-dir; env PROVISIONER_DATABASE_URL)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-format", default=os.environ.get("PROVISIONER_LOG_FORMAT", "text"), choices=["text", "json"],
+                   help="text, or one JSON object per line with trace and span ids (env PROVISIONER_LOG_FORMAT)")
     p.add_argument("--metrics-address", default=os.environ.get("PROVISIONER_METRICS_ADDRESS"), metavar="HOST:PORT",
                    help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics "
                         "(env PROVISIONER_METRICS_ADDRESS; default: none)")
@@ -130,8 +131,9 @@ def _setup(args, service: str):
     from provisioner.clock import RealClock, shared_origin
     from provisioner.config import ConfigError, load_fleet
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    from provisioner import logs
+
+    logs.setup(args.log_level, args.log_format)
     try:
         fleet = load_fleet(args.clusters)
     except ConfigError as e:

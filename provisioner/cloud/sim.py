@@ -309,11 +309,20 @@ class SimCloud:
             return [vm.snapshot() for vm in self._vms.values() if vm.cluster == cluster]
 
     async def health(self, vm_id: str, zone: str) -> HealthReport:
-        with self._enter("health", vm_id, zone):
-            vm = self._find(vm_id, zone)
-            if vm is None:
-                return HealthReport(False, detail=f"vm {vm_id} not found in {zone}")
-            return vm.health or HealthReport(True, self.physics.gpu_temperature_c(vm_id))
+        if self._record:
+            self.calls.append(SimCall("health", vm_id, zone))
+        vm = self._find(vm_id, zone)
+        if vm is None:
+            report = HealthReport(False, detail=f"vm {vm_id} not found in {zone}")
+        else:
+            report = vm.health or HealthReport(True, self.physics.gpu_temperature_c(vm_id))
+        # A span only for a failed check: every VM is checked every minute, and a span per
+        # healthy answer would be most of the trace file.
+        if not report.healthy and self._tracer is not None:
+            with self._tracer.start_as_current_span(_SPAN_NAMES["health"], attributes=self._attributes(vm_id, zone)) \
+                    as span:
+                span.set_status(StatusCode.ERROR, report.detail)
+        return report
 
     async def close(self) -> None:
         self._vms.close()
@@ -447,14 +456,17 @@ class SimCloud:
     def _enter(self, op: str, vm_id: str, zone: str) -> Any:
         if self._record:
             self.calls.append(SimCall(op, vm_id, zone))
-        if op != "health":
-            self._vms.log_call(op, vm_id, zone)
+        self._vms.log_call(op, vm_id, zone)
         if self._tracer is None:
             return _NO_SPAN
+        return self._tracer.start_as_current_span(_SPAN_NAMES[op], attributes=self._attributes(vm_id, zone))
+
+    @staticmethod
+    def _attributes(vm_id: str, zone: str) -> dict[str, str]:
         attrs = {"cloud.provider": "sim", "cloud.zone": zone}
         if vm_id:
             attrs["provisioner.vm_id"] = vm_id
-        return self._tracer.start_as_current_span(_SPAN_NAMES[op], attributes=attrs)
+        return attrs
 
     @staticmethod
     def _end(span: Any, result: Any) -> Any:

@@ -29,6 +29,7 @@ from provisioner.cloud.base import (
 from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, PoolPolicy, Wipe
 from provisioner.cluster.reconcile import Plan, reconcile
 from provisioner.errors import ProvisionerError, Unavailable
+from provisioner.logs import SessionLog
 from provisioner.model import Session, SessionSpec, Vm
 from provisioner.policy import FIELDS, merge_policy
 from provisioner.states import VmState
@@ -58,8 +59,8 @@ class ClusterRuntime:
         self.streams_closed = False
         # pool -> the policy fields operators set that differ from the config file (also in the store).
         self.overrides: dict[str, dict] = {}
-        # Told of the changed sessions after each event (restored ones once, flagged): metrics.
-        self.observers: list[Callable[[list[Session], bool], None]] = []
+        # Told of the changed sessions after each event (restored ones once, flagged): logs, metrics.
+        self.observers: list[Callable[[list[Session], bool], None]] = [SessionLog(core.name).changed]
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -91,7 +92,8 @@ class ClusterRuntime:
         self.core.reconciled(plan, now)
         self._apply()
         for vm in plan.strays:
-            log.warning("cluster %s: deleting VM %s in %s, which no record claims", self.core.name, vm.vm_id, vm.zone)
+            log.warning("cluster %s: deleting VM %s in %s, which no record claims", self.core.name, vm.vm_id, vm.zone,
+                        extra={"cluster": self.core.name, "vm_id": vm.vm_id})
             self._spawn(self._delete_stray(vm.vm_id, vm.zone))
         if plan.changes:
             log.info("cluster %s reconciled: %d lost, %d deleted, %d deletes retried, %d strays",
@@ -302,7 +304,8 @@ class ClusterRuntime:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("command %s failed in cluster %s", cmd, self.core.name)
+                log.exception("command %s failed in cluster %s", cmd, self.core.name,
+                              extra={"cluster": self.core.name, "vm_id": cmd.vm_id, "session_id": cmd.session_id})
 
     def _feed(self, event: Callable, vm_id: str, failure: CloudFailure | None, *args) -> None:
         if failure is None:
