@@ -475,6 +475,35 @@ async def run(handle, caplog, count: int) -> None:
     assert tracebacks(caplog) == []
 
 
+async def test_the_reported_inputs_are_refused_with_short_errors(local_fleet, caplog):
+    """What the issue found: 2 MB notebook ids stored (that user's lists then failed for good),
+    16 KB ids echoed into error details, garbage bytes answered UNKNOWN."""
+    caplog.set_level(logging.WARNING)
+    handle = local_fleet
+    with pytest.raises(grpc.aio.AioRpcError) as big:
+        await handle.create(user_id="nb-user", notebook_id="n" * 2_000_000)
+    assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # over the 64 KiB request limit
+    with pytest.raises(grpc.aio.AioRpcError) as long_nb:
+        await handle.create(user_id="nb-user", notebook_id="n" * 4_000)
+    assert long_nb.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "spec.notebook_id" in long_nb.value.details()
+    listed = await handle.sessions.ListSessions(session_pb.ListSessionsRequest(user_id="nb-user"), timeout=TIMEOUT_S)
+    assert list(listed.sessions) == []
+
+    for session_id in ("us-central1.s-" + "f" * 16_000, "x" * 4_096, "us-central1\x00.s-00"):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await handle.sessions.GetSession(session_pb.GetSessionRequest(session_id=session_id), timeout=TIMEOUT_S)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert len(err.value.details()) < 200
+        assert sum(len(v) for _, v in err.value.trailing_metadata() or ()) < 2_000
+
+    garbage = handle.channel.unary_unary("/provisioner.v1.SessionService/GetSession")
+    for body in (b"\xff" * 50, _len(1, b"\xed\xa0\x80"), _tag(1, 0) + b"\xff" * 11):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await garbage(body, timeout=TIMEOUT_S)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert tracebacks(caplog) == []
+
+
 async def test_fuzz_every_rpc_short(local_fleet, caplog):
     await run(local_fleet, caplog, SHORT_COUNT)
 
