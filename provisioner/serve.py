@@ -104,13 +104,16 @@ async def _exit_when_lease_lost(lease: leader.Lease, cluster: str) -> None:
 
 # ---- security material ---------------------------------------------------------------------
 
+def tls_leaves(fleet: FleetConfig) -> dict[str, list[str]]:
+    """Each process's certificate file name and the names it must carry."""
+    sec = fleet.settings.security
+    return {"front": [sec.front_tls_name], **{f"cluster-{c.name}": [sec.cluster_name(c.name)] for c in fleet.clusters}}
+
+
 def local_tls(fleet: FleetConfig, data_dir: Path, process: str) -> TlsFiles:
     """The TLS files of `process` ("front" or a cluster's name) from the fleet's throwaway local
     CA under the data dir, made on first use: for a fleet on one machine, with no TLS flags."""
-    sec = fleet.settings.security
-    leaves = {"front": [sec.front_tls_name], **{f"cluster-{c.name}": [sec.cluster_name(c.name)]
-                                                for c in fleet.clusters}}
-    ensure_local_pki(Path(data_dir) / "tls", leaves)
+    ensure_local_pki(Path(data_dir) / "tls", tls_leaves(fleet))
     return local_files(Path(data_dir) / "tls", process if process == "front" else f"cluster-{process}")
 
 

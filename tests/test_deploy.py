@@ -194,3 +194,22 @@ def test_the_dashboard_reads_real_metrics():
                     assert f"record: {metric}" in rules, metric
                 else:
                     assert f'"{re.sub(r"_(bucket|count|sum|total)$", "", metric)}' in source, metric
+
+
+def test_certificates_for_a_first_deployment(tmp_path, capsys):
+    from cryptography import x509
+
+    from provisioner.cli import main
+
+    assert main(["certificates", "--out", str(tmp_path)]) == 0
+    fleet = load_fleet(ROOT / "clusters")
+    security = fleet.settings.security
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
+    for name, dns in [("front", security.front_tls_name),
+                      *((f"cluster-{c}", security.cluster_name(c)) for c in fleet.cluster_names)]:
+        cert = x509.load_pem_x509_certificate((tmp_path / f"{name}.pem").read_bytes())
+        assert cert.issuer == ca.subject
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert dns in names.get_values_for_type(x509.DNSName)
+        assert (tmp_path / f"{name}-key.pem").exists()
+    assert "front.provisioner.internal" in capsys.readouterr().out

@@ -56,6 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the local fleet's data dir, which holds its key (env PROVISIONER_DATA_DIR)")
     token.set_defaults(func=cmd_token)
 
+    certs = sub.add_parser("certificates", help="issue the fleet's TLS certificates from a new local CA, for a "
+                                                   "first deployment (cert-manager or your CA thereafter)")
+    certs.add_argument("--out", required=True, metavar="DIR", help="where to write the CA and one certificate per "
+                                                                     "process (kept if present, renewed near expiry)")
+    certs.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
+    certs.set_defaults(func=cmd_certificates)
+
     trace = sub.add_parser("trace", help="show the spans of a session's requests as a tree")
     trace.add_argument("session_id")
     trace.add_argument("--file", default=None, help=f"span file (default: {DEFAULT_DATA_DIR}/traces.jsonl)")
@@ -334,6 +341,26 @@ def cmd_token(args) -> int:
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_certificates(args) -> int:
+    from provisioner.config import ConfigError, load_fleet
+    from provisioner.security.pki import CA_CERT, ensure_local_pki, local_files
+    from provisioner.serve import tls_leaves
+
+    try:
+        fleet = load_fleet(args.clusters)
+    except ConfigError as e:
+        print(f"error: bad fleet config:\n{e}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    leaves = tls_leaves(fleet)
+    ensure_local_pki(out, leaves)
+    print(f"CA                    {out / CA_CERT}")
+    for name, dns in leaves.items():
+        files = local_files(out, name)
+        print(f"{name:<21} {files.cert} {files.key}   ({', '.join(dns)})")
     return 0
 
 
