@@ -170,6 +170,7 @@ def test_parallel_replay_adds_up_to_the_same_results(tmp_path):
     run = Run(str(write_trace(tmp_path, rows)), scale=2, seed=4)
     one, two = simulate(run, jobs=1), simulate(run, jobs=2)
     assert one.samples == two.samples and len(one.samples) > 10
+    assert one.pools == two.pools and len(one.pools) == 6
     one, two = one.results(), two.results()
     one.pop("events"), two.pop("events")  # each process also counts its own sampling events
     assert one == two and one["sessions"] == 180
@@ -196,3 +197,16 @@ def test_json_names_the_fixed_fleet_at_k_times_the_base_peak(tmp_path, capsys):
     assert out["scaled_peak_vm_hours"] == pytest.approx(3 * base * out["model_hours"], rel=1e-6)
     assert main(["simulate", "--trace", str(path), "--scale", "3"]) == 0
     assert f"fixed at 3 x base peak ({3 * base} VMs)" in capsys.readouterr().out
+
+
+def test_pool_samples_add_up_to_the_fleet(tmp_path):
+    r = replay(write_trace(tmp_path))
+    tally = r.tally()
+    assert set(tally.pools) == {f"{c.name}/{p}" for c in r.cores for p in c.pools}
+    for i, fleet in enumerate(tally.samples):
+        pools = [samples[i] for samples in tally.pools.values()]
+        assert all(p.t_s == fleet.t_s for p in pools)
+        assert sum(p.assigned for p in pools) == fleet.assigned and sum(p.warm for p in pools) == fleet.warm
+        assert sum(p.assigned + p.queued for p in pools) == fleet.demand
+    assert max(p.wait_max_s for samples in tally.pools.values() for p in samples) >= 0
+    assert sum(p.cost_usd_per_h for samples in tally.pools.values() for p in samples) > 0

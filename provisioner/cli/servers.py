@@ -80,7 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--warm-vms", type=int, default=None, metavar="N", help="fixed policy: warm VMs per pool")
     sim.add_argument("--wait-probability", type=float, default=None, metavar="P",
                      help="predictive policy: target share of requests that wait for a VM")
-    sim.add_argument("--plot", default=None, metavar="PNG", help="draw demand, warm and assigned VMs over time")
+    sim.add_argument("--plot", default=None, metavar="PNG",
+                     help="draw each region and pool over time: VMs (assigned, warm, starting) and queue, waits, cost")
     sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                      help="replay groups of clusters in N processes (same results; default: one per CPU)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -426,7 +427,7 @@ def cmd_simulate(args) -> int:
         from provisioner.sim.plot import write_plot
 
         try:
-            write_plot(args.plot, tally.samples, f"{results['trace']} x{args.scale}, {results['policy']} policy")
+            write_plot(args.plot, tally.pools, f"{results['trace']} x{args.scale}, {results['policy']} policy")
         except OSError as e:
             print(f"error: cannot write the plot: {e}", file=sys.stderr)
             return 1

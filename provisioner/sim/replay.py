@@ -120,6 +120,18 @@ class Sample(NamedTuple):
     total: int  # every VM that is billed
 
 
+class PoolSample(NamedTuple):
+    """One pool's counts at one moment, for the per-pool panels of a plot."""
+
+    t_s: float
+    assigned: int  # VMs serving sessions
+    warm: int  # idle VMs ready for a session
+    starting: int  # VMs being created or booting
+    queued: int  # sessions waiting for a VM
+    wait_max_s: float  # the longest wait of the sessions that started since the previous sample
+    cost_usd_per_h: float  # what the pool's billed VMs cost now
+
+
 def superimpose(rows: list[TraceRow], scale: int, seed: int) -> list[TraceRow]:
     """K copies with distinct users, each shifted by a random offset modulo the trace span."""
     if scale < 1:
@@ -156,9 +168,10 @@ class Tally:
     fixed_peak_vms: int = 0
     fixed_peak_price: float = 0.0
     samples: list[Sample] = field(default_factory=list)
+    pools: dict[str, list[PoolSample]] = field(default_factory=dict)  # "cluster/pool" -> samples
 
     def __add__(self, other: Tally) -> Tally:
-        if self.end_s != other.end_s or len(self.samples) != len(other.samples):
+        if self.end_s != other.end_s or len(self.samples) != len(other.samples) or self.pools.keys() & other.pools:
             raise ValueError("tallies of different runs cannot be added")
         return Tally(
             self.end_s, self.sessions + other.sessions, self.waits + other.waits,
@@ -167,6 +180,7 @@ class Tally:
             self.bytes_pulled + other.bytes_pulled, self.events + other.events,
             self.fixed_peak_vms + other.fixed_peak_vms, self.fixed_peak_price + other.fixed_peak_price,
             [Sample(a.t_s, *(x + y for x, y in zip(a[1:], b[1:]))) for a, b in zip(self.samples, other.samples)],
+            {**self.pools, **other.pools},
         )
 
     def results(self) -> dict:
@@ -239,6 +253,8 @@ class Replay(Engine):
         self._t = 0.0
         self.vm_s = self.assigned_vm_s = self.cost_usd_s = 0.0
         self.samples: list[Sample] = []
+        self.pool_samples: dict[str, list[PoolSample]] = {f"{c.name}/{p}": [] for c in cores for p in c.pools}
+        self._wait_max: dict[str, float] = {}  # per pool, since the last sample
         peaks = peak_concurrency(rows, self.idle_timeout_s)
         self.fixed_peak_vms = sum(peaks.values())
         self.fixed_peak_price = sum(n * self._price[(self.by_region[region].name, pool)]
@@ -279,12 +295,17 @@ class Replay(Engine):
     def _sample(self, now: float) -> None:
         demand = assigned = warm = starting = 0
         for core in self.cores:
-            for pool in core.pools.values():
+            for name, pool in core.pools.items():
                 c = pool.count
                 demand += c[V.ASSIGNED] + len(pool.queue)
                 assigned += c[V.ASSIGNED]
                 warm += c[V.WARM]
                 starting += c[V.CREATING] + c[V.BOOTING]
+                key = f"{core.name}/{name}"
+                billed = sum(c[state] for state in VM_ACTIVE)
+                self.pool_samples[key].append(PoolSample(
+                    now, c[V.ASSIGNED], c[V.WARM], c[V.CREATING] + c[V.BOOTING], len(pool.queue),
+                    self._wait_max.pop(key, 0.0), billed * self._price[(core.name, name)]))
         self.samples.append(Sample(now, demand, assigned, warm, starting, self._live))
         if now + SAMPLE_S <= self.end_s:
             self.at(now + SAMPLE_S, None, self._sample)
@@ -315,7 +336,10 @@ class Replay(Engine):
         for s in sessions:
             if s.state is _RUNNING and s.id not in started:
                 started.add(s.id)
-                self.waits.append(s.ready_at - s.created_at)
+                wait = s.ready_at - s.created_at
+                self.waits.append(wait)
+                key = f"{core.name}/{s.pool}"
+                self._wait_max[key] = max(self._wait_max.get(key, 0.0), wait)
                 self.starts[s.start.value] += 1
             elif s.terminal:
                 started.discard(s.id)
@@ -356,7 +380,7 @@ class Replay(Engine):
     def tally(self) -> Tally:
         return Tally(self.now, self.sessions, list(self.waits), dict(self.starts), self.vm_s, self.assigned_vm_s,
                      self.cost_usd_s, self.bytes_pulled, self.events, self.fixed_peak_vms, self.fixed_peak_price,
-                     list(self.samples))
+                     list(self.samples), {k: list(v) for k, v in self.pool_samples.items()})
 
     def results(self) -> dict:
         return self.tally().results()
