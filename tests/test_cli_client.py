@@ -59,6 +59,8 @@ class FakeSessions(session_grpc.SessionServiceServicer):
 
     def CreateSession(self, request, context):
         self.requests.append(request)
+        if request.spec.user_id == "unlucky":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "front restarting")
         if not request.spec.user_id:
             detail = any_pb2.Any()
             detail.Pack(error_details_pb2.BadRequest(field_violations=[
@@ -111,6 +113,9 @@ class FakeSessions(session_grpc.SessionServiceServicer):
 
     def TouchSession(self, request, context):
         self.requests.append(request)
+        if request.session_id.endswith("ended"):
+            return session_pb.TouchSessionResponse(session=_session(
+                request.session_id, S.SESSION_STATE_STOPPED, reason="idle for 1h0m"))
         return session_pb.TouchSessionResponse(session=_session(request.session_id))
 
     def StopSession(self, request, context):
@@ -381,7 +386,9 @@ def test_unreachable_front(capsys, monkeypatch):
         port = s.getsockname()[1]
     monkeypatch.setenv("PROVISIONER_FRONT", f"127.0.0.1:{port}")
     assert cli.main(["session", "get", "x", "--timeout", "5"]) == 1
-    assert capsys.readouterr().err.startswith("error: UNAVAILABLE: ")
+    err = capsys.readouterr().err
+    assert err.startswith("error: UNAVAILABLE: ")
+    assert f"hint: nothing answers at 127.0.0.1:{port}: start the local fleet with `provisioner up`" in err
 
 
 def test_usage_errors_exit_2(run, capsys):
@@ -490,7 +497,85 @@ def test_admin_tables(run):
     assert "draining: yes" in out
 
 
+def test_json_before_the_command(front, capsys):
+    assert cli.main(["--json", "--front", front.addr, "session", "list", "--user", "ada"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["sessions"]) == 2
+
+
+def test_touching_an_ended_session_fails(run):
+    rc, out, err = run("session", "touch", "us-central1.ended")
+    assert rc == 1 and "stopped" in out
+    assert err == "error: session us-central1.ended is stopped (idle for 1h0m): touching it keeps nothing alive\n"
+
+
+def test_a_create_names_its_request_id_only_when_its_outcome_is_unknown(run, front):
+    rc, _, err = run("session", "create", "--user", "unlucky", "--accelerator", "gpu-p100",
+                     "--image", "gpu:v154", "--timeout", "2")
+    request_ids = {r.spec.request_id for r in front.sessions.requests}
+    assert rc == 1 and len(request_ids) == 1 and len(front.sessions.requests) > 1  # retried, same id
+    assert f"retry with --request-id {request_ids.pop()}" in err
+    rc, _, err = run("session", "create", "--user", "", "--accelerator", "gpu-p100", "--image", "gpu:v154")
+    assert rc == 1 and "request id" not in err  # refused: nothing was made, nothing to retry
+
+
+def test_headroom_without_the_headroom_autoscaler_warns(run):
+    rc, _, err = run("admin", "set-policy", "--cluster", "us-central1", "--pool", "gpu-p100", "--headroom", "0.3")
+    assert rc == 0 and "warning: headroom is kept but has no effect" in err
+    rc, _, err = run("admin", "set-policy", "--cluster", "us-central1", "--pool", "gpu-p100",
+                     "--autoscaler", "headroom", "--headroom", "0.3")
+    assert rc == 0 and "warning" not in err
+
+
+def test_list_by_cluster_without_a_user(run, front):
+    rc, _, err = run("session", "list", "--cluster", "us-central1", "--state", "running")
+    assert rc == 0, err
+    req = front.sessions.requests[-1]
+    assert (req.user_id, req.cluster, list(req.states)) == ("", "us-central1", [S.SESSION_STATE_RUNNING])
+
+
 # --- render --------------------------------------------------------------------------------
+
+
+def _versions(lo: int, hi: int) -> list[str]:
+    return [f"gpu:v{n}" for n in range(hi, lo - 1, -1)]
+
+
+def test_many_images_are_summarised_unless_wide():
+    vm = types_pb2.Vm(id="vm-1", state=types_pb2.VM_STATE_WARM, images=_versions(99, 136), healthy=True)
+    line = render.vm_table([vm], NOW).splitlines()[1]
+    assert "38: gpu:v99..gpu:v136" in line and len(line) < 120
+    assert ",".join(_versions(99, 136)[::-1]) in render.vm_table([vm], NOW, wide=True)
+    pool = _pool()
+    del pool.capacity.warm_by_image[:]
+    pool.capacity.warm_by_image.extend(types_pb2.ImageCount(image=i, count=1) for i in _versions(121, 160))
+    pool.capacity.warm_by_image[5].count = 3
+    detail = render.pool_detail(pool)
+    assert "warm by image: gpu:v155=3, gpu:v160=1, gpu:v159=1 and 37 more (--wide lists all)" in detail
+    assert "gpu:v121=1" in render.pool_detail(pool, wide=True)
+    assert "images:  38 versions, gpu:v99..gpu:v136 (--wide lists all)" in render.vm_detail(vm)
+    assert "gpu:v99, gpu:v100, gpu:v101" in render.vm_detail(vm, wide=True)
+
+
+def test_model_time_is_labelled():
+    s = _session(start=types_pb2.START_KIND_PARTIAL, pull=types_pb2.PullProgress(bytes_total=24_600_000_000,
+                                                                              bytes_done=24_600_000_000))
+    s.read_time.FromSeconds(NOW + 3 * 3600)
+    detail = render.session_detail(s, NOW)
+    assert "clock:" in detail and "model time, 3h ahead of the wall clock" in detail
+    assert "start:      partial (a warm VM pulled the layers it lacked)" in detail
+    assert "pull:       100% of 24.6 GB (the layers the VM lacked)" in detail
+    s.read_time.FromSeconds(NOW + 5)
+    assert "clock:" not in render.session_detail(s, NOW)
+    assert render.clock_note([s], NOW) is None
+
+
+def test_trace_view_rounds_floats():
+    from provisioner.traceview import render_tree
+
+    span = {"trace_id": "t", "span_id": "a", "name": "SessionService/CreateSession", "start_ns": 0, "end_ns": 2_000_000,
+            "attributes": {}, "events": [{"name": "candidate", "time_ns": 1_000_000,
+                                          "attributes": {"expected_s": 41.39999999999999, "how": "warm"}}]}
+    assert "* candidate @+1.0 ms expected_s=41.4 how=warm" in render_tree([span], "t")
 
 
 def test_table_aligns_columns():

@@ -152,6 +152,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("provisioner.v1.ListSessionsRequest", "user_id"): USER_ID,
     ("provisioner.v1.ListSessionsRequest", "page_size"): PAGE_SIZE,
     ("provisioner.v1.ListSessionsRequest", "page_token"): PAGE_TOKEN,
+    ("provisioner.v1.ListSessionsRequest", "cluster"): NAME,
     ("provisioner.v1.WatchSessionRequest", "session_id"): SESSION_ID,
     ("provisioner.v1.WatchSessionRequest", "after_revision"): REVISION,
     ("provisioner.v1.TouchSessionRequest", "session_id"): SESSION_ID,

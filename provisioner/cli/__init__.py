@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="provisioner", description="GPU notebook sessions from warm GPU VM pools.")
     client.add_trace_flag(parser)
+    # Also before the command (`provisioner --json session list`); a flag after it works as well.
+    parser.add_argument("--json", dest="json_first", action="store_true", help="machine-readable JSON on stdout")
+    parser.add_argument("--front", default=argparse.SUPPRESS,
+                        help=f"front address (default: $PROVISIONER_FRONT, else {client.DEFAULT_FRONT})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     client.register(sub)
     servers = _servers()
@@ -45,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits for --help (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    if args.json_first:
+        args.json = True
     try:
         return int(args.func(args) or 0)
     except ModuleNotFoundError as e:

@@ -126,6 +126,8 @@ def _client_flags() -> argparse.ArgumentParser:
         help=f"front address (default: $PROVISIONER_FRONT, else {DEFAULT_FRONT})")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="machine-readable JSON on stdout")
+    common.add_argument("--wide", action="store_true", default=argparse.SUPPRESS,
+                        help="every image of a VM or pool instead of a summary")
     common.add_argument("--timeout", type=_positive_float, default=argparse.SUPPRESS, metavar="SECONDS",
                         help=f"deadline of each call (default {DEFAULT_TIMEOUT_S:g}; not for watches)")
     common.add_argument("--token", default=argparse.SUPPRESS,
@@ -158,6 +160,7 @@ class Client:
         self.api = api.Client(front_address(args), channel=channel,
                               timeout=getattr(args, "timeout", DEFAULT_TIMEOUT_S))
         self.json = getattr(args, "json", False)
+        self.wide = getattr(args, "wide", False)
 
     def call(self, method: str, request):
         return self.api.call(method, request)
@@ -289,8 +292,8 @@ def session_get(c: Client, args) -> int:
 
 
 def session_list(c: Client, args) -> int:
-    req = session_pb.ListSessionsRequest(user_id=args.user, states=args.state or [],
-                                         page_size=args.page_size or 0,
+    req = session_pb.ListSessionsRequest(user_id=args.user or "", cluster=args.cluster or "",
+                                         states=args.state or [], page_size=args.page_size or 0,
                                          page_token=args.page_token or "")
     sessions, seen = [], {req.page_token}
     while True:
@@ -306,6 +309,8 @@ def session_list(c: Client, args) -> int:
     c.show({"sessions": [render.session_to_json(s) for s in sessions],
             "next_page_token": next_token},
            render.session_table(sessions, _now()))
+    if note := render.clock_note(sessions, _now()):
+        c.note(note)
     if next_token:
         c.note(f"more: --page-token {next_token} (or --all)")
     return 0
@@ -323,7 +328,11 @@ def session_watch(c: Client, args) -> int:
 
 
 def session_touch(c: Client, args) -> int:
-    _show_session(c, c.call("TouchSession", session_pb.TouchSessionRequest(session_id=args.session_id)).session)
+    s = c.call("TouchSession", session_pb.TouchSessionRequest(session_id=args.session_id)).session
+    _show_session(c, s)
+    if s.state in _ENDED or s.state == S.SESSION_STATE_STOPPING:
+        raise CliError(f"session {s.id} is {render.enum_short(S, s.state)}"
+                       + (f" ({s.reason})" if s.reason else "") + ": touching it keeps nothing alive")
     return 0
 
 
@@ -378,7 +387,11 @@ def admin_set_policy(c: Client, args) -> int:
     req = admin_pb.SetPoolPolicyRequest(cluster=args.cluster, pool=args.pool,
                                         policy=types_pb2.PoolPolicy(**given))
     pool = c.call("SetPoolPolicy", req).pool
-    c.show(render.pool_to_json(pool), render.pool_detail(pool))
+    c.show(render.pool_to_json(pool), render.pool_detail(pool, c.wide))
+    autoscaler = pool.policy.autoscaler if pool.policy.HasField("autoscaler") else ""
+    if args.headroom is not None and autoscaler != "headroom":
+        print(f"warning: headroom is kept but has no effect while {pool.name}'s autoscaler is {autoscaler}; "
+              "add --autoscaler headroom to use it", file=sys.stderr, flush=True)
     return 0
 
 
@@ -396,14 +409,16 @@ def admin_vms(c: Client, args) -> int:
     req = admin_pb.ListVmsRequest(cluster=args.cluster or "", pool=args.pool or "",
                                   states=args.state or [])
     vms = c.call("ListVms", req).vms
-    c.show({"vms": [render.vm_to_json(v) for v in vms]}, render.vm_table(vms, _now()))
+    c.show({"vms": [render.vm_to_json(v) for v in vms]}, render.vm_table(vms, _now(), c.wide))
+    if note := render.clock_note(vms, _now()):
+        c.note(note)
     return 0
 
 
 def admin_reset_policy(c: Client, args) -> int:
     req = admin_pb.SetPoolPolicyRequest(cluster=args.cluster, pool=args.pool, reset=True)
     pool = c.call("SetPoolPolicy", req).pool
-    c.show(render.pool_to_json(pool), render.pool_detail(pool))
+    c.show(render.pool_to_json(pool), render.pool_detail(pool, c.wide))
     return 0
 
 
@@ -434,7 +449,7 @@ def admin_audit(c: Client, args) -> int:
 def admin_evict(c: Client, args) -> int:
     req = admin_pb.EvictVmRequest(cluster=args.cluster, vm_id=args.vm_id, reason=args.reason or "")
     vm = c.call("EvictVm", req).vm
-    c.show(render.vm_to_json(vm), render.vm_detail(vm))
+    c.show(render.vm_to_json(vm), render.vm_detail(vm, c.wide))
     return 0
 
 
@@ -480,8 +495,9 @@ def register(subparsers) -> None:
     p = add("get", session_get, "show a session")
     p.add_argument("session_id", metavar="SESSION_ID")
 
-    p = add("list", session_list, "a user's sessions, newest first")
-    p.add_argument("--user", required=True)
+    p = add("list", session_list, "sessions, newest first: a user's, or a cluster's (operators)")
+    p.add_argument("--user", help="only this user's (default: every user's, for service and admin tokens)")
+    p.add_argument("--cluster", help="only sessions on this cluster")
     p.add_argument("--state", type=_enum_arg(S), nargs="+", action="extend", metavar="STATE",
                    help=f"only these states: {session_states}")
     p.add_argument("--page-size", type=int)

@@ -258,6 +258,39 @@ def server_now(msg, now: float) -> float:
     return _epoch(msg, "read_time") or now
 
 
+CLOCK_SKEW_S = 60.0  # a server clock this far from the wall is a model clock (--time-scale)
+
+
+def clock_note(messages: Iterable, now: float) -> str | None:
+    """Says so when the servers' clock runs ahead of (or behind) the wall, as a simulated fleet's
+    does: their times are model times then, not wall-clock times."""
+    skews = [_epoch(m, "read_time") - now for m in messages if m.HasField("read_time")]
+    if not skews or abs(skew := max(skews, key=abs)) < CLOCK_SKEW_S:
+        return None
+    side = "ahead of" if skew > 0 else "behind"
+    return f"times are the fleet's model time, {format_duration(abs(skew))} {side} the wall clock (--time-scale)"
+
+
+def summarize(items: Sequence[str], wide: bool, keep: int = 3) -> str:
+    """All items with `wide`, else the first `keep` and how many more (a VM holds ~40 versions)."""
+    if wide or len(items) <= keep + 1:
+        return ", ".join(items)
+    return f"{', '.join(items[:keep])} and {len(items) - keep} more (--wide lists all)"
+
+
+def _version_key(image: str) -> tuple:
+    """gpu:v99 before gpu:v100."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", image))
+
+
+def image_span(images: Sequence[str], wide: bool) -> str:
+    """A VM's images in a table cell: all with `wide`, else "38: gpu:v121..gpu:v160"."""
+    ordered = sorted(images, key=_version_key)
+    if wide or len(ordered) <= 2:
+        return ",".join(ordered) or "-"
+    return f"{len(ordered)}: {ordered[0]}..{ordered[-1]}"
+
+
 def _age(then: float | None, now: float) -> str:
     return "" if then is None else format_duration(now - then)
 
@@ -298,13 +331,24 @@ def session_table(sessions: Iterable[types_pb2.Session], now: float) -> str:
     return table(rows, SESSION_HEADERS)
 
 
+_START_MEANING = {
+    types_pb2.START_KIND_WARM: "a warm VM held the image",
+    types_pb2.START_KIND_PARTIAL: "a warm VM pulled the layers it lacked",
+    types_pb2.START_KIND_COLD: "a new VM",
+}
+
+
 def session_detail(s: types_pb2.Session, now: float) -> str:
+    clock = clock_note([s], now)
     now = server_now(s, now)
     image = s.image or s.spec.image
     if s.image and s.spec.image and s.image != s.spec.image:
         image = f"{s.image} (asked for {s.spec.image})"
     pct = pull_percent(s)
-    pull = f"{pct}% of {format_bytes(s.pull.bytes_total)}" if pct is not None else ""
+    pull = f"{pct}% of {format_bytes(s.pull.bytes_total)} (the layers the VM lacked)" if pct is not None else ""
+    start = enum_short(types_pb2.StartKind, s.start)
+    if s.start in _START_MEANING:
+        start = f"{start} ({_START_MEANING[s.start]})"
     eta = _epoch(s, "estimated_ready_time")
     ready_in = format_duration(eta - now) if eta is not None and s.state in _PENDING else ""
 
@@ -323,7 +367,7 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
         ("pool", s.pool),
         ("vm", s.vm_id),
         ("image", image),
-        ("start", enum_short(types_pb2.StartKind, s.start)),
+        ("start", start),
         ("endpoint", s.endpoint),
         ("queue position", s.queue_position or ""),
         ("pull", pull),
@@ -333,6 +377,7 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
         ("ended", when("end_time")),
         ("request id", s.spec.request_id),
         ("revision", s.revision),
+        ("clock", clock),
     ])
 
 
@@ -394,10 +439,12 @@ def pool_table(pools: Iterable[types_pb2.Pool]) -> str:
                         "MIN", "MAX", "AUTOSCALER", "HEADROOM"))
 
 
-def pool_detail(p: types_pb2.Pool) -> str:
+def pool_detail(p: types_pb2.Pool, wide: bool = False) -> str:
     pol, c = p.policy, p.capacity
     recycle = "" if not pol.HasField("recycle") else _yes(pol.recycle)
-    warm_images = ", ".join(f"{i.image}={i.count}" for i in c.warm_by_image)
+    newest_first = sorted(c.warm_by_image, key=lambda i: _version_key(i.image), reverse=True)
+    by_count = sorted(newest_first, key=lambda i: -i.count)
+    warm_images = summarize([f"{i.image}={i.count}" for i in by_count], wide)
     return kv([
         ("cluster", p.cluster),
         ("pool", p.name),
@@ -418,11 +465,11 @@ def pool_detail(p: types_pb2.Pool) -> str:
     ])
 
 
-def vm_table(vms: Iterable[types_pb2.Vm], now: float) -> str:
+def vm_table(vms: Iterable[types_pb2.Vm], now: float, wide: bool = False) -> str:
     rows = [
         (
             v.id, v.cluster, v.pool, v.zone, enum_short(types_pb2.VmState, v.state) or "-",
-            v.session_id or "-", ",".join(v.images) or "-",
+            v.session_id or "-", image_span(v.images, wide),
             _yes(v.healthy), _age(_epoch(v, "create_time"), server_now(v, now)) or "-",
         )
         for v in vms
@@ -431,7 +478,7 @@ def vm_table(vms: Iterable[types_pb2.Vm], now: float) -> str:
                         "AGE"))
 
 
-def vm_detail(v: types_pb2.Vm) -> str:
+def vm_detail(v: types_pb2.Vm, wide: bool = False) -> str:
     return kv([
         ("id", v.id),
         ("cluster", v.cluster),
@@ -440,7 +487,8 @@ def vm_detail(v: types_pb2.Vm) -> str:
         ("state", enum_short(types_pb2.VmState, v.state)),
         ("reason", v.reason),
         ("session", v.session_id),
-        ("images", ", ".join(v.images)),
+        ("images", ", ".join(sorted(v.images, key=_version_key)) if wide or len(v.images) <= 4
+         else f"{image_span(v.images, False).replace(':', ' versions,', 1)} (--wide lists all)"),
         ("cache", format_bytes(v.cache_bytes) if v.cache_bytes else ""),
         ("healthy", _yes(v.healthy)),
         ("health detail", v.health_detail),

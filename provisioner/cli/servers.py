@@ -255,19 +255,29 @@ def cmd_up(args) -> int:
     return _serve_until_signalled(provider, start)
 
 
+def pool_readiness(local) -> tuple[bool, str]:
+    """Whether every pool holds its minimum of VMs, counting those warm with the latest image and
+    those in use by sessions (after a restart with running sessions those count too, so `ready`
+    does not wait for culls), and one line saying so per pool."""
+    parts, done = [], True
+    for c in local.clusters:
+        core = c.runtime.core
+        for pool in core.pools.values():
+            states = [core.vms[vid] for vid in pool.vms]
+            warm = sum(1 for vm in states if vm.state.value == "warm"
+                       and vm.cache.has_image(core.catalog.latest, core.catalog))
+            in_use = sum(1 for vm in states if vm.state.value == "assigned")
+            done &= warm + in_use >= pool.policy.min_vms
+            parts.append(f"{core.name}/{pool.config.name} {warm}/{pool.policy.min_vms}"
+                         + (f" (+{in_use} in use)" if in_use else ""))
+    return done, "warming pools (warm VMs with the latest image / minimum): " + "  ".join(parts)
+
+
 async def _wait_warm(local) -> None:
-    """Shows the pools filling until each holds its minimum of warm VMs with the latest image."""
+    """Shows the pools filling; the fleet takes sessions meanwhile."""
     last = ""
     for _ in range(600):
-        parts, done = [], True
-        for c in local.clusters:
-            core = c.runtime.core
-            for pool in core.pools.values():
-                warm = sum(1 for vid in pool.vms if core.vms[vid].state.value == "warm"
-                           and core.vms[vid].cache.has_image(core.catalog.latest, core.catalog))
-                done &= warm >= pool.policy.min_vms
-                parts.append(f"{core.name}/{pool.config.name} {warm}/{pool.policy.min_vms}")
-        line = "warming pools: " + "  ".join(parts)
+        done, line = pool_readiness(local)
         if line != last:
             print(line, file=sys.stderr, flush=True)
             last = line

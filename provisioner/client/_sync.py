@@ -114,20 +114,25 @@ class Client:
     def get_session(self, session_id: str) -> Session:
         return Session.from_proto(self.call("GetSession", session_pb.GetSessionRequest(session_id=session_id)).session)
 
-    def list_sessions(self, user_id: str, states: Sequence[SessionState] = (), page_size: int = 0) -> list[Session]:
-        """A user's sessions, newest first, every page."""
+    def list_sessions(self, user_id: str = "", states: Sequence[SessionState] = (), cluster: str = "",
+                      page_size: int = 0) -> list[Session]:
+        """Sessions newest first, every page: a user's, or ("" with a service or admin token) every
+        user's; only `cluster`'s and only in `states` when given."""
         out, token = [], ""
         while True:
-            resp = self.call("ListSessions", _base.list_request(user_id, states, page_size, token))
+            resp = self.call("ListSessions", _base.list_request(user_id, cluster, states, page_size, token))
             out += [Session.from_proto(s) for s in resp.sessions]
             if not resp.next_page_token or resp.next_page_token == token:
                 return out
             token = resp.next_page_token
 
     def touch_session(self, session_id: str) -> Session:
-        """Records the user's activity, so the session is not ended as idle."""
-        return Session.from_proto(
-            self.call("TouchSession", session_pb.TouchSessionRequest(session_id=session_id)).session)
+        """Records the user's activity, so the session is not ended as idle. Raises `SessionEnded`
+        if it is stopping or has ended (touching it brings nothing back)."""
+        s = Session.from_proto(self.call("TouchSession", session_pb.TouchSessionRequest(session_id=session_id)).session)
+        if s.state in (SessionState.STOPPING, SessionState.STOPPED, SessionState.FAILED):
+            raise errors.SessionEnded(s)
+        return s
 
     def stop_session(self, session_id: str, reason: str = "") -> Session:
         return Session.from_proto(self.call(

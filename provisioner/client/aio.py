@@ -101,11 +101,11 @@ class AsyncClient:
         resp = await self.call("GetSession", session_pb.GetSessionRequest(session_id=session_id))
         return Session.from_proto(resp.session)
 
-    async def list_sessions(self, user_id: str, states: Sequence[SessionState] = (),
+    async def list_sessions(self, user_id: str = "", states: Sequence[SessionState] = (), cluster: str = "",
                             page_size: int = 0) -> list[Session]:
         out, token = [], ""
         while True:
-            resp = await self.call("ListSessions", _base.list_request(user_id, states, page_size, token))
+            resp = await self.call("ListSessions", _base.list_request(user_id, cluster, states, page_size, token))
             out += [Session.from_proto(s) for s in resp.sessions]
             if not resp.next_page_token or resp.next_page_token == token:
                 return out
@@ -113,7 +113,10 @@ class AsyncClient:
 
     async def touch_session(self, session_id: str) -> Session:
         resp = await self.call("TouchSession", session_pb.TouchSessionRequest(session_id=session_id))
-        return Session.from_proto(resp.session)
+        s = Session.from_proto(resp.session)
+        if s.state in (SessionState.STOPPING, SessionState.STOPPED, SessionState.FAILED):
+            raise errors.SessionEnded(s)
+        return s
 
     async def stop_session(self, session_id: str, reason: str = "") -> Session:
         resp = await self.call("StopSession", session_pb.StopSessionRequest(session_id=session_id, reason=reason))

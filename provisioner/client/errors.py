@@ -122,8 +122,8 @@ class NoCredentials(ProvisionerError):
 
 
 class SessionEnded(ProvisionerError):
-    """The session stopped or failed while a caller waited for it to run; `session` is its last
-    report (state and reason)."""
+    """The session stopped or failed while a caller waited for it to run, or is stopping or over
+    when touched; `session` is its last report (state and reason)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 

@@ -80,3 +80,13 @@ def rank(clusters: list[ClusterView], accelerator: str, image: str, region_hint:
         out.append(Candidate(c.name, seconds, how, penalty, load))
     out.sort(key=lambda cand: cand.score)
     return out
+
+
+def why_none(clusters: list[ClusterView], accelerator: str, region_hint: str, region_required: bool) -> str:
+    """Why `rank` found no candidate, naming each cluster that could have served (for the caller)."""
+    eligible = [c for c in clusters if accelerator in c.pools and (not region_required or c.region == region_hint)]
+    where = f" in {region_hint}" if region_required else ""
+    if not eligible:
+        return f"no cluster{where} has a {accelerator} pool"
+    states = ", ".join(f"{c.name} is {'draining' if c.draining else 'unreachable'}" for c in eligible)
+    return f"no cluster{where} can take {accelerator} sessions now: {states}"

@@ -25,7 +25,7 @@ from provisioner.errors import InvalidArgument, NotFound, Unavailable, quote
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
-from provisioner.front.router import rank
+from provisioner.front.router import rank, why_none
 from provisioner.store import SqliteStore
 from provisioner.validation import validate_spec
 from provisioner.v1 import admin_service_pb2 as admin_pb
@@ -80,6 +80,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.clock = clock
         self.placement = Placement(fleet.clients, store, clock)
         self.pools = {p.name for c in config.clusters for p in c.pools}
+        self.regions = {c.region for c in config.clusters}
         self.limits = config.settings
         self._streams: set = set()
         self.draining = False
@@ -93,6 +94,9 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             request.spec.user_id = owner
         spec = convert.spec_from_pb(request.spec)
         image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
+        if spec.region_hint and spec.region_hint not in self.regions:
+            raise InvalidArgument(f"unknown region {quote(spec.region_hint)}; the fleet's regions: "
+                                  f"{', '.join(sorted(self.regions))}", field="spec.region_hint")
         span.set_attributes({telemetry.ATTR_REQUEST_ID: spec.request_id, telemetry.ATTR_USER: spec.user_id,
                              telemetry.ATTR_IMAGE: image, telemetry.ATTR_POOL: spec.accelerator})
         deadline = asyncio.get_running_loop().time() + _remaining(context)
@@ -108,8 +112,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                                              "how": cand.how, "region_penalty_s": cand.region_penalty_s,
                                              "load": cand.load})
             if not candidates:
-                where = f" in {spec.region_hint}" if spec.region_required else ""
-                raise Unavailable(f"no healthy cluster{where} can take {spec.accelerator} sessions now")
+                views = [c.view() for c in self.fleet.clients.values()]
+                raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
             session = await self.placement.place(request.spec, candidates, deadline)
             return session_pb.CreateSessionResponse(session=session)
 
@@ -119,7 +123,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                           cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner))
         return session_pb.GetSessionResponse(session=resp.session)
 
-    async def _user_sessions(self, user_id: str, states) -> list[pb.Session]:
+    async def _user_sessions(self, user_id: str, states, cluster: str = "") -> list[pb.Session]:
+        """A user's sessions ("": every user's) on every reachable cluster, or on `cluster` only."""
         async def one(c: ClusterClient):
             out, token = [], ""
             while True:
@@ -129,7 +134,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                 if not (token := resp.next_page_token):
                     return out
 
-        live = [c for c in self.fleet.clients.values() if c.healthy]
+        live = [c for name, c in self.fleet.clients.items() if c.healthy and cluster in ("", name)]
         results = await asyncio.gather(*(one(c) for c in live))
         sessions = [s for r in results for s in r]
         sessions.sort(key=lambda s: (-s.create_time.ToNanoseconds(), s.id))
@@ -137,10 +142,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     @unary
     async def ListSessions(self, request, context):
-        user_id = request.user_id or guard.current().owner
-        if not user_id:
-            raise InvalidArgument("user_id must not be empty", field="user_id")
-        sessions = await self._user_sessions(user_id, list(request.states))
+        user_id = request.user_id or guard.current().owner  # "" (every user's) only for service and admin
+        if request.cluster and request.cluster not in self.fleet.clients:
+            raise NotFound(f"no cluster {quote(request.cluster)}; clusters: {', '.join(sorted(self.fleet.clients))}")
+        if request.cluster and not self.fleet.clients[request.cluster].healthy:
+            raise Unavailable(f"cluster {request.cluster} is unreachable")
+        sessions = await self._user_sessions(user_id, list(request.states), request.cluster)
         items, token = page(sessions, request.page_size, request.page_token)
         return session_pb.ListSessionsResponse(sessions=items, next_page_token=token)
 

@@ -32,16 +32,18 @@ class GetSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
-    __slots__ = ("user_id", "states", "page_size", "page_token")
+    __slots__ = ("user_id", "states", "page_size", "page_token", "cluster")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.SessionState]
     page_size: int
     page_token: str
-    def __init__(self, user_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.SessionState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    cluster: str
+    def __init__(self, user_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.SessionState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., cluster: _Optional[str] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
     __slots__ = ("sessions", "next_page_token")
