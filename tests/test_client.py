@@ -276,3 +276,15 @@ def test_a_quota_error_from_the_server_edge_carries_its_reset_time(scripted):
     with pytest.raises(api.QuotaExceeded) as e:
         c.create_session(user_id="ada", accelerator="gpu-p100", image="gpu:v154")
     assert e.value.reset_time == reset and e.value.field == "user_id"
+
+
+async def test_async_retries_and_watch_resume(scripted):
+    server, sync_client = scripted
+    server.failures = [_status(code_pb2.UNAVAILABLE, "front restarting", _retry_info(0.01))]
+    async with api.AsyncClient(sync_client.target,
+                               channel=grpc.aio.insecure_channel(sync_client.target)) as c:
+        s = await c.create_session(user_id="ada", accelerator="gpu-p100", image="gpu:v154")
+        assert [r.spec.request_id for r in server.requests] == [s.request_id] * 2
+        s = await c.wait_until_running("us-central1.s1", timeout=10)
+    assert s.state is api.SessionState.RUNNING
+    assert [r.after_revision for r in server.requests[2:]] == [0, 2]
