@@ -38,7 +38,7 @@ class Client:
         self._admin = admin_grpc.AdminServiceStub(channel)
         self.timeout = timeout
         self.max_attempts = max_attempts
-        self.sleep: Callable[[float], None] = time.sleep
+        self.sleep: Callable[[float], None] = time.sleep  # between retries; a test may record instead
 
     def close(self) -> None:
         self._channel.close()
