@@ -6,6 +6,7 @@ RetryInfo when waiting can help, and QuotaFailure for quota errors.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 
@@ -61,7 +62,16 @@ def to_status(err: ProvisionerError) -> status_pb2.Status:
     return status
 
 
+def _expired(context: grpc.aio.ServicerContext) -> bool:
+    left = context.time_remaining()
+    return left is not None and left <= 0
+
+
 async def abort(context: grpc.aio.ServicerContext, err: ProvisionerError) -> None:
+    if _expired(context):
+        # The call has already ended DEADLINE_EXCEEDED: a status sent now fails in grpc's core,
+        # which logs that as an error with a traceback. End the handler as a cancelled call.
+        raise asyncio.CancelledError
     status = rpc_status.to_status(to_status(err))
     await context.abort(status.code, status.details, trailing_metadata=status.trailing_metadata)
 
@@ -72,9 +82,12 @@ def unary(fn):
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
-            return await fn(self, request, context)
+            response = await fn(self, request, context)
         except ProvisionerError as err:
             await abort(context, err)
+        if _expired(context):  # as in abort: too late to answer
+            raise asyncio.CancelledError
+        return response
 
     return wrapper
 

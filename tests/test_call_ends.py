@@ -1,7 +1,10 @@
-"""A server stream whose client goes away while it waits on a write is closed in the call's own
+"""Calls whose client is gone end quietly.
+
+A server stream whose client goes away while it waits on a write is closed in the call's own
 task (telemetry._StreamsCloseInTheirCall), so context variables it set can be reset; and the
 guard's stream, which the tracing wrapper above it leaves to asyncio's finalizer, closes cleanly
-from another task."""
+from another task. Likewise a call past its deadline ends without sending a status. Each of these
+logged a traceback under the fuzzer (test_fuzz_api.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,11 @@ import contextvars
 from types import SimpleNamespace
 
 import grpc
+import pytest
 
+from provisioner.api import status
 from provisioner.api.guard import Guard
+from provisioner.errors import InvalidArgument
 from provisioner.security.auth import CLUSTER_SERVICE, FRONT, Caller, with_cluster_service
 from provisioner.telemetry import server_interceptors
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -92,3 +98,45 @@ async def test_a_guarded_stream_may_be_closed_from_another_task():
     assert await asyncio.create_task(stream.__anext__()) == "first"
     await asyncio.create_task(stream.aclose())
     assert guard._streams == {}  # the open-stream count came back down
+
+
+class LateContext:
+    """A servicer context whose deadline has passed: grpc's core has already ended the call."""
+
+    def __init__(self, left: float | None):
+        self.left = left
+        self.aborted = []
+
+    def time_remaining(self) -> float | None:
+        return self.left
+
+    async def abort(self, code, details, trailing_metadata=()):
+        self.aborted.append(code)
+        raise RuntimeError("aborted")
+
+
+async def test_a_call_past_its_deadline_ends_as_cancelled_without_sending_a_status():
+    """Sending a status (error or answer) for a call grpc has already ended fails in its core,
+    which logs an error with a traceback."""
+
+    class Servicer:
+        @status.unary
+        async def Refuse(self, request, context):
+            raise InvalidArgument("bad", field="x")
+
+        @status.unary
+        async def Answer(self, request, context):
+            return "answer"
+
+    late = LateContext(0.0)
+    for method in (Servicer().Refuse, Servicer().Answer):
+        with pytest.raises(asyncio.CancelledError):
+            await method(None, late)
+    assert late.aborted == []
+
+    in_time = LateContext(5.0)
+    assert await Servicer().Answer(None, in_time) == "answer"
+    with pytest.raises(RuntimeError):
+        await Servicer().Refuse(None, in_time)
+    assert in_time.aborted == [grpc.StatusCode.INVALID_ARGUMENT]
+    assert await Servicer().Answer(None, LateContext(None)) == "answer"  # no deadline at all
