@@ -300,7 +300,9 @@ def cases(gen: Gen, rpcs: list[Rpc], count: int):
             metadata = (("authorization", r.choice(BAD_TOKENS)),)
         if r.random() < 0.1:
             metadata += (r.choice(BAD_METADATA),)
-        timeout = 0.001 if r.random() < 0.05 else TIMEOUT_S
+        # 1 ms ends most calls before they start; a few ms some while they are served; 20-100 ms
+        # some mid-way (placement, forwarding).
+        timeout = r.choice([0.001, r.uniform(0.001, 0.01), 0.02, 0.1]) if r.random() < 0.1 else TIMEOUT_S
         yield Case(rpc, body, timeout, sender, metadata)
 
 
