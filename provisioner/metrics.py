@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from provisioner.autoscale import desired_vms
 from provisioner.cloud.base import CloudFailure
 from provisioner.model import Session
-from provisioner.states import SessionState, VmState
+from provisioner.states import VM_ACTIVE, SessionState, VmState
 
 if TYPE_CHECKING:
     from provisioner.cluster.runtime import ClusterRuntime
@@ -79,7 +79,9 @@ class Metrics:
     def watch_cluster(self, runtime: ClusterRuntime) -> None:
         """Counts the runtime's session changes and reports its state on every scrape."""
         runtime.observers.append(_SessionCounter(self, runtime.core.name).changed)
-        self.registry.register(_ClusterCollector(runtime))
+        meter = _VmMeter(runtime)
+        runtime.observers.append(meter.changed)
+        self.registry.register(_ClusterCollector(runtime, meter))
 
     def leading(self, cluster: str, leading: bool) -> None:
         self.leader.labels(cluster).set(1 if leading else 0)
@@ -187,9 +189,34 @@ class _SessionCounter:
                 self.seen[s.id] = len(s.history)
 
 
-class _ClusterCollector(Collector):
+class _VmMeter:
+    """VM-seconds and cost per pool, integrated over the cluster's model time: after every change
+    the runtime applies (and at every scrape), the billed VMs counted last time are charged for
+    the time since, then counted again."""
+
     def __init__(self, runtime: ClusterRuntime):
         self.rt = runtime
+        self.at: float | None = None
+        self.billed: dict[str, int] = {}
+        self.vm_seconds: dict[str, float] = {name: 0.0 for name in runtime.core.pools}
+        self.cost: dict[str, float] = {name: 0.0 for name in runtime.core.pools}
+
+    def changed(self, sessions=(), restored: bool = False) -> None:
+        now = self.rt.clock.now()
+        pools = self.rt.core.pools
+        if self.at is not None and now > self.at:
+            dt = now - self.at
+            for name, n in self.billed.items():
+                self.vm_seconds[name] += n * dt
+                self.cost[name] += n * pools[name].config.hourly_price_usd * dt / 3600.0
+        if self.at is None or now >= self.at:
+            self.at = now
+        self.billed = {name: sum(pool.count.get(state, 0) for state in VM_ACTIVE) for name, pool in pools.items()}
+
+
+class _ClusterCollector(Collector):
+    def __init__(self, runtime: ClusterRuntime, meter: _VmMeter):
+        self.rt, self.meter = runtime, meter
 
     def collect(self):
         core, now = self.rt.core, self.rt.clock.now()
@@ -213,12 +240,20 @@ class _ClusterCollector(Collector):
         actual = GaugeMetricFamily("provisioner_autoscaler_actual_vms",
                                    "VMs the pool has or is making (all but deleting ones).", labels=["cluster", "pool"])
         cost = GaugeMetricFamily("provisioner_pool_cost_dollars_per_hour",
-                                 "What the pool's VMs cost now (every VM not yet deleted).", labels=["cluster", "pool"])
+                                 "What the pool's billed VMs cost now.", labels=["cluster", "pool"])
         stocked = GaugeMetricFamily("provisioner_zone_stocked_out", "1 while a zone is skipped after a stockout.",
                                     labels=["cluster", "pool", "zone"])
         draining = GaugeMetricFamily("provisioner_cluster_draining", "1 while the cluster is drained.",
                                      labels=["cluster"])
         draining.add_metric([c], 1 if core.draining else 0)
+        self.meter.changed()
+        vm_seconds = CounterMetricFamily("provisioner_vm_seconds", "VM-seconds billed (model time), by pool.",
+                                         labels=["cluster", "pool"])
+        spent = CounterMetricFamily("provisioner_vm_cost_dollars", "What the pool's VMs have cost (model time).",
+                                    labels=["cluster", "pool"])
+        for name in core.pools:
+            vm_seconds.add_metric([c, name], self.meter.vm_seconds[name])
+            spent.add_metric([c, name], self.meter.cost[name])
         counts: dict[tuple[str, str, str], int] = {}
         waiting: dict[str, float] = {}
         for s in core.sessions.values():
@@ -246,10 +281,11 @@ class _ClusterCollector(Collector):
                 by_image.add_metric([c, name, image], n)
             desired.add_metric([c, name], desired_vms(core.snapshot(pool)))
             actual.add_metric([c, name], len(pool.vms) - pool.count.get(VmState.DELETING, 0))
-            cost.add_metric([c, name], len(pool.vms) * pool.config.hourly_price_usd)
+            cost.add_metric([c, name], self.meter.billed[name] * pool.config.hourly_price_usd)
             for zone in pool.config.zones:
                 stocked.add_metric([c, name, zone], 1 if pool.stocked_out_until.get(zone, 0) > now else 0)
-        yield from (sessions, queue, oldest, vms, unhealthy, by_image, desired, actual, cost, stocked, draining)
+        yield from (sessions, queue, oldest, vms, unhealthy, by_image, desired, actual, cost, stocked, draining,
+                    vm_seconds, spent)
 
 
 class _FrontCollector(Collector):

@@ -7,6 +7,7 @@ import io
 import json
 import logging
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
@@ -17,16 +18,28 @@ from provisioner.telemetry import JsonLinesSpanExporter, rotated
 from provisioner.traceview import load_spans
 
 
-def capture(name: str) -> tuple[logging.Logger, io.StringIO]:
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger(name)
-    logger.handlers, logger.propagate, logger.level = [handler], False, logging.INFO
-    return logger, out
+@pytest.fixture
+def capture(monkeypatch):
+    """A function that sends a logger's records, as JSON lines, to a buffer only (undone after)."""
+    levels = {}
+
+    def capture(name: str) -> tuple[logging.Logger, io.StringIO]:
+        out = io.StringIO()
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(JsonFormatter())
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "handlers", [handler])
+        monkeypatch.setattr(logger, "propagate", False)
+        levels[logger] = logger.level
+        logger.setLevel(logging.INFO)  # (setLevel, not .level =: it also clears the logger's cached answers)
+        return logger, out
+
+    yield capture
+    for logger, level in levels.items():
+        logger.setLevel(level)
 
 
-def test_json_lines_carry_the_span_and_the_ids():
+def test_json_lines_carry_the_span_and_the_ids(capture):
     logger, out = capture("test.json")
     tracer = TracerProvider().get_tracer("test")
     with tracer.start_as_current_span("work") as span:
@@ -40,7 +53,7 @@ def test_json_lines_carry_the_span_and_the_ids():
     assert "trace_id" not in second and "vm_id" not in second
 
 
-def test_each_session_change_is_logged_once():
+def test_each_session_change_is_logged_once(capture):
     _, out = capture("provisioner.sessions")
     log = SessionLog("us-central1")
     s = Session("us-central1.s-1", SessionSpec("r", "alice", "gpu-p100", "gpu:v1"), "us-central1", "gpu-p100",

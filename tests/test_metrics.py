@@ -101,6 +101,10 @@ async def check(fleet, port: int) -> None:
                  operation="write") > 0
     assert total(samples, "provisioner_leader") == 3
     assert total(samples, "provisioner_autoscaler_desired_vms") > 0
+    # VM-hours and cost: billed VMs were running for a while, at their pools' prices.
+    assert total(samples, "provisioner_vm_seconds_total", cluster="us-central1", pool="gpu-p100") > 0
+    assert total(samples, "provisioner_vm_cost_dollars_total") > 0
+    assert total(samples, "provisioner_pool_cost_dollars_per_hour") > 0
 
     ids = {s.id for s in made} | {s.vm_id for s in made} | {"alice"}
     for name, series in samples.items():
