@@ -245,3 +245,19 @@ async def test_a_user_holds_a_bounded_number_of_open_streams(fleet):
         assert (await asyncio.wait_for(more.read(), 5)).session.id == s.id  # a freed slot is reusable
         for w in [*watches, more]:
             w.cancel()
+
+
+async def test_who_may_call_is_decided_before_the_request_is_decoded(fleet):
+    garbage = b"\xff\xff\xff\xff"
+    ca = (fleet.data_dir / "tls" / "ca.pem").read_bytes()
+    async with grpc.aio.secure_channel(fleet.front_address, grpc.ssl_channel_credentials(ca)) as bare, \
+            fleet.front_channel(dev_token(fleet.data_dir, "alice")) as user, \
+            fleet.cluster_channel("us-central1", as_process="cluster-asia-east1") as other_cluster:
+        assert await call_raw(bare, "/provisioner.v1.SessionService/GetSession", False, garbage) == C.UNAUTHENTICATED
+        assert await call_raw(user, "/provisioner.v1.AdminService/DrainCluster", False, garbage) == \
+            C.PERMISSION_DENIED
+        assert await call_raw(other_cluster, "/provisioner.v1.ClusterService/Get", False, garbage) == \
+            C.PERMISSION_DENIED
+        # A caller allowed to call it gets told the request is malformed.
+        assert await call_raw(user, "/provisioner.v1.SessionService/GetSession", False, garbage) == \
+            C.INVALID_ARGUMENT

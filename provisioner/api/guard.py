@@ -160,19 +160,25 @@ class Guard(grpc.aio.ServerInterceptor):
             await self._refuse(context, ANONYMOUS, method, err)
         span = trace.get_current_span()
         span.set_attributes({ATTR_CALLER: caller.identity, ATTR_ROLES: ",".join(sorted(caller.roles))})
+        # Who may call this at all is decided before the request is even decoded; then what it asks.
+        await self._decide(context, caller, method, None)
         try:
             request = handler.request_deserializer(raw)
         except (DecodeError, ValueError, TypeError):
             await abort(context, InvalidArgument("the request could not be decoded"))
-        decision: Decision = authorize(self.policy, caller, method, request)
-        if not decision.allowed:
-            err = (Unauthenticated if decision.code == "UNAUTHENTICATED" else PermissionDenied)(decision.reason)
-            await self._refuse(context, caller, method, err, request)
+        decision = await self._decide(context, caller, method, request)
         try:
             limits.check_request(request)
         except InvalidArgument as err:
             await abort(context, err)
         return request, Access(caller, decision.owner)
+
+    async def _decide(self, context, caller: Caller, method: str, request) -> Decision:
+        decision = authorize(self.policy, caller, method, request)
+        if not decision.allowed:
+            err = (Unauthenticated if decision.code == "UNAUTHENTICATED" else PermissionDenied)(decision.reason)
+            await self._refuse(context, caller, method, err, request)
+        return decision
 
     async def _refuse(self, context, caller: Caller, method: str, err: ProvisionerError, request=None):
         if self.audit is not None and not isinstance(err, QuotaExceeded):
