@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 import uuid
 from datetime import timedelta
 
@@ -36,6 +37,16 @@ def retry_delay(err: errors.ProvisionerError, attempt: int) -> float | None:
         advised = err.retry_after.total_seconds() if err.retry_after is not None else 0.0
         return max(backoff, advised)
     return None
+
+
+def resume_delay(err: errors.ProvisionerError, resumes: int, deadline: float | None) -> float:
+    """How long to wait before resuming a watch broken by `err` after `resumes` resumes in a row
+    without news; raises `err` when resuming cannot help (not UNAVAILABLE, too many, past the
+    deadline)."""
+    delay = retry_delay(err, resumes) if isinstance(err, errors.Unavailable) else None
+    if delay is None or resumes >= WATCH_RESUMES or (deadline is not None and time.monotonic() + delay >= deadline):
+        raise err
+    return delay
 
 
 def create_request(*, user_id: str, accelerator: str, image: str, request_id: str | None,

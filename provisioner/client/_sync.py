@@ -87,11 +87,8 @@ class Client:
                 return
             except grpc.RpcError as e:
                 err = errors.from_rpc_error(e)
-            delay = _base.retry_delay(err, resumes) if isinstance(err, errors.Unavailable) else None
+            delay = _base.resume_delay(err, resumes, deadline)
             resumes += 1
-            if delay is None or resumes > _base.WATCH_RESUMES or (
-                    deadline is not None and time.monotonic() + delay >= deadline):
-                raise err
             self.sleep(delay)
 
     # --- sessions ---------------------------------------------------------------------------------
