@@ -211,9 +211,27 @@ class SessionsConfig(_Model):
         return self
 
 
+SessionKindName = Literal["interactive", "batch"]
+
+
 class QuotaConfig(_Model):
-    gpu_hours_per_week: NonNegativeFloat = 30.0
-    max_active_sessions_per_user: NonNegativeInt = 4
+    gpu_hours_per_week: NonNegativeFloat = 30.0  # weighted GPU-hours per user and week
+    # One number for each kind alike, or per kind ({interactive: 4, batch: 2}); kinds count apart.
+    max_active_sessions_per_user: NonNegativeInt | dict[SessionKindName, NonNegativeInt] = 4
+    min_budget_to_start_s: NonNegativeFloat = 60.0  # a create with less GPU time left is refused
+    reset_weekday: Annotated[int, Field(ge=0, le=6)] = 0  # 0 is Monday
+    reset_hour_utc: Annotated[int, Field(ge=0, le=23)] = 0
+    # GPU-seconds count accelerator_count x this weight, by accelerator type (default 1.0).
+    accelerator_weights: dict[str, NonNegativeFloat] = {}
+
+    def max_active(self, kind: str) -> int:
+        cap = self.max_active_sessions_per_user
+        if isinstance(cap, dict):
+            return cap.get(kind, QuotaConfig.model_fields["max_active_sessions_per_user"].default)
+        return cap
+
+    def weight(self, accelerator: str) -> float:
+        return self.accelerator_weights.get(accelerator, 1.0)
 
 
 class RegionsConfig(_Model):

@@ -662,8 +662,9 @@ def test_vm_pool_cluster_quota_json():
     cluster = render.cluster_to_json(_cluster())
     assert cluster["pools"][0]["name"] == "gpu-p100"
     quota = render.quota_to_json(types_pb2.Quota(user_id="ada", gpu_hours_limit=30))
-    assert quota == {"user": "ada", "gpu_hours_limit": 30.0, "gpu_hours_used": 0.0,
-                     "reset_time": None, "max_active_sessions": 0, "active_sessions": 0}
+    assert quota == {"user": "ada", "gpu_hours_limit": 30.0, "gpu_hours_used": 0.0, "gpu_hours_left": 0.0,
+                     "reset_time": None, "max_active_sessions": 0, "active_sessions": 0,
+                     "max_active_batch_sessions": 0, "active_batch_sessions": 0}
 
 
 def test_front_flag_beats_env_at_any_level(front, capsys, monkeypatch):

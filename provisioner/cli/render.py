@@ -220,9 +220,12 @@ def quota_to_json(q: types_pb2.Quota) -> dict[str, Any]:
         "user": q.user_id,
         "gpu_hours_limit": q.gpu_hours_limit,
         "gpu_hours_used": q.gpu_hours_used,
+        "gpu_hours_left": q.gpu_hours_left,
         "reset_time": _ts(q, "reset_time"),
         "max_active_sessions": q.max_active_sessions,
         "active_sessions": q.active_sessions,
+        "max_active_batch_sessions": q.max_active_batch_sessions,
+        "active_batch_sessions": q.active_batch_sessions,
     }
 
 
@@ -502,7 +505,9 @@ def quota_detail(q: types_pb2.Quota, now: float) -> str:
     return kv([
         ("user", q.user_id),
         ("gpu hours", f"{q.gpu_hours_used:.1f} / {q.gpu_hours_limit:.1f}{pct}"),
-        ("active sessions", f"{q.active_sessions} / {q.max_active_sessions}"),
+        ("gpu hours left", f"{q.gpu_hours_left:.1f}"),
+        ("active sessions", f"{q.active_sessions} / {q.max_active_sessions} interactive, "
+                            f"{q.active_batch_sessions} / {q.max_active_batch_sessions} batch"),
         ("resets", None if reset is None
          else f"{_ts(q, 'reset_time')} (in {format_duration(reset - now)})"),
     ])

@@ -164,10 +164,14 @@ class Quota:
     gpu_hours_limit: float
     gpu_hours_used: float
     reset_time: datetime | None
-    max_active_sessions: int
-    active_sessions: int
+    max_active_sessions: int  # interactive
+    active_sessions: int  # interactive
+    gpu_hours_left: float = 0.0
+    max_active_batch_sessions: int = 0
+    active_batch_sessions: int = 0
 
     @classmethod
     def from_proto(cls, q: types_pb2.Quota) -> Quota:
         return cls(q.user_id, q.gpu_hours_limit, q.gpu_hours_used, _time(q, "reset_time"),
-                   q.max_active_sessions, q.active_sessions)
+                   q.max_active_sessions, q.active_sessions, q.gpu_hours_left, q.max_active_batch_sessions,
+                   q.active_batch_sessions)

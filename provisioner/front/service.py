@@ -10,18 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
 
 import grpc
 from opentelemetry import trace
 
-from provisioner import telemetry
+from provisioner import quota, telemetry
 from provisioner.api import convert, guard
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.cluster.core import cluster_of
 from provisioner.audit import AuditLog
 from provisioner.cluster.service import audit_page, page
 from provisioner.config import FleetConfig
-from provisioner.errors import InvalidArgument, NotFound, Unavailable, quote
+from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, Unavailable, quote
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
@@ -40,7 +42,8 @@ log = logging.getLogger(__name__)
 STATUS_TIMEOUT_S = 1.0
 LIVE_STATES = [pb.SESSION_STATE_QUEUED, pb.SESSION_STATE_PROVISIONING, pb.SESSION_STATE_PULLING_IMAGE,
                pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_STOPPING]
-WEEK_S = 7 * 24 * 3600.0
+KIND_NAMES = {pb.SESSION_KIND_UNSPECIFIED: "interactive", pb.SESSION_KIND_INTERACTIVE: "interactive",
+              pb.SESSION_KIND_BATCH: "batch"}
 
 
 class Fleet:
@@ -82,6 +85,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.pools = {p.name for c in config.clusters for p in c.pools}
         self.regions = {c.region for c in config.clusters}
         self.limits = config.settings
+        q = self.limits.quotas
+        # Weighted GPUs per (cluster, pool): what one second of a session there meters.
+        self.gpus = {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
+                     for c in config.clusters for p in c.pools}
+        self._user_locks: dict[str, asyncio.Lock] = {}
+        self._user_waiters: dict[str, int] = {}
         self._streams: set = set()
         self.draining = False
 
@@ -100,11 +109,14 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         span.set_attributes({telemetry.ATTR_REQUEST_ID: spec.request_id, telemetry.ATTR_USER: spec.user_id,
                              telemetry.ATTR_IMAGE: image, telemetry.ATTR_POOL: spec.accelerator})
         deadline = asyncio.get_running_loop().time() + _remaining(context)
-        async with self.placement.exclusive(spec.key):
+        # A user's creates are checked and placed one at a time in this front, so two of them
+        # cannot both pass the check for the last slot (fronts sharing a store still can).
+        async with self._one_user(spec.user_id), self.placement.exclusive(spec.key):
             if known := self.store.session_for_request(spec.key):
                 span.add_event("duplicate request", {"session.id": known})
                 resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
                 return session_pb.CreateSessionResponse(session=resp.session)
+            await self._check_quota(spec.user_id, spec.request_id, KIND_NAMES[request.spec.kind])
             candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
                               spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
             for cand in candidates:
@@ -117,26 +129,82 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             session = await self.placement.place(request.spec, candidates, deadline)
             return session_pb.CreateSessionResponse(session=session)
 
+    @asynccontextmanager
+    async def _one_user(self, user_id: str) -> AsyncIterator[None]:
+        lock = self._user_locks.setdefault(user_id, asyncio.Lock())
+        self._user_waiters[user_id] = self._user_waiters.get(user_id, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._user_waiters[user_id] -= 1
+            if not self._user_waiters[user_id]:
+                del self._user_waiters[user_id], self._user_locks[user_id]
+
+    def _metered(self, s: pb.Session) -> quota.Metered:
+        ready = s.ready_time.ToNanoseconds() / 1e9
+        end = s.end_time.ToNanoseconds() / 1e9
+        # A pool no longer in the config meters as one GPU of weight 1.
+        return quota.Metered(gpus=self.gpus.get((s.cluster, s.pool), 1.0),
+                             ready_at=ready or None, ended_at=end or None)
+
+    def _usage(self, sessions: list[pb.Session], now: float) -> quota.Usage:
+        q = self.limits.quotas
+        window = quota.week_window(now, q.reset_weekday, q.reset_hour_utc)
+        rows, live_requests = [], set()
+        for s in sessions:
+            # Two live sessions of one request (a duplicate the resolver is discarding) are one
+            # session to the user; both meter, as both held a GPU.
+            live = s.state in LIVE_STATES and s.spec.request_id not in live_requests
+            if live:
+                live_requests.add(s.spec.request_id)
+            rows.append((self._metered(s), KIND_NAMES.get(s.spec.kind, "interactive"), live))
+        return quota.usage(rows, now, q.gpu_hours_per_week * 3600, window)
+
+    async def _check_quota(self, user_id: str, request_id: str, kind: str) -> None:
+        """Refuses a new session over the user's active-session cap or without budget left."""
+        sessions = await self._user_sessions(user_id, [], lenient=True)
+        # A session already made for this very request (its answer lost) is this create's own,
+        # not one more: a retry must find it, never be refused for it.
+        sessions = [s for s in sessions if s.spec.request_id != request_id]
+        q = self.limits.quotas
+        refusal = quota.check_create(self._usage(sessions, self.clock.now()), kind, q.max_active(kind),
+                                     q.min_budget_to_start_s)
+        if refusal is not None:
+            trace.get_current_span().add_event("quota refused", {"quota.subject": refusal.field})
+            raise QuotaExceeded(refusal.message, field=refusal.field, reset_time=refusal.reset_time)
+
     @unary
     async def GetSession(self, request, context):
         resp = await call(self.fleet.for_session(request.session_id).sessions.Get,
                           cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner))
         return session_pb.GetSessionResponse(session=resp.session)
 
-    async def _user_sessions(self, user_id: str, states, cluster: str = "") -> list[pb.Session]:
-        """A user's sessions ("": every user's) on every reachable cluster, or on `cluster` only."""
+    async def _user_sessions(self, user_id: str, states, cluster: str = "",
+                             lenient: bool = False) -> list[pb.Session]:
+        """A user's sessions ("": every user's) on every reachable cluster, or on `cluster` only.
+        `lenient`: a cluster that fails to answer in ATTEMPT_TIMEOUT_S is left out (and logged)
+        instead of failing the call, so a hung cluster does not hold up every create."""
+        timeout = ATTEMPT_TIMEOUT_S if lenient else None
+
         async def one(c: ClusterClient):
             out, token = [], ""
             while True:
                 resp = await call(c.sessions.List, cluster_pb.ListRequest(
-                    user_id=user_id, states=states, page_size=500, page_token=token))
+                    user_id=user_id, states=states, page_size=500, page_token=token), timeout)
                 out += resp.sessions
                 if not (token := resp.next_page_token):
                     return out
 
         live = [c for name, c in self.fleet.clients.items() if c.healthy and cluster in ("", name)]
-        results = await asyncio.gather(*(one(c) for c in live))
-        sessions = [s for r in results for s in r]
+        results = await asyncio.gather(*(one(c) for c in live), return_exceptions=lenient)
+        for c, r in zip(live, results):
+            if isinstance(r, BaseException):
+                if not isinstance(r, Exception):
+                    raise r
+                log.warning("cluster %s did not list the sessions of user %s; they are not counted: %s",
+                            c.name, quote(user_id), r)
+        sessions = [s for r in results if not isinstance(r, BaseException) for s in r]
         sessions.sort(key=lambda s: (-s.create_time.ToNanoseconds(), s.id))
         return sessions
 
@@ -193,21 +261,14 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         user_id = request.user_id or guard.current().owner
         if not user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
-        now = self.clock.now()
-        week_start = now - (now % WEEK_S)
         sessions = await self._user_sessions(user_id, [])
-        used_s = 0.0
-        for s in sessions:
-            ready = s.ready_time.ToNanoseconds() / 1e9
-            if not ready:
-                continue
-            end = s.end_time.ToNanoseconds() / 1e9 or now
-            used_s += max(0.0, end - max(ready, week_start))
+        u = self._usage(sessions, self.clock.now())
         q = self.limits.quotas
         return session_pb.GetQuotaResponse(quota=pb.Quota(
-            user_id=user_id, gpu_hours_limit=q.gpu_hours_per_week, gpu_hours_used=used_s / 3600,
-            reset_time=convert.timestamp(week_start + WEEK_S), max_active_sessions=q.max_active_sessions_per_user,
-            active_sessions=sum(1 for s in sessions if s.state in LIVE_STATES)))
+            user_id=user_id, gpu_hours_limit=q.gpu_hours_per_week, gpu_hours_used=u.used_s / 3600,
+            gpu_hours_left=u.left_s / 3600, reset_time=convert.timestamp(u.reset_time),
+            max_active_sessions=q.max_active("interactive"), active_sessions=u.active.get("interactive", 0),
+            max_active_batch_sessions=q.max_active("batch"), active_batch_sessions=u.active.get("batch", 0)))
 
 
 class FrontAdminServicer(admin_grpc.AdminServiceServicer):

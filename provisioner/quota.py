@@ -1,0 +1,84 @@
+"""Quotas, decided purely: weekly GPU-seconds metered from session records, and who may start more.
+
+Usage is never accumulated in memory: it is recomputed from each session's durable times
+(ready, end, or `now` while it runs), so a restart of any process loses no metered time and
+counts none twice. The front gathers the records and enforces what `check_create` decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+WEEK_S = 7 * 24 * 3600.0
+
+
+def week_window(now: float, reset_weekday: int = 0, reset_hour_utc: int = 0) -> tuple[float, float]:
+    """The quota week holding `now`: (its start, the next reset), in epoch seconds. The week resets
+    on `reset_weekday` (0 is Monday) at `reset_hour_utc`:00 UTC."""
+    at = datetime.fromtimestamp(now, timezone.utc)
+    start = (at - timedelta(days=(at.weekday() - reset_weekday) % 7)).replace(
+        hour=reset_hour_utc, minute=0, second=0, microsecond=0)
+    if start > at:  # the reset day is today, but its hour has not come yet
+        start -= timedelta(days=7)
+    begin = start.timestamp()
+    return begin, begin + WEEK_S
+
+
+@dataclass(frozen=True)
+class Metered:
+    """What metering needs of one session: its GPUs (count x weight) and its running interval."""
+
+    gpus: float  # accelerator_count x the accelerator's weight
+    ready_at: float | None  # None: it never ran
+    ended_at: float | None  # None: still running (or about to be)
+
+
+def gpu_seconds(s: Metered, window: tuple[float, float], now: float) -> float:
+    """The weighted GPU-seconds `s` ran within `window`, up to `now`."""
+    if s.ready_at is None:
+        return 0.0
+    end = now if s.ended_at is None else min(s.ended_at, now)
+    lo, hi = max(s.ready_at, window[0]), min(end, window[1])
+    return max(0.0, hi - lo) * s.gpus
+
+
+@dataclass(frozen=True)
+class Usage:
+    used_s: float  # weighted GPU-seconds this week
+    limit_s: float
+    reset_time: float
+    active: dict[str, int]  # live sessions by kind
+
+    @property
+    def left_s(self) -> float:
+        return max(0.0, self.limit_s - self.used_s)
+
+
+def usage(sessions: list[tuple[Metered, str, bool]], now: float, limit_s: float,
+          window: tuple[float, float]) -> Usage:
+    """A user's week from their sessions: (metered, kind, live) each."""
+    active: dict[str, int] = {}
+    for _, kind, live in sessions:
+        if live:
+            active[kind] = active.get(kind, 0) + 1
+    used = sum(gpu_seconds(m, window, now) for m, _, _ in sessions)
+    return Usage(used_s=used, limit_s=limit_s, reset_time=window[1], active=active)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    field: str  # the QuotaFailure subject
+    message: str
+    reset_time: float | None  # when waiting helps: the budget's reset
+
+
+def check_create(u: Usage, kind: str, max_active: int, min_budget_s: float) -> Refusal | None:
+    """Whether one more session of `kind` may start: None if so, else why not."""
+    if u.active.get(kind, 0) >= max_active:
+        return Refusal("max_active_sessions", f"{u.active.get(kind, 0)} active {kind} sessions, at most "
+                       f"{max_active} per user: stop one first", None)
+    if u.left_s < min_budget_s:
+        return Refusal("gpu_hours_per_week", f"{u.used_s / 3600:.2f} of {u.limit_s / 3600:g} GPU hours used this "
+                       f"week, {u.left_s:.0f} s left (a session needs {min_budget_s:g} s to start)", u.reset_time)
+    return None
