@@ -20,7 +20,8 @@ import yaml
 
 from provisioner.clock import RealClock
 from provisioner.config import FleetConfig, SecurityConfig, default_clusters_dir, load_fleet
-from provisioner.security.client import dev_token, front_credentials, local_ca
+from provisioner.client.credentials import front_credentials, local_ca
+from provisioner.security.client import dev_token
 from provisioner.security.pki import local_files
 from provisioner.serve import LocalFleet, start_local_fleet
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc

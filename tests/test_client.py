@@ -21,7 +21,7 @@ from grpc_status import rpc_status
 
 from provisioner import client as api
 from provisioner.client import _base
-from provisioner.security.client import local_ca
+from provisioner.client.credentials import local_ca
 from provisioner.v1 import session_service_pb2 as session_pb
 from provisioner.v1 import session_service_pb2_grpc as session_grpc
 from provisioner.v1 import types_pb2

@@ -32,7 +32,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import FieldDescriptor as F
 from google.protobuf.message import Message
 
-from provisioner.security.client import local_ca
+from provisioner.client.credentials import local_ca
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc

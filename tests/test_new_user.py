@@ -12,7 +12,7 @@ import pytest
 from provisioner import cli
 from provisioner import client as api
 from provisioner.cli.servers import pool_readiness
-from provisioner.security.client import local_ca
+from provisioner.client.credentials import local_ca
 from provisioner.v1 import admin_service_pb2 as admin_pb
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from provisioner import client as api
 from provisioner.config import ConfigError, QuotaConfig, load_fleet
 from provisioner.quota import WEEK_S, Metered, Usage, check_create, gpu_seconds, usage, week_window
-from provisioner.security.client import local_ca
+from provisioner.client.credentials import local_ca
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
 

@@ -118,7 +118,8 @@ def _without_security(serving) -> None:
 # ---- the client -------------------------------------------------------------------------------
 
 async def load(address: str, mode: str, data_dir: Path, seconds: float, in_flight: int) -> dict:
-    from provisioner.security.client import bearer, dev_token
+    from provisioner.client.credentials import bearer
+    from provisioner.security.client import dev_token
     from provisioner.v1 import session_service_pb2 as s_pb
     from provisioner.v1 import session_service_pb2_grpc as s_grpc
     from provisioner.v1 import types_pb2 as pb

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provisioner.client.credentials import bearer, front_credentials, local_ca
 from provisioner.security.tokens import KEY_FILE, mint
-
-__all__ = ["LOCAL_OPERATOR", "bearer", "dev_token", "front_credentials", "local_ca", "local_key"]
 
 LOCAL_OPERATOR = "local-operator"  # what the CLI is against a local fleet (service and admin)
 

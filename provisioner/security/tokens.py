@@ -10,6 +10,7 @@ costs one signature check, not one per call.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -55,19 +56,25 @@ class TokenVerifier:
     def __init__(self, issuers: list[Issuer], wall: Callable[[], float] = time.time):
         self.issuers = {i.issuer: i for i in issuers}
         self.wall = wall  # token lifetimes are wall-clock times, whatever the fleet's model clock
+        # Read on the event loop, written by verifications in worker threads: one lock for both.
         self._verified: OrderedDict[str, tuple[Caller, float]] = OrderedDict()
-        self._jwks: dict[str, jwt.PyJWKClient] = {}
+        self._lock = threading.Lock()
+        # Each fetches its issuer's keys on first use, and again on an unknown key id at most every
+        # 30 s (the client's cooldown), so forged key ids cannot make the front hammer the issuer.
+        self._jwks = {i.issuer: jwt.PyJWKClient(i.jwks_url, cache_keys=True, lifespan=JWKS_REFRESH_S, timeout=10)
+                      for i in issuers if i.jwks_url}
 
     def cached(self, token: str) -> Caller | None:
         """The caller of a token verified before and not expired yet; no signature check."""
-        hit = self._verified.get(token)
-        if hit is None:
-            return None
-        caller, expires = hit
-        if self.wall() >= expires + LEEWAY_S:
-            del self._verified[token]
-            return None
-        return caller
+        with self._lock:
+            hit = self._verified.get(token)
+            if hit is None:
+                return None
+            caller, expires = hit
+            if self.wall() >= expires + LEEWAY_S:
+                del self._verified[token]
+                return None
+            return caller
 
     def verify(self, token: str) -> Caller:
         """The caller a token names, or Unauthenticated saying why not. May fetch an issuer's
@@ -101,17 +108,14 @@ class TokenVerifier:
         return caller
 
     def _remember(self, token: str, caller: Caller, expires: float) -> None:
-        self._verified[token] = (caller, expires)
-        while len(self._verified) > CACHE_SIZE:
-            self._verified.popitem(last=False)
+        with self._lock:
+            self._verified[token] = (caller, expires)
+            while len(self._verified) > CACHE_SIZE:
+                self._verified.popitem(last=False)
 
     def _jwks_key(self, issuer: Issuer, token: str):
-        client = self._jwks.get(issuer.issuer)
-        if client is None:
-            client = self._jwks[issuer.issuer] = jwt.PyJWKClient(issuer.jwks_url, cache_keys=True,
-                                                                 lifespan=JWKS_REFRESH_S, timeout=10)
         try:
-            return client.get_signing_key_from_jwt(token).key
+            return self._jwks[issuer.issuer].get_signing_key_from_jwt(token).key
         except jwt.PyJWKClientConnectionError as e:
             raise Unavailable(f"cannot fetch the keys of issuer {issuer.issuer}: {e}") from None
 
