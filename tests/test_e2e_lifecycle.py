@@ -6,10 +6,9 @@ import asyncio
 
 import grpc
 import pytest
-from grpc_status import rpc_status
-from google.rpc import error_details_pb2
 
 from conftest import fleet_config, start_fleet
+from provisioner.client.errors import from_rpc_error
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
@@ -119,16 +118,6 @@ async def test_create_is_idempotent_by_request_id(local_fleet):
     assert sum(1 for s in core.sessions.values() if s.spec.request_id == "same-key") == 1
 
 
-def _field_of(err: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(err)
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            return bad.field_violations[0].field
-    raise AssertionError("no BadRequest detail")
-
-
 @pytest.mark.parametrize("spec, field", [
     ({"accelerator": "gpu-h100"}, "spec.accelerator"),
     ({"image": "gpu:v999"}, "spec.image"),
@@ -142,7 +131,7 @@ async def test_bad_input_is_invalid_argument_naming_the_field_and_creates_nothin
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await local_fleet.create(**spec)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert _field_of(info.value) == field
+    assert from_rpc_error(info.value).field == field
     assert field.split(".")[-1] in info.value.details() or field == "spec.image"
     after = {c.config.name: len(c.runtime.core.sessions) for c in local_fleet.fleet.clusters}
     assert after == before

@@ -9,12 +9,11 @@ import math
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from opentelemetry import trace
 from opentelemetry.util._once import Once
 
 from conftest import fleet_config, start_fleet
+from provisioner.client.errors import from_rpc_error
 from provisioner import cli
 from provisioner.clock import ManualClock
 from provisioner.cluster.core import ClusterCore, IdSource
@@ -114,16 +113,6 @@ async def test_a_replica_taking_over_on_the_same_database_restores_drain_and_pol
 
 # ---- over gRPC, and across a restart ------------------------------------------------------------
 
-def _bad_field(err: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(err)
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            return bad.field_violations[0].field
-    return ""
-
-
 async def test_set_pool_policy_out_of_bounds_is_invalid_argument(local_fleet):
     for policy, field in [
         (pb.PoolPolicy(headroom_fraction=math.nan), "policy.headroom_fraction"),
@@ -136,7 +125,7 @@ async def test_set_pool_policy_out_of_bounds_is_invalid_argument(local_fleet):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await local_fleet.admin.SetPoolPolicy(req)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, policy
-        assert _bad_field(err.value) == field, policy
+        assert from_rpc_error(err.value).field == field, policy
     pools = await local_fleet.admin.ListPools(admin_pb.ListPoolsRequest(cluster="europe-west4"))
     p100 = next(p for p in pools.pools if p.name == "gpu-p100")
     assert (p100.policy.min_vms, p100.policy.max_vms, p100.policy.headroom_fraction) == (1, 400, 0.2)
