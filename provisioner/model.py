@@ -59,6 +59,11 @@ def split_request_key(key: str) -> tuple[str, str]:
     return user_id, request_id
 
 
+def cluster_of(session_id: str) -> str:
+    """The cluster a session id names (`us-central1.s-...`); "" if it names none."""
+    return session_id.split(".", 1)[0] if "." in session_id else ""
+
+
 @dataclass(slots=True)
 class Session:
     id: str

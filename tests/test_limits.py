@@ -11,7 +11,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from provisioner.api import limits
 from provisioner.api.limits import check_request
 from provisioner.cluster.core import IdSource
-from provisioner.cluster.service import page
+from provisioner.api.paging import page
 from provisioner.errors import InvalidArgument, quote
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import cluster_service_pb2 as cluster_pb

@@ -8,6 +8,7 @@ from opentelemetry import trace
 
 from provisioner import telemetry
 from provisioner.api import convert
+from provisioner.api.paging import audit_page, page
 from provisioner.audit import AuditLog
 from provisioner.api.status import stream, unary
 from provisioner.cluster.core import PoolState
@@ -20,22 +21,7 @@ from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
 from provisioner.v1 import types_pb2 as pb
 
-DEFAULT_PAGE_SIZE = 50
-MAX_PAGE_SIZE = 500
 DEFAULT_CAPACITY_INTERVAL_S = 1.0
-
-
-def page(items: list, page_size: int, page_token: str) -> tuple[list, str]:
-    """Offset pagination over an already ordered list; the token is the next offset."""
-    if page_size < 0:
-        raise InvalidArgument("page_size must not be negative", field="page_size")
-    size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-    try:
-        start = int(page_token) if page_token else 0
-    except ValueError:
-        raise InvalidArgument("malformed page_token", field="page_token") from None
-    end = start + size
-    return items[start:end], (str(end) if end < len(items) else "")
 
 
 def filter_sessions(sessions, user_id: str, states: list[int]) -> list[Session]:
@@ -240,16 +226,6 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
     async def ListAuditRecords(self, request, context):
         self._check(request.cluster)
         return audit_page(self.audit, request)
-
-
-def audit_page(audit: AuditLog, request) -> admin_pb.ListAuditRecordsResponse:
-    """One page of a process's own audit log, as ListAuditRecords asks for it."""
-    records, token = audit.list(
-        identity=request.identity, rpc=request.rpc, outcome=request.outcome,
-        since=request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None,
-        page_size=request.page_size, page_token=request.page_token)
-    return admin_pb.ListAuditRecordsResponse(records=[convert.audit_record_to_pb(r) for r in records],
-                                             next_page_token=token)
 
 
 SERVICE_NAMES = (

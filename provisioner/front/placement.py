@@ -30,12 +30,11 @@ from opentelemetry import trace
 from provisioner import telemetry
 from provisioner.api.status import RemoteError
 from provisioner.clock import Clock
-from provisioner.cluster.core import cluster_of
 from provisioner.errors import Unavailable
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.retry import ambiguous, call, retrying
 from provisioner.front.router import Candidate
-from provisioner.model import request_key, split_request_key
+from provisioner.model import cluster_of, request_key, split_request_key
 from provisioner.store import NONE, UNRESOLVED, SqliteStore
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb

@@ -18,16 +18,16 @@ from opentelemetry import trace
 
 from provisioner import quota, telemetry
 from provisioner.api import convert, guard
+from provisioner.api.paging import audit_page, page
 from provisioner.api.status import RemoteError, stream, unary
-from provisioner.cluster.core import cluster_of
 from provisioner.audit import AuditLog
-from provisioner.cluster.service import audit_page, page
 from provisioner.config import FleetConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, Unavailable, quote
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
 from provisioner.front.router import rank, why_none
+from provisioner.model import cluster_of
 from provisioner.store import SqliteStore
 from provisioner.validation import validate_spec
 from provisioner.v1 import admin_service_pb2 as admin_pb

@@ -1,0 +1,34 @@
+"""Pages of list answers, shared by the front's and the clusters' services."""
+
+from __future__ import annotations
+
+from provisioner.api import convert
+from provisioner.audit import AuditLog
+from provisioner.errors import InvalidArgument
+from provisioner.v1 import admin_service_pb2 as admin_pb
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+
+
+def page(items: list, page_size: int, page_token: str) -> tuple[list, str]:
+    """Offset pagination over an already ordered list; the token is the next offset."""
+    if page_size < 0:
+        raise InvalidArgument("page_size must not be negative", field="page_size")
+    size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+    try:
+        start = int(page_token) if page_token else 0
+    except ValueError:
+        raise InvalidArgument("malformed page_token", field="page_token") from None
+    end = start + size
+    return items[start:end], (str(end) if end < len(items) else "")
+
+
+def audit_page(audit: AuditLog, request) -> admin_pb.ListAuditRecordsResponse:
+    """One page of a process's own audit log, as ListAuditRecords asks for it."""
+    records, token = audit.list(
+        identity=request.identity, rpc=request.rpc, outcome=request.outcome,
+        since=request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None,
+        page_size=request.page_size, page_token=request.page_token)
+    return admin_pb.ListAuditRecordsResponse(records=[convert.audit_record_to_pb(r) for r in records],
+                                             next_page_token=token)
