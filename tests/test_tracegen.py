@@ -22,6 +22,27 @@ def test_thinning_keeps_the_hourly_shape_and_the_volume():
     assert [a.t_s for a in arrivals] == sorted(a.t_s for a in arrivals)
 
 
+def test_a_burst_window_puts_each_hours_jobs_inside_ten_minutes_of_it():
+    counts = [30, 0, 60] * 40
+    arrivals = tracegen.thin_hourly(counts, 10_000, random.Random(2), window_s=600, kind="batch")
+    by_hour: dict[int, list[float]] = {}
+    for a in arrivals:
+        by_hour.setdefault(int(a.t_s // HOUR_S), []).append(a.t_s)
+    assert all(max(ts) - min(ts) <= 600 for ts in by_hour.values())
+    assert len({round(min(ts) % HOUR_S) for ts in by_hour.values()}) > 10  # the window moves inside the hour
+    assert {a.kind for a in arrivals} == {"batch"} and sum(counts) == len(arrivals)
+
+
+def test_rollouts_keep_each_seconds_requests_together_and_the_order():
+    # 5 requests in second 0, 1 in second 1, 3 in the last second (99); the 23 days span 100 s.
+    times = [1_000.1, 1_000.5, 1_000.2, 1_000.9, 1_000.0, 1_001.3, 1_099.0, 1_099.5, 1_099.7]
+    out = tracegen.rollouts(times, 100, 23, random.Random(0))
+    step = 23 * DAY_S / 100
+    assert [a.t_s for a in out] == [0.0] * 5 + [step] + [99 * step] * 3
+    thinned = tracegen.rollouts(times * 100, 300, 23, random.Random(0))
+    assert 200 < len(thinned) < 400 and thinned == sorted(thinned, key=lambda a: a.t_s)
+
+
 def test_busiest_window_starts_on_the_day_with_the_most_events_after_it():
     times = [d * DAY_S + 5 for d in (0, 10, 11, 11, 12, 12, 12, 30)]
     assert tracegen.busiest_window(times, 3) == 10 * DAY_S
@@ -81,6 +102,9 @@ def write_raw(d):
             t = 40 * DAY_S + i * 3_000
             w.writerow([f"p{i}", 1, 1, 1, 1000, "", ("LS", "BE")[i % 2], ("Succeeded", "Running")[i % 3 == 0],
                         t, t + 1_000 + i if i % 3 else 90 * DAY_S, t])
+    with open(d / tracegen.RAW_FILES["azure_code"], "w", newline="") as f:
+        f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+        f.writelines(f"2023-11-16 18:{17 + i // 60:02d}:{i % 60:02d}.{i:07d},100,10\n" for i in range(600))
 
 
 def test_cli_writes_traces_that_replay_reads(tmp_path, capsys):
@@ -88,11 +112,14 @@ def test_cli_writes_traces_that_replay_reads(tmp_path, capsys):
     raw.mkdir()
     write_raw(raw)
     assert tracegen.main(["--raw", str(raw), "--out", str(tmp_path / "out")]) == 0
-    for name in ("spot-steady", "spot-burst", "openb"):
+    for name in ("spot-steady", "spot-burst", "openb", "batch-burst", "rollout"):
         rows = read_trace(tmp_path / "out" / f"{name}-sessions.csv")
         assert rows and max(r.arrival_s for r in rows) < tracegen.WINDOW_DAYS * DAY_S
     openb = read_trace(tmp_path / "out" / "openb-sessions.csv")
     assert len(openb) == 400 and openb[0].arrival_s == 0  # the window starts at the first busy day
+    assert {r.kind.value for r in read_trace(tmp_path / "out" / "batch-burst-sessions.csv")} == {"batch"}
+    rollout = read_trace(tmp_path / "out" / "rollout-sessions.csv")
+    assert len(rollout) == 600 and rollout[0].arrival_s == 0  # 600 requests, fewer than the genai volume: all kept
     assert "openb-sessions.csv: 400 sessions" in capsys.readouterr().out
     assert tracegen.main(["--raw", str(tmp_path / "nowhere")]) == 1
     assert "missing" in capsys.readouterr().err

@@ -11,6 +11,13 @@ cluster traces, so a policy that only fits one trace's rhythm shows it:
 - openb: creation times of Alibaba's 2023 GPU pods (23 busiest days, every pod), their QoS as
   the kind (latency-sensitive: interactive, best-effort: batch) and their own lifetimes where
   the pod ended inside the trace, else a lifetime of a finished pod of the same QoS.
+- batch-burst: the same hourly submissions, days 60-82, but each hour's jobs submitted together
+  inside one 10-minute window (a pipeline or a class submitting at once); every session a batch
+  job, lengths from Philly runtimes (heavy-tailed: median 20 minutes, a tenth over 3.5 hours).
+- rollout: the request times of the Azure LLM 2023 code-completion trace (one hour, 8,819
+  requests), stretched onto 23 days in order; each second's requests arrive as one rollout, at
+  the same instant (up to 60 sessions at once after thinning to the genai volume); lengths
+  from Philly runtimes.
 
 Modelled, with the mix of genai-sessions.csv: 70/30 interactive/batch where the source has no
 kind; 70/30 gpu-p100/gpu-t4x2; home regions 50/30/20; 45% of users follow the latest image, the
@@ -29,6 +36,7 @@ import itertools
 import random
 import sys
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -50,7 +58,9 @@ RAW_FILES = {
     "spot": "alibaba-spot-gpu-2026-hourly-submits.csv",
     "philly": "philly-runtimes.csv",
     "openb": "alibaba-gpu-2023-openb-pods.csv",
+    "azure_code": "azure-llm-2023-code-requests.csv",
 }
+BURST_S = 600  # batch-burst: an hour's submissions arrive within this window
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +88,27 @@ def clip_length(s: float) -> int:
     return int(min(max(s, MIN_LENGTH_S), MAX_LENGTH_S))
 
 
-def thin_hourly(counts: Sequence[int], sessions: int, rng: random.Random) -> list[Arrival]:
-    """Keeps each job with one probability so about `sessions` remain; uniform inside its hour."""
+def thin_hourly(counts: Sequence[int], sessions: int, rng: random.Random, window_s: float = HOUR_S,
+                kind: str = "") -> list[Arrival]:
+    """Keeps each job with one probability so about `sessions` remain; uniform inside a window of
+    `window_s` at a random place in its hour (the whole hour by default)."""
     keep = min(1.0, sessions / max(1, sum(counts)))
     out = []
     for hour, n in enumerate(counts):
         kept = sum(rng.random() < keep for _ in range(n))
-        out.extend(Arrival(hour * HOUR_S + rng.uniform(0, HOUR_S)) for _ in range(kept))
+        # No draw for a whole-hour window, so the traces made before windows existed stay the same.
+        start = hour * HOUR_S + (rng.uniform(0, HOUR_S - window_s) if window_s < HOUR_S else 0.0)
+        out.extend(Arrival(start + rng.uniform(0, window_s), kind) for _ in range(kept))
     return sorted(out, key=lambda a: a.t_s)
+
+
+def rollouts(times_s: Sequence[float], sessions: int, days: int, rng: random.Random) -> list[Arrival]:
+    """Request times stretched in order onto `days`: each second's requests (thinned so about
+    `sessions` remain) arrive together, at the instant their second maps to."""
+    keep = min(1.0, sessions / max(1, len(times_s)))
+    t0 = int(min(times_s))
+    stretch = days * DAY_S / (int(max(times_s)) - t0 + 1)
+    return [Arrival((int(t) - t0) * stretch) for t in sorted(times_s) if rng.random() < keep]
 
 
 def busiest_window(times: Iterable[float], days: int) -> float:
@@ -148,6 +171,13 @@ def read_runtimes(path: Path) -> list[float]:
         return [float(r["runtime"]) for r in csv.DictReader(f) if float(r["runtime"]) > 0]
 
 
+def read_request_times(path: Path) -> list[float]:
+    """Seconds since the epoch of each request of an Azure LLM trace (TIMESTAMP, UTC)."""
+    with open(path, newline="") as f:
+        return [datetime.fromisoformat(r["TIMESTAMP"][:26]).replace(tzinfo=timezone.utc).timestamp()
+                for r in csv.DictReader(f)]
+
+
 def read_pods(path: Path) -> list[Pod]:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -174,6 +204,12 @@ def build(raw: Path, seed: int) -> dict[str, list[list]]:
     rng = random.Random(f"{seed}:openb")
     start = busiest_window([p.created_s for p in pods], WINDOW_DAYS)
     out["openb"] = sessions_for(pod_arrivals(pods, start, WINDOW_DAYS, rng), runtimes, rng)
+    rng = random.Random(f"{seed}:batch-burst")
+    batch = thin_hourly(hourly[60 * 24:60 * 24 + hours], SESSIONS, rng, BURST_S, "batch")
+    out["batch-burst"] = sessions_for(batch, runtimes, rng)
+    rng = random.Random(f"{seed}:rollout")
+    requests = read_request_times(raw / RAW_FILES["azure_code"])
+    out["rollout"] = sessions_for(rollouts(requests, SESSIONS, WINDOW_DAYS, rng), runtimes, rng)
     return out
 
 
