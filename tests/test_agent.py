@@ -13,6 +13,7 @@ from provisioner.agent.agent import Agent, DoneIds
 from provisioner.agent.config import AgentConfig
 from provisioner.agent.fakes import FakeContainers, FakeHost, FakeMetadata, FakeNvml
 from provisioner.agent.gpu import Gpus
+from provisioner.agent.usage import Connection, Usage
 from provisioner.clock import RealClock
 
 HOME, SCRATCH = "/home/notebook", "/scratch"
@@ -164,7 +165,7 @@ async def test_health_follows_the_thresholds_and_reports_gpu_use(tmp_path):
     assert await agent.check_health() == ["GPU 0 at 90 C (limit 85 C); throttling: hw_thermal_slowdown"]
     assert rig.metadata.guest["healthy"] == "0"
     assert rig.metadata.guest["health-detail"] == "GPU 0 at 90 C (limit 85 C); throttling: hw_thermal_slowdown"
-    assert json.loads(rig.metadata.guest["gpu-usage"]) == {"utilization_pct": [97], "processes": ["python3"]}
+    assert Usage.from_json(rig.metadata.guest["usage"]) == Usage((97,), ("python3",), ("python3",))
 
     gpu.update(temperature_c=60, throttle=0)
     assert await agent.check_health() == [] and rig.metadata.guest["healthy"] == "1"
@@ -181,6 +182,21 @@ async def test_health_follows_the_thresholds_and_reports_gpu_use(tmp_path):
     assert await agent2.check_health() == ["the file system of / is read-only", "the disk of /scratch is full (1.0% free)"]
     await rig.stop()
     await rig2.stop()
+
+
+async def test_usage_reports_the_session_processes_and_their_connections(tmp_path):
+    rig = Rig(tmp_path)
+    await rig.start()
+    assert Usage.from_json(rig.metadata.guest["usage"]) == Usage((0,))  # no session yet
+    pool = Connection("1.2.3.4", 3333)
+    rig.host.start_process(3001, 1001, "jupyter-lab", connections=(Connection("10.0.0.2", 443),))
+    rig.host.start_process(3002, 1001, "xmrig", gpu=True, connections=(pool,))
+    rig.host.start_process(77, 0, "sshd", connections=(Connection("5.6.7.8", 22),))  # not the session's
+    rig.nvml.state.data["gpus"][0]["utilization"] = 100
+    await until(lambda: "xmrig" in rig.metadata.guest["usage"], what="the next health round")
+    assert Usage.from_json(rig.metadata.guest["usage"]) == Usage(
+        (100,), ("xmrig",), ("jupyter-lab", "xmrig"), (pool, Connection("10.0.0.2", 443)))
+    await rig.stop()
 
 
 async def test_the_health_sample_comes_on_its_own(tmp_path):

@@ -2,10 +2,12 @@
 
 It takes commands from the instance's metadata (`provisioner-command`: pull image layers, wipe
 after a user) and reports back as guest attributes under `provisioner/`: `ready`, per command
-`progress-<id>`, `eta-<id>` and `done-<id>`, and `healthy`, `health-detail` and `gpu-usage`.
+`progress-<id>`, `eta-<id>` and `done-<id>`, `healthy` and `health-detail`, and `usage` (what the
+session runs: GPU utilization, process names, outbound connections; `usage.py`).
 
 Every outside thing sits behind a small interface with a fake (`fakes.py`): the metadata server
 (`metadata.py`), the container runtime (`containers.py`), NVML (`gpu.py`, through the
 `nvidia-ml-py` module or a fake with the same functions) and the host's processes and files
-(`host.py`). Time is injected. Health decisions are pure (`health.assess`).
+(`host.py`; connections from /proc in `procnet.py`). Time is injected. Health decisions are pure
+(`health.assess`).
 """

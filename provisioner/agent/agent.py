@@ -11,10 +11,11 @@ from pathlib import Path
 
 from provisioner.agent.config import AgentConfig
 from provisioner.agent.containers import Containers
-from provisioner.agent.gpu import Gpus
-from provisioner.agent.health import assess, usage
+from provisioner.agent.gpu import Gpus, GpuSample
+from provisioner.agent.health import assess
 from provisioner.agent.host import Host
 from provisioner.agent.metadata import Metadata, MetadataError
+from provisioner.agent.usage import Usage, collect
 from provisioner.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -232,7 +233,7 @@ class Agent:
 
     async def check_health(self) -> list[str]:
         """Samples the GPUs and disks and writes what changed: detail before verdict, so a
-        reader that sees `healthy` 0 finds the reason beside it."""
+        reader that sees `healthy` 0 finds the reason beside it; then what the session runs."""
         try:
             samples = self.gpus.sample()
         except Exception as err:
@@ -244,12 +245,18 @@ class Agent:
         # A hardware error is an event: once seen, the GPU stays suspect.
         self._hardware += [f for f in now_faults if ("XID" in f or "ECC" in f) and f not in self._hardware]
         faults += self._hardware + [f for f in now_faults if f not in self._hardware]
-        await self.put("gpu-usage", json.dumps(usage(samples), separators=(",", ":")), only_if_changed=True)
         await self.put("health-detail", "; ".join(faults), only_if_changed=True)
         await self.put("healthy", "0" if faults else "1", only_if_changed=True)
+        await self.put("usage", self.usage(samples).to_json(), only_if_changed=True)
         if faults:
             log.warning("unhealthy: %s", "; ".join(faults))
         return faults
+
+    def usage(self, samples: list[GpuSample]) -> Usage:
+        """What the session runs, for abuse detection: GPU use, its processes, where they connect."""
+        procs = self.host.user_processes(self.cfg.user_uid_min)
+        return collect([g.utilization_pct for g in samples], [n for g in samples for n in g.processes],
+                       [p.name for p in procs], self.host.connections([p.pid for p in procs]))
 
 
 class _Progress:

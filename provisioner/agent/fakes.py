@@ -3,7 +3,8 @@ runtime or a metadata server: in tests, and in `provisioner agent --simulate DIR
 
 Their state is a plain dict, kept in memory or in a JSON file under DIR (reread on every use, so
 a test in another process can change it: start a user's process, heat a GPU, make a disk
-read-only). Files: `host.json` (processes with uid and name, some using the GPU; directories
+read-only). Files: `host.json` (processes with uid and name, some using the GPU, some with
+connections; directories
 and their entries; disks; GPU resets), `containers.json` (layers in the store, containers by
 label), `gpu.json` (per GPU temperature, throttle bits, ECC count, utilization, pending XIDs).
 """
@@ -17,10 +18,11 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from provisioner.agent.containers import ByteCallback, ContainerError
 from provisioner.agent.host import Disk, Process
+from provisioner.agent.usage import Connection
 from provisioner.clock import Clock
 
 
@@ -54,8 +56,9 @@ class State:
 # ---- host -------------------------------------------------------------------------------------
 
 class FakeHost:
-    """Processes (pid -> {uid, name, gpu, stubborn}), directories (path -> entries), disks
-    (path -> {free_fraction, read_only}). A stubborn process survives every signal."""
+    """Processes (pid -> {uid, name, gpu, stubborn, connections: [[address, port], ...]}),
+    directories (path -> entries), disks (path -> {free_fraction, read_only}). A stubborn process
+    survives every signal."""
 
     def __init__(self, state: State | None = None):
         self.state = state or State({})
@@ -69,12 +72,18 @@ class FakeHost:
     def d(self) -> dict:
         return self.state.data
 
-    def start_process(self, pid: int, uid: int, name: str, gpu: bool = False, stubborn: bool = False) -> None:
-        self.d["processes"][str(pid)] = {"uid": uid, "name": name, "gpu": gpu, "stubborn": stubborn}
+    def start_process(self, pid: int, uid: int, name: str, gpu: bool = False, stubborn: bool = False,
+                      connections: tuple[Connection, ...] = ()) -> None:
+        self.d["processes"][str(pid)] = {"uid": uid, "name": name, "gpu": gpu, "stubborn": stubborn,
+                                         "connections": [[c.address, c.port] for c in connections]}
         self.state.save()
 
     def user_processes(self, uid_min: int) -> list[Process]:
         return [Process(int(pid), p["uid"], p["name"]) for pid, p in self.d["processes"].items() if p["uid"] >= uid_min]
+
+    def connections(self, pids: Iterable[int]) -> list[Connection]:
+        procs = self.d["processes"]
+        return [Connection(a, int(port)) for pid in pids for a, port in procs.get(str(pid), {}).get("connections", [])]
 
     def signal(self, pid: int, sig: int) -> None:
         d = self.d

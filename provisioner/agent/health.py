@@ -29,8 +29,3 @@ def assess(gpus: list[GpuSample], disks: dict[Path, Disk | None], cfg: AgentConf
             faults.append(f"the disk of {path} is full ({disk.free_fraction:.1%} free)")
     return faults
 
-
-def usage(gpus: list[GpuSample]) -> dict:
-    """What the session runs on the GPUs, for abuse detection."""
-    return {"utilization_pct": [g.utilization_pct for g in gpus],
-            "processes": sorted({name for g in gpus for name in g.processes})}

@@ -1,4 +1,4 @@
-"""The machine itself: its users' processes, its directories and its disks."""
+"""The machine itself: its users' processes and their connections, its directories and its disks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Iterable, Protocol
+
+from provisioner.agent import procnet
+from provisioner.agent.usage import Connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +27,10 @@ class Disk:
 
 class Host(Protocol):
     def user_processes(self, uid_min: int) -> list[Process]: ...
+
+    def connections(self, pids: Iterable[int]) -> list[Connection]:
+        """The outbound TCP connections of these processes (remote ends)."""
+        ...
 
     def signal(self, pid: int, sig: int) -> None:
         """Sends a signal; a process already gone is fine."""
@@ -58,6 +65,9 @@ class LocalHost:
             if uid >= uid_min:
                 out.append(Process(int(entry.name), uid, name))
         return out
+
+    def connections(self, pids: Iterable[int]) -> list[Connection]:
+        return procnet.connections(pids, self.proc)
 
     def signal(self, pid: int, sig: int) -> None:
         try:
