@@ -21,10 +21,10 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from provisioner.autoscale import desired_vms
+from provisioner.decide.autoscale import desired_vms
 from provisioner.cloud.base import CloudFailure
 from provisioner.model import Session
-from provisioner.states import VM_ACTIVE, SessionState, VmState
+from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
 
 if TYPE_CHECKING:
     from provisioner.cluster.runtime import ClusterRuntime

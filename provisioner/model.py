@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
-from provisioner.images import LayerCache
-from provisioner.states import (
+from provisioner.decide.images import LayerCache
+from provisioner.decide.states import (
     SESSION_TRANSITIONS,
     VM_TRANSITIONS,
     SessionState,

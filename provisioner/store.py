@@ -85,6 +85,20 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX audit_log_at ON audit_log (source, at, id);
     """,
+    # Quotas across front replicas: a per-user lease that serializes check-and-place (wall-time
+    # expiry, so a dead holder's lease lapses), and the per-user limits operators set, as JSON.
+    """
+    CREATE TABLE user_leases (
+        user_id TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE quota_overrides (
+        user_id TEXT PRIMARY KEY,
+        body TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
+    """,
 ]
 
 # Attempt outcomes: sent and not yet answered; answered with a session; answered "not made";
@@ -248,6 +262,45 @@ class Store:
         """pool -> what operators set on it ('' for the cluster itself)."""
         rows = self._rows("SELECT pool, body FROM operator_state WHERE cluster = ?", (cluster,))
         return {pool: json.loads(body) for pool, body in rows}
+
+    # ---- quotas: per-user leases across front replicas, operator overrides ------------------
+
+    def try_user_lease(self, user_id: str, holder: str, expires_at: float, now: float) -> bool:
+        """Takes the user's lease for `holder` until `expires_at` if it is free or lapsed (its
+        expiry before `now`); whether `holder` has it. Atomic across processes."""
+        with self.transaction() as cur:
+            cur.execute(self._sql(
+                "INSERT INTO user_leases (user_id, holder, expires_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (user_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
+                "WHERE user_leases.expires_at < ?"), (user_id, holder, expires_at, now))
+            cur.execute(self._sql("SELECT holder FROM user_leases WHERE user_id = ?"), (user_id,))
+            return cur.fetchone()[0] == holder
+
+    def renew_user_lease(self, user_id: str, holder: str, expires_at: float) -> bool:
+        """Extends `holder`'s lease; False if it is no longer theirs."""
+        with self.transaction() as cur:
+            cur.execute(self._sql("UPDATE user_leases SET expires_at = ? WHERE user_id = ? AND holder = ?"),
+                        (expires_at, user_id, holder))
+            return cur.rowcount == 1
+
+    def release_user_lease(self, user_id: str, holder: str) -> None:
+        with self.transaction() as cur:
+            cur.execute(self._sql("DELETE FROM user_leases WHERE user_id = ? AND holder = ?"), (user_id, holder))
+
+    def save_quota_override(self, user_id: str, body: dict[str, Any], now: float) -> None:
+        """Sets what operators chose for a user's quota; an empty `body` removes it (back to the config)."""
+        with self.transaction() as cur:
+            if body:
+                cur.execute(self._sql(
+                    "INSERT INTO quota_overrides (user_id, body, updated_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (user_id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at"),
+                    (user_id, json.dumps(body, sort_keys=True), now))
+            else:
+                cur.execute(self._sql("DELETE FROM quota_overrides WHERE user_id = ?"), (user_id,))
+
+    def quota_override(self, user_id: str) -> dict[str, Any]:
+        rows = self._rows("SELECT body FROM quota_overrides WHERE user_id = ?", (user_id,))
+        return json.loads(rows[0][0]) if rows else {}
 
     # ---- the audit log ----------------------------------------------------------------------
 

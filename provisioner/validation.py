@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Collection
 
 from provisioner.errors import InvalidArgument, quote
-from provisioner.images import ImageCatalog
+from provisioner.decide.images import ImageCatalog
 from provisioner.model import SessionSpec
 
 

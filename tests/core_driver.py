@@ -14,10 +14,10 @@ from typing import Callable
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.cluster.core import ClusterCore, Command, IdSource, Launch, Pull, Wipe
 from provisioner.config import FleetConfig, load_fleet
-from provisioner.images import LayerCache
+from provisioner.decide.images import LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, Vm
 from provisioner.sim.engine import Engine
-from provisioner.states import VmState
+from provisioner.decide.states import VmState
 
 POOL = "gpu-p100"
 

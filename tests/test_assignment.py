@@ -9,11 +9,11 @@ from core_driver import Driver, fleet, make_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioner.assignment import choose_vm, queue_order
+from provisioner.decide.assignment import choose_vm, queue_order
 from provisioner.errors import FailedPrecondition
-from provisioner.images import LayerCache
+from provisioner.decide.images import LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.states import SESSION_HOLDS_VM, SessionState, VmState
+from provisioner.decide.states import SESSION_HOLDS_VM, SessionState, VmState
 
 CATALOG = fleet().catalog
 # A window of recent versions, so that random caches and requests overlap often.

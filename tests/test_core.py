@@ -9,14 +9,14 @@ from core_driver import POOL, Driver, fleet, make_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioner.autoscale import SCALE_DOWN_IDLE_S, STABILIZATION_S, STOCKOUT_MEMORY_S, desired_vms
+from provisioner.decide.autoscale import SCALE_DOWN_IDLE_S, STABILIZATION_S, STOCKOUT_MEMORY_S, desired_vms
 from provisioner.cloud.base import CloudFailure
 from provisioner.cluster.core import Delete, Launch, Pull, Wipe
 from provisioner.errors import FailedPrecondition
-from provisioner.images import ImageCatalog
+from provisioner.decide.images import ImageCatalog
 from provisioner.model import Session, SessionKind, StartKind, Vm
-from provisioner.states import SessionState as S
-from provisioner.states import VmState as V
+from provisioner.decide.states import SessionState as S
+from provisioner.decide.states import VmState as V
 
 CATALOG = fleet().catalog
 LATEST = CATALOG.latest  # gpu:v160
@@ -319,7 +319,7 @@ def test_a_failed_delete_after_the_session_still_ends_it():
     """recycle: false and the delete fails for good (a lost reply whose retries ran out, or an
     operation past its timeout): the stopping session ends at once; the reconciler later finds
     the VM gone. A session left stopping would count as active and accrue GPU hours forever."""
-    from provisioner.cluster.reconcile import reconcile
+    from provisioner.decide.reconcile import reconcile
 
     d = driver(recycle=False, min_vms=0)
     vm = d.add_warm(LATEST)
@@ -334,7 +334,7 @@ def test_a_failed_delete_after_the_session_still_ends_it():
 
 
 def test_a_restored_stopping_session_on_a_failed_vm_ends_when_the_reconciler_finds_it_gone():
-    from provisioner.cluster.reconcile import reconcile
+    from provisioner.decide.reconcile import reconcile
 
     d = driver(recycle=False, min_vms=0)
     vm = d.add_warm(LATEST)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.autoscale import PoolSnapshot, desired_vms, plan_scale
-from provisioner.forecast import DAY_H, HOUR_S, Forecast, Rate, SeasonalCounts, warm_for
-from provisioner.prewarm import holdable, next_pull, rank_images
+from provisioner.decide.autoscale import PoolSnapshot, desired_vms, plan_scale
+from provisioner.decide.forecast import DAY_H, HOUR_S, Forecast, Rate, SeasonalCounts, warm_for
+from provisioner.decide.prewarm import holdable, next_pull, rank_images
 
 
 def test_rate_follows_a_steady_stream_and_forgets_it():

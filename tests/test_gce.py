@@ -291,7 +291,7 @@ async def test_stockout_quota_failed_operations_and_deletes(tmp_path, fake, loop
 
 
 async def test_pull_reports_progress_and_wipe_completes(tmp_path, fake, loopback_only):
-    from provisioner.images import Layer
+    from provisioner.decide.images import Layer
 
     b = backend(tmp_path, fake)
     assert isinstance(await b.create(spec("vm-p")), CloudVm)
@@ -351,7 +351,7 @@ async def test_a_booting_vm_is_not_lost_to_429s_on_reads(tmp_path, fake, loopbac
 
 
 async def test_agent_commands_carry_on_through_429s(tmp_path, fake, loopback_only):
-    from provisioner.images import Layer
+    from provisioner.decide.images import Layer
 
     b = backend(tmp_path, fake, retry_attempts=2)
     await ready_vm(b, "vm-c")
@@ -376,7 +376,7 @@ async def test_a_running_vm_has_an_endpoint(tmp_path, fake, loopback_only):
 async def test_guest_attributes_are_read_within_googles_rate(tmp_path, fake, loopback_only):
     """About 10 reads a minute per VM are allowed: boot, a 3-minute pull and a wipe stay within
     that in every minute, and a quiet agent is read less often."""
-    from provisioner.images import Layer
+    from provisioner.decide.images import Layer
 
     b = backend(tmp_path, fake)  # poll_s 1: operations and boot are followed every model second
     fake.command_s = 0.6  # 180 model seconds
@@ -393,7 +393,7 @@ async def test_guest_attributes_are_read_within_googles_rate(tmp_path, fake, loo
 
 
 async def test_a_health_check_reuses_a_recent_read_instead_of_queueing(tmp_path, fake, loopback_only):
-    from provisioner.images import Layer
+    from provisioner.decide.images import Layer
 
     b = backend(tmp_path, fake)
     await ready_vm(b, "vm-q")

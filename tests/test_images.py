@@ -8,7 +8,7 @@ import pytest
 
 from provisioner.config import default_clusters_dir, load_catalog
 from provisioner.errors import InvalidArgument
-from provisioner.images import ImageCatalog, Layer, LayerCache
+from provisioner.decide.images import ImageCatalog, Layer, LayerCache
 
 GB = 10**9
 

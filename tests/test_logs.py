@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from provisioner.logs import JsonFormatter, SessionLog
 from provisioner.model import Session, SessionSpec
-from provisioner.states import SessionState
+from provisioner.decide.states import SessionState
 from provisioner.telemetry import JsonLinesSpanExporter, rotated
 from provisioner.traceview import load_spans
 

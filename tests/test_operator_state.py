@@ -19,7 +19,7 @@ from provisioner.clock import ManualClock
 from provisioner.cluster.core import ClusterCore, IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.errors import InvalidArgument
-from provisioner.policy import MAX_HEADROOM_FRACTION, merge_policy
+from provisioner.decide.policy import MAX_HEADROOM_FRACTION, merge_policy
 from provisioner.serve import make_backend
 from provisioner.store import open_store
 from provisioner.v1 import admin_service_pb2 as admin_pb

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from core_driver import Driver, make_core
 from provisioner.cloud.base import CloudFailure, CloudVm
-from provisioner.cluster.reconcile import reconcile
+from provisioner.decide.reconcile import reconcile
 from provisioner.model import Vm
-from provisioner.states import SessionState, VmState
+from provisioner.decide.states import SessionState, VmState
 
 V = VmState
 

@@ -7,9 +7,9 @@ from collections import deque
 import pytest
 
 from provisioner.errors import IllegalTransition
-from provisioner.images import LayerCache
+from provisioner.decide.images import LayerCache
 from provisioner.model import Session, SessionSpec, Vm
-from provisioner.states import (
+from provisioner.decide.states import (
     SESSION_TERMINAL,
     SESSION_TRANSITIONS,
     VM_TRANSITIONS,

@@ -8,7 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from provisioner.audit import AuditRecord
 from provisioner.errors import InvalidArgument
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.states import SessionState, StateChange, VmState
+from provisioner.decide.states import SessionState, StateChange, VmState
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import types_pb2 as pb
 

@@ -19,7 +19,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from provisioner.errors import InvalidArgument, quote
-from provisioner.images import parse_ref
+from provisioner.decide.images import parse_ref
 from provisioner.v1 import admin_service_pb2, cluster_service_pb2, session_service_pb2
 
 SERVICES = tuple(

@@ -55,7 +55,7 @@ from provisioner.clock import Clock
 from provisioner.cloud.base import (LABEL_CLUSTER, LABEL_REQUEST, CloudFailure, CloudVm, HealthReport, LaunchSpec,
                                      ProgressCallback)
 from provisioner.config import BackendConfig, ClusterConfig
-from provisioner.images import Layer
+from provisioner.decide.images import Layer
 
 log = logging.getLogger(__name__)
 

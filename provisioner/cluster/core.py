@@ -16,8 +16,8 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from provisioner.assignment import choose_vm, queue_order
-from provisioner.autoscale import (
+from provisioner.decide.assignment import choose_vm, queue_order
+from provisioner.decide.autoscale import (
     SCALE_DOWN_IDLE_S,
     PREDICTIVE_STABILIZATION_S,
     STABILIZATION_S,
@@ -31,15 +31,15 @@ from provisioner.autoscale import (
     zones_available,
 )
 from provisioner.cloud.base import CloudFailure, HealthReport
-from provisioner.cluster.reconcile import Plan
+from provisioner.decide.reconcile import Plan
 from provisioner.config import ClusterConfig, PoolConfig, SessionsConfig
 from provisioner.errors import FailedPrecondition, NotFound, quote
-from provisioner.forecast import Forecast
-from provisioner.images import ImageCatalog, Layer, LayerCache
+from provisioner.decide.forecast import Forecast
+from provisioner.decide.images import ImageCatalog, Layer, LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.policy import merge_policy
-from provisioner.prewarm import holdable, next_pull, rank_images
-from provisioner.states import VM_ACTIVE, SessionState, VmState
+from provisioner.decide.policy import merge_policy
+from provisioner.decide.prewarm import holdable, next_pull, rank_images
+from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
 from provisioner.validation import validate_spec
 
 S, V = SessionState, VmState

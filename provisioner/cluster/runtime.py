@@ -27,12 +27,12 @@ from provisioner.cloud.base import (
     LaunchSpec,
 )
 from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, PoolPolicy, Wipe
-from provisioner.cluster.reconcile import Plan, reconcile
+from provisioner.decide.reconcile import Plan, reconcile
 from provisioner.errors import ProvisionerError, Unavailable
 from provisioner.logs import SessionLog
 from provisioner.model import Session, SessionSpec, Vm
-from provisioner.policy import FIELDS, merge_policy
-from provisioner.states import VmState
+from provisioner.decide.policy import FIELDS, merge_policy
+from provisioner.decide.states import VmState
 from provisioner.store import SqliteStore
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from provisioner.images import ImageCatalog
+from provisioner.decide.images import ImageCatalog
 from provisioner.model import Session, SessionKind, StartKind, Vm
 
 

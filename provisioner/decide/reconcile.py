@@ -22,7 +22,7 @@ from typing import Iterable
 
 from provisioner.cloud.base import CloudVm
 from provisioner.model import Vm
-from provisioner.states import VmState
+from provisioner.decide.states import VmState
 
 V = VmState
 LIVE = frozenset({V.WARM, V.ASSIGNED, V.RECYCLING})

@@ -27,6 +27,7 @@ from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
 from provisioner.front.router import rank, why_none
+from provisioner.front.user_lease import UserLeases
 from provisioner.model import cluster_of
 from provisioner.store import SqliteStore
 from provisioner.validation import validate_spec
@@ -40,6 +41,7 @@ from provisioner.v1 import types_pb2 as pb
 log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT_S = 1.0
+LEASE_WAIT_S = 10.0  # the most a create waits for another replica's create of the same user
 LIVE_STATES = [pb.SESSION_STATE_QUEUED, pb.SESSION_STATE_PROVISIONING, pb.SESSION_STATE_PULLING_IMAGE,
                pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_STOPPING]
 KIND_NAMES = {pb.SESSION_KIND_UNSPECIFIED: "interactive", pb.SESSION_KIND_INTERACTIVE: "interactive",
@@ -89,6 +91,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         # Weighted GPUs per (cluster, pool): what one second of a session there meters.
         self.gpus = {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
                      for c in config.clusters for p in c.pools}
+        self.leases = UserLeases(store)
         self._user_locks: dict[str, asyncio.Lock] = {}
         self._user_waiters: dict[str, int] = {}
         self._streams: set = set()
@@ -109,9 +112,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         span.set_attributes({telemetry.ATTR_REQUEST_ID: spec.request_id, telemetry.ATTR_USER: spec.user_id,
                              telemetry.ATTR_IMAGE: image, telemetry.ATTR_POOL: spec.accelerator})
         deadline = asyncio.get_running_loop().time() + _remaining(context)
-        # A user's creates are checked and placed one at a time in this front, so two of them
-        # cannot both pass the check for the last slot (fronts sharing a store still can).
-        async with self._one_user(spec.user_id), self.placement.exclusive(spec.key):
+        # A user's creates are checked and placed one at a time, so two of them cannot both pass
+        # the check for the last slot: in this front by a lock, across replicas by the user's
+        # lease in the shared store (taken once this front's turn has come).
+        async with self._one_user(spec.user_id), \
+                self.leases.held(spec.user_id, min(LEASE_WAIT_S, _remaining(context))), \
+                self.placement.exclusive(spec.key):
             if known := self.store.session_for_request(spec.key):
                 span.add_event("duplicate request", {"session.id": known})
                 resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))

@@ -21,7 +21,7 @@ from provisioner.cloud.base import CloudFailure
 from provisioner.cloud.sim import SimPhysics
 from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, Wipe
 from provisioner.model import Session, Vm
-from provisioner.states import VmState
+from provisioner.decide.states import VmState
 
 _CREATING, _BOOTING, _RECYCLING = VmState.CREATING, VmState.BOOTING, VmState.RECYCLING
 

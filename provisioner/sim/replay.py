@@ -19,7 +19,7 @@ from provisioner.cluster.core import ClusterCore, IdSource
 from provisioner.config import FleetConfig
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.sim.engine import Engine
-from provisioner.states import VM_ACTIVE, SessionState, VmState
+from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
 
 HEADER = ["arrival_s", "user", "kind", "accelerator", "image", "region_hint", "duration_s", "abandon"]
 FAST_START_S = 60.0
