@@ -16,8 +16,8 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
                       PositiveFloat, ValidationError, model_validator)
 
-from provisioner.images import LATEST, ImageCatalog, parse_ref
-from provisioner.policy import MAX_HEADROOM_FRACTION
+from provisioner.decide.images import LATEST, ImageCatalog, parse_ref
+from provisioner.decide.policy import MAX_HEADROOM_FRACTION
 
 FLEET_FILE = "fleet.yaml"
 IMAGES_FILE = "images.yaml"

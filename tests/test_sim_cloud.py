@@ -14,7 +14,7 @@ from provisioner.clock import ManualClock
 from provisioner.cloud.base import LABEL_CLUSTER, LABEL_POOL, CloudFailure, CloudVm, LaunchSpec
 from provisioner.cloud.sim import Inventory, SimCall, SimCloud, SimPhysics
 from provisioner.errors import Unavailable
-from provisioner.images import Layer
+from provisioner.decide.images import Layer
 
 GB = 1_000_000_000
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
-from provisioner.images import Layer
+from provisioner.decide.images import Layer
 
 # Labels every VM carries, so a restarted cluster can match VMs to its records and find leaks.
 LABEL_CLUSTER = "provisioner-cluster"

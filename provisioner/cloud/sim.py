@@ -41,7 +41,7 @@ from provisioner.errors import (
     QuotaExceeded,
     Unavailable,
 )
-from provisioner.images import Layer
+from provisioner.decide.images import Layer
 
 _tracer = trace.get_tracer(__name__)
 
