@@ -1,6 +1,6 @@
 """The fleet, declared in clusters/: one validated model per file, errors naming file and field.
 
-clusters/fleet.yaml    FleetSettings: front address, session limits, quotas, routing
+clusters/fleet.yaml    FleetSettings: front address, session limits, quotas, routing, abuse detection
 clusters/images.yaml   ImageCatalogConfig: layers and versions (oldest first)
 clusters/<name>.yaml   ClusterConfig: one regional cluster, its cloud backend and pools
 """
@@ -81,6 +81,12 @@ class SimCloudConfig(_Model):
     pull_bytes_per_s: PositiveFloat = 41_666_667.0  # 25 GB in ~10 minutes
     wipe_s: NonNegativeFloat = 20.0
     delete_s: NonNegativeFloat = 30.0
+    stop_s: NonNegativeFloat = 15.0  # until a stopped VM is terminated (its disk kept)
+    # A stopped VM started, until its agent answers: lognormal with this median and shape (0.6:
+    # p90 about 2.2 times the median, p99 about 4 times). The GPU is attached anew on each start.
+    start_median_s: PositiveFloat = 45.0
+    start_sigma: NonNegativeFloat = 0.6
+    pool_start_median_s: dict[str, PositiveFloat] = {}  # pool name -> its own median
     stocked_out_zones: tuple[str, ...] = ()
     launch_failure_rate: Probability = 0.0
     seed: int = 0
@@ -132,7 +138,8 @@ class PoolConfig(_Model):
     warm_vms: NonNegativeInt = 2  # fixed: warm VMs kept above demand
     wait_probability: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.02  # predictive: target share of requests that wait
     recycle: bool = True  # after a session: wipe and return warm (true) or delete (false)
-    hourly_price_usd: NonNegativeFloat
+    hourly_price_usd: NonNegativeFloat  # a running VM, its disk included
+    disk_hourly_price_usd: NonNegativeFloat = 0.03  # a stopped VM: its disk alone (250 GB pd-balanced)
     disk_cache_gb: PositiveFloat = 250.0
 
     @model_validator(mode="after")
@@ -144,6 +151,9 @@ class PoolConfig(_Model):
         for i, z in enumerate(self.zones):
             if z in self.zones[:i]:
                 raise _At(f"zones[{i}]", f"zone {z!r} listed twice")
+        if self.disk_hourly_price_usd > self.hourly_price_usd:
+            raise _At("disk_hourly_price_usd", f"a stopped VM cannot cost more than a running one "
+                                               f"(hourly_price_usd {self.hourly_price_usd}), got {self.disk_hourly_price_usd}")
         return self
 
     @property
@@ -179,6 +189,9 @@ class ClusterConfig(_Model):
         for j, z in enumerate(self.sim.stocked_out_zones):
             if not z.startswith(prefix):
                 raise _At(f"sim.stocked_out_zones[{j}]", f"zone {z!r} is not in region {self.region}")
+        for name in self.sim.pool_start_median_s:
+            if name not in seen:
+                raise _At(f"sim.pool_start_median_s.{name}", f"no pool {name!r}; pools: {', '.join(sorted(seen))}")
         return self
 
     def pool(self, name: str) -> PoolConfig:
@@ -278,12 +291,67 @@ class SecurityConfig(_Model):
         return self.cluster_tls_name.replace("{cluster}", cluster)
 
 
+# Process names of GPU miners, as their binaries ship (`gminer` ships as `miner`, too common to list).
+MINER_PROGRAMS = ("xmrig", "xmr-stak", "t-rex", "nbminer", "lolminer", "ethminer", "phoenixminer", "gminer",
+                  "nanominer", "teamredminer", "srbminer-multi", "bzminer", "rigel", "ccminer", "cpuminer",
+                  "minerd", "kawpowminer", "onezerominer", "wildrig")
+# Ports mining pools commonly serve stratum on.
+POOL_PORTS = (3333, 4444, 5555, 6666, 7777, 8888, 9999, 14433, 14444, 45560, 45700)
+# What a notebook's GPU work normally runs as (a version suffix matches: python3.11).
+KNOWN_GPU_PROGRAMS = ("python", "jupyter", "ipykernel", "torchrun", "accelerate", "deepspeed", "julia", "r",
+                      "rscript", "java", "mpirun")
+
+
+def _program_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    for i, n in enumerate(names):
+        if not n or n != n.lower() or "/" in n or n in names[:i]:
+            raise _At(f"[{i}]", f"expected a distinct lower-case program name without a path, got {n!r}")
+    return names
+
+
+ProgramNames = Annotated[tuple[str, ...], AfterValidator(_program_names)]
+
+
+class AbuseConfig(_Model):
+    """Abuse detection (`provisioner/abuse.py`): what flags a session; see its rules there."""
+
+    dry_run: bool = False  # flagged sessions are only reported: none is stopped, no user blocked
+    gpu_busy_pct: Annotated[int, Field(ge=1, le=100)] = 90  # the busiest GPU at this or more is busy
+    idle_busy_window_s: PositiveFloat = 2700.0  # interactive: busy this long with no touch
+    batch_busy_window_s: PositiveFloat = 3600.0  # batch: busy this long by a program not known
+    max_sample_gap_s: PositiveFloat = 300.0  # reports further apart break a run
+    miner_programs: ProgramNames = MINER_PROGRAMS
+    pool_ports: tuple[Annotated[int, Field(ge=1, le=65535)], ...] = POOL_PORTS
+    pool_connection_min_s: NonNegativeFloat = 120.0  # 0: one report with the connection suffices
+    known_gpu_programs: ProgramNames = KNOWN_GPU_PROGRAMS
+
+    @model_validator(mode="after")
+    def _check(self) -> AbuseConfig:
+        for i, port in enumerate(self.pool_ports):
+            if port in self.pool_ports[:i]:
+                raise _At(f"pool_ports[{i}]", f"port {port} listed twice")
+        for field in ("idle_busy_window_s", "batch_busy_window_s"):
+            if getattr(self, field) < self.max_sample_gap_s:
+                raise _At(field, f"must be >= max_sample_gap_s ({self.max_sample_gap_s}), got {getattr(self, field)}")
+        if clash := sorted(set(self.miner_programs) & set(self.known_gpu_programs)):
+            raise _At("known_gpu_programs", f"also listed as miners: {', '.join(clash)}")
+        return self
+
+
 class FleetSettings(_Model):
     front: FrontConfig = FrontConfig()
     sessions: SessionsConfig = SessionsConfig()
     quotas: QuotaConfig = QuotaConfig()
     regions: RegionsConfig = RegionsConfig()
     security: SecurityConfig = SecurityConfig()
+    abuse: AbuseConfig = AbuseConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> FleetSettings:
+        if self.abuse.idle_busy_window_s >= self.sessions.idle_timeout_s:
+            raise _At("abuse.idle_busy_window_s", f"must be < sessions.idle_timeout_s ({self.sessions.idle_timeout_s}): "
+                      f"a session nobody touches ends first, got {self.abuse.idle_busy_window_s}")
+        return self
 
 
 # ---- clusters/images.yaml ----------------------------------------------------------------

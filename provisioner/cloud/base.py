@@ -106,6 +106,17 @@ class CloudBackend(Protocol):
         """Erases user data (home, processes, GPU memory) and keeps the image cache."""
         ...
 
+    async def stop(self, vm_id: str, zone: str) -> CloudFailure | None:
+        """Stops the VM and returns once it is terminated: it keeps its disk (so its image cache)
+        and bills for the disk alone. A VM already stopped counts as stopped."""
+        ...
+
+    async def start(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        """Starts a stopped VM (returns once the cloud runs it, still booting: wait_ready follows).
+        A stopped VM holds no GPU, so a start can fail as a create does (stockout, quota). A VM
+        already running is returned as it is."""
+        ...
+
     async def delete(self, vm_id: str, zone: str) -> CloudFailure | None:
         """Deletes the VM; a VM that is already gone counts as deleted."""
         ...

@@ -27,6 +27,7 @@ from opentelemetry.trace import StatusCode
 from provisioner.clock import Clock
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
+    LABEL_POOL,
     CloudFailure,
     CloudVm,
     HealthReport,
@@ -45,7 +46,7 @@ from provisioner.decide.images import Layer
 
 _tracer = trace.get_tracer(__name__)
 
-OPS = frozenset({"create", "wait_ready", "pull", "wipe", "delete", "list_vms"})
+OPS = frozenset({"create", "wait_ready", "pull", "wipe", "stop", "start", "delete", "list_vms"})
 _CODES = frozenset({"stockout", "quota", "rate_limited", "unavailable", "not_found", "invalid", "internal"})
 _SPAN_NAMES = {op: f"sim.{op}" for op in OPS | {"health"}}
 
@@ -62,6 +63,10 @@ class SimConfigLike(Protocol):
     pull_bytes_per_s: float
     wipe_s: float
     delete_s: float
+    stop_s: float
+    start_median_s: float
+    start_sigma: float
+    pool_start_median_s: dict[str, float]
     stocked_out_zones: list[str]
     launch_failure_rate: float
     seed: int
@@ -95,7 +100,17 @@ class SimPhysics:
     def delete_s(self) -> float:
         return self.config.delete_s
 
+    def stop_s(self) -> float:
+        return self.config.stop_s
+
+    def start_s(self, pool: str) -> float:
+        """A stopped VM of `pool` started, until its agent answers: lognormal, a long tail."""
+        c = self.config
+        median = c.pool_start_median_s.get(pool, c.start_median_s)
+        return self.rng.lognormvariate(math.log(median), c.start_sigma) if c.start_sigma else median
+
     def launch_outcome(self, zone: str) -> CloudFailure | None:
+        """Whether a create, or a start (a stopped VM holds no GPU), gets its GPUs in `zone`."""
         if zone in self.stocked_out:
             return CloudFailure("stockout", f"zone {zone} has no GPUs of this shape (ZONE_RESOURCE_POOL_EXHAUSTED)", zone)
         rate = self.config.launch_failure_rate
@@ -126,6 +141,7 @@ class _Vm:
     ready_at: float  # boot runs whether or not anyone waits for it
     status: str = "provisioning"
     health: HealthReport | None = None  # set by mark_unhealthy
+    layers: list[str] = dataclasses.field(default_factory=list)  # image layers on its disk, by id
 
     def snapshot(self) -> CloudVm:
         return CloudVm(self.vm_id, self.zone, self.status, dict(self.labels), self.endpoint)  # type: ignore[arg-type]
@@ -275,6 +291,10 @@ class SimCloud:
     def vms(self) -> dict[str, CloudVm]:
         return {vid: vm.snapshot() for vid, vm in self._vms.items()}
 
+    def disk(self, vm_id: str) -> list[str]:
+        """The image layers on a VM's disk, by id: a stop and a start keep them."""
+        return list(self._vms[vm_id].layers)
+
     # -- CloudBackend --------------------------------------------------------------------------
 
     async def create(self, spec: LaunchSpec) -> CloudVm | CloudFailure:
@@ -294,6 +314,14 @@ class SimCloud:
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
         with self._enter("wipe", vm_id, zone) as span:
             return self._end(span, await self._wipe(vm_id, zone))
+
+    async def stop(self, vm_id: str, zone: str) -> CloudFailure | None:
+        with self._enter("stop", vm_id, zone) as span:
+            return self._end(span, await self._stop(vm_id, zone))
+
+    async def start(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        with self._enter("start", vm_id, zone) as span:
+            return self._end(span, await self._start(vm_id, zone))
 
     async def delete(self, vm_id: str, zone: str) -> CloudFailure | None:
         with self._enter("delete", vm_id, zone) as span:
@@ -367,11 +395,15 @@ class SimCloud:
         vm = self._find(vm_id, zone)
         if vm is None:
             return _not_found(vm_id, zone)
+        if (stopped := _stopped(vm)) is not None:
+            return stopped
         wait = vm.ready_at - self.clock.now()
         if wait > 0:
             await self.clock.sleep(wait)
             if self._vms.get(vm_id) is not vm:
                 return _not_found(vm_id, zone, "while booting")
+            if (stopped := _stopped(vm)) is not None:
+                return stopped
         if vm.status == "provisioning":
             vm.status = "running"
             self._vms.save(vm)
@@ -386,6 +418,8 @@ class SimCloud:
         vm = self._find(vm_id, zone)
         if vm is None:
             return _not_found(vm_id, zone)
+        if (stopped := _stopped(vm)) is not None:
+            return stopped
         total = sum(layer.size_bytes for layer in layers)
         if span is not None:
             span.set_attribute("provisioner.pull_bytes", total)
@@ -400,8 +434,12 @@ class SimCloud:
             await self.clock.sleep(start + (duration if i == steps else duration * i / steps) - self.clock.now())
             if self._vms.get(vm_id) is not vm:
                 return _not_found(vm_id, zone, "during the pull")
+            if (stopped := _stopped(vm)) is not None:
+                return stopped
             if on_progress is not None:
                 on_progress(total if i == steps else total * i // steps)
+        vm.layers.extend(layer.id for layer in layers if layer.id not in vm.layers)
+        self._vms.save(vm)
         return None
 
     async def _wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
@@ -411,10 +449,57 @@ class SimCloud:
         vm = self._find(vm_id, zone)
         if vm is None:
             return _not_found(vm_id, zone)
+        if (stopped := _stopped(vm)) is not None:
+            return stopped
         await self.clock.sleep(self.physics.wipe_s())
         if self._vms.get(vm_id) is not vm:
             return _not_found(vm_id, zone, "during the wipe")
         return None
+
+    async def _stop(self, vm_id: str, zone: str) -> CloudFailure | None:
+        fault = self._fault("stop", zone)
+        if fault is not None:
+            return fault
+        vm = self._find(vm_id, zone)
+        if vm is None:
+            return _not_found(vm_id, zone)
+        if vm.status == "terminated":
+            return None  # already stopped
+        vm.status = "stopping"
+        self._vms.save(vm)
+        await self.clock.sleep(self.physics.stop_s())
+        if self._vms.get(vm_id) is not vm:
+            return _not_found(vm_id, zone, "while stopping")
+        if vm.status == "stopping":  # not started again meanwhile
+            vm.status = "terminated"
+            self._vms.save(vm)
+        return None
+
+    async def _start(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        fault = self._fault("start", zone)
+        if fault is not None:
+            return fault
+        vm = self._find(vm_id, zone)
+        if vm is None:
+            return _not_found(vm_id, zone)
+        if vm.status in ("provisioning", "running"):
+            return vm.snapshot()  # started already
+        if vm.status == "stopping":
+            return CloudFailure("unavailable", f"vm {vm_id} is still stopping: start it once it is stopped", zone)
+        failure = self.physics.launch_outcome(zone)
+        op_s = self.physics.create_s()
+        if failure is not None:
+            # The start is accepted and its operation fails later; the VM stays stopped.
+            await self.clock.sleep(op_s)
+            return failure
+        start_s = self.physics.start_s(vm.labels.get(LABEL_POOL, ""))
+        # On another host: what was wrong with the old one's GPU stays behind.
+        vm.status, vm.ready_at, vm.health = "provisioning", self.clock.now() + start_s, None
+        self._vms.save(vm)
+        await self.clock.sleep(min(op_s, start_s))
+        if self._vms.get(vm_id) is not vm:
+            return _not_found(vm_id, zone, "while starting")
+        return vm.snapshot()
 
     async def _delete(self, vm_id: str, zone: str) -> CloudFailure | None:
         fault = self._fault("delete", zone)
@@ -474,6 +559,13 @@ class SimCloud:
             span.set_attribute("cloud.failure_code", result.code)
             span.set_status(StatusCode.ERROR, result.message)
         return result
+
+
+def _stopped(vm: _Vm) -> CloudFailure | None:
+    """A stopped VM runs nothing (it must be started first), as the gce backend reports it."""
+    if vm.status == "terminated":
+        return CloudFailure("unavailable", f"vm {vm.vm_id} is stopped", vm.zone)
+    return None
 
 
 def _not_found(vm_id: str, zone: str, when: str = "") -> CloudFailure:
