@@ -296,10 +296,11 @@ MINER_PROGRAMS = ("xmrig", "xmr-stak", "t-rex", "nbminer", "lolminer", "ethminer
                   "nanominer", "teamredminer", "srbminer-multi", "bzminer", "rigel", "ccminer", "cpuminer",
                   "minerd", "kawpowminer", "onezerominer", "wildrig")
 # Ports mining pools commonly serve stratum on.
-POOL_PORTS = (3333, 4444, 5555, 6666, 7777, 8888, 9999, 14433, 14444, 45560, 45700)
-# What a notebook's GPU work normally runs as (a version suffix matches: python3.11).
-KNOWN_GPU_PROGRAMS = ("python", "jupyter", "ipykernel", "torchrun", "accelerate", "deepspeed", "julia", "r",
-                      "rscript", "java", "mpirun")
+POOL_PORTS = (3333, 4444, 5555, 6666, 7777, 9999, 14433, 14444, 45560, 45700)
+# What a notebook's GPU work normally runs as (a version suffix matches: python3.11); PyTorch
+# names its launched workers' main thread pt_main_thread.
+KNOWN_GPU_PROGRAMS = ("python", "jupyter", "ipykernel", "torchrun", "pt_main_thread", "accelerate", "deepspeed",
+                      "julia", "r", "rscript")
 
 
 def _program_names(names: tuple[str, ...]) -> tuple[str, ...]:
