@@ -339,6 +339,12 @@ class AbuseConfig(_Model):
         return self
 
 
+class TracingConfig(_Model):
+    # The share of traces started in a process that are recorded (a call that arrives in a trace
+    # keeps its caller's choice). Every one by default, so `provisioner trace` finds any session.
+    sample_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+
+
 class FleetSettings(_Model):
     front: FrontConfig = FrontConfig()
     sessions: SessionsConfig = SessionsConfig()
@@ -346,6 +352,7 @@ class FleetSettings(_Model):
     regions: RegionsConfig = RegionsConfig()
     security: SecurityConfig = SecurityConfig()
     abuse: AbuseConfig = AbuseConfig()
+    tracing: TracingConfig = TracingConfig()
 
     @model_validator(mode="after")
     def _check(self) -> FleetSettings:

@@ -3,7 +3,10 @@ cluster and every cloud call.
 
 W3C trace context travels in gRPC metadata, carried by the grpc.aio interceptors from
 opentelemetry-instrumentation-grpc. The exporter is chosen per process: none, console, otlp
-(OTLP over gRPC) or file (JSON lines, readable with `provisioner.traceview`).
+(OTLP over gRPC) or file (JSON lines, readable with `provisioner.traceview`). Spans leave
+through a batch processor for every exporter, so exporting never runs on the request path; a
+trace is kept or dropped where it starts (a ratio of new traces) and every hop follows that
+choice, carried in the trace context.
 
 The local fleet runs the front and every cluster in one OS process with one provider, so
 service.name alone does not say which hop a span belongs to: span names (the gRPC method) and
@@ -30,10 +33,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
-    SimpleSpanProcessor,
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 # Span attribute keys for the domain.
 ATTR_SESSION_ID = "session.id"
@@ -54,6 +57,7 @@ DEFAULT_FILE = "provisioner-traces.jsonl"
 ENV_FILE_MAX_BYTES = "PROVISIONER_TRACES_MAX_BYTES"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # per file; with 3 rotated files at most 256 MiB of spans
 DEFAULT_BACKUPS = 3
+ENV_SAMPLE = "PROVISIONER_TRACE_SAMPLE"
 
 # Calls that are not part of any request: probes, tooling, and the OTLP exporter's own export
 # (tracing the export would feed itself).
@@ -139,18 +143,23 @@ def setup_tracing(
     exporter: str | None = None,
     endpoint: str | None = None,
     file_path: str | Path | None = None,
+    sample_ratio: float | None = None,
 ) -> TracerProvider:
     """Build a provider for this process and make it the global one if none is set yet.
 
+    `sample_ratio` (default: $PROVISIONER_TRACE_SAMPLE, else 1) is the share of traces started
+    here that are recorded; a trace that came with the call's context keeps its caller's choice.
     A later call (several services in one process, tests) gets a working provider that is not
     global; pass it explicitly to `server_interceptors` / `client_interceptors`.
     """
     kind = (exporter or os.environ.get(ENV_EXPORTER) or "none").strip().lower()
     if kind not in EXPORTERS:
         raise ValueError(f"unknown trace exporter {kind!r}; allowed: {', '.join(EXPORTERS)}")
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}))
+    ratio = sample_ratio_from(sample_ratio, os.environ.get(ENV_SAMPLE))
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}),
+                              sampler=ParentBased(TraceIdRatioBased(ratio)))
     if kind == "console":
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif kind == "file":
         path = file_path or os.environ.get(ENV_FILE) or DEFAULT_FILE
         max_bytes = int(os.environ.get(ENV_FILE_MAX_BYTES) or DEFAULT_MAX_BYTES)
@@ -166,6 +175,18 @@ def setup_tracing(
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)
     return provider
+
+
+def sample_ratio_from(given: float | str | None, env: str | None = None) -> float:
+    """The sampling ratio: `given`, else `env`, else 1 (every trace); a share from 0 to 1."""
+    value = given if given is not None else env if env not in (None, "") else 1.0
+    try:
+        ratio = float(value)
+    except ValueError:
+        raise ValueError(f"trace sample ratio {value!r} is not a number") from None
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"trace sample ratio must be between 0 and 1, got {ratio:g}")
+    return ratio
 
 
 def shutdown_tracing(provider: TracerProvider | None) -> None:

@@ -277,3 +277,56 @@ def test_setup_tracing_twice_and_file_from_env(monkeypatch, tmp_path):
     telemetry.shutdown_tracing(second)
     (span,) = load_spans(path)
     assert span["name"] == "hello" and span["service"] == "svc2" and span["parent_span_id"] is None
+
+
+def _sampled_provider(ratio: float | None) -> tuple[TracerProvider, InMemorySpanExporter]:
+    provider = setup_tracing("svc", exporter="none", sample_ratio=ratio)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+async def test_sampling_is_decided_where_a_trace_starts(memory_provider):
+    """A server recording no new traces (ratio 0) still records a call that arrives in a sampled
+    trace; one recording all (ratio 1) records a call that arrives with no trace."""
+    caller, caller_spans = memory_provider  # samples every trace it starts
+    none_provider, none_spans = _sampled_provider(0.0)
+    all_provider, all_spans = _sampled_provider(1.0)
+
+    async def echo(request: bytes, context) -> bytes:
+        return request
+
+    servers = []
+    try:
+        for provider in (none_provider, all_provider):
+            servers.append(await _serve(provider, _bytes_method(CLUSTER_METHOD, echo)))
+        (none_server, none_addr), (all_server, all_addr) = servers
+        for target in (none_addr, all_addr):
+            async with _channel(caller, target) as traced, grpc.aio.insecure_channel(target) as untraced:
+                assert await traced.unary_unary(CLUSTER_METHOD)(b"x") == b"x"
+                assert await untraced.unary_unary(CLUSTER_METHOD)(b"y") == b"y"
+    finally:
+        for server, _ in servers:
+            await server.stop(None)
+    traced_ids = {s.context.trace_id for s in caller_spans.get_finished_spans()}
+    assert len(traced_ids) == 2
+    # Ratio 0: only the call that came in a sampled trace.
+    (joined,) = none_spans.get_finished_spans()
+    assert joined.context.trace_id in traced_ids
+    # Ratio 1: both calls, the untraced one as the root of a trace of its own.
+    assert len(all_spans.get_finished_spans()) == 2
+    assert {s.parent is None for s in all_spans.get_finished_spans()} == {True, False}
+
+
+def test_sample_ratio_from_argument_env_or_default(monkeypatch):
+    assert telemetry.sample_ratio_from(None) == 1.0
+    assert telemetry.sample_ratio_from(None, "0.25") == 0.25
+    assert telemetry.sample_ratio_from(0.5, "0.25") == 0.5
+    for bad, why in (("2", "between 0 and 1"), ("lots", "not a number")):
+        with pytest.raises(ValueError, match=why):
+            telemetry.sample_ratio_from(None, bad)
+    monkeypatch.setenv(telemetry.ENV_SAMPLE, "0")
+    provider, spans = _sampled_provider(None)
+    with provider.get_tracer("t").start_as_current_span("dropped"):
+        pass
+    assert spans.get_finished_spans() == ()

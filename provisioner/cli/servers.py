@@ -105,6 +105,9 @@ def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
                         "(env PROVISIONER_METRICS_ADDRESS; default: none)")
     p.add_argument("--traces", choices=["none", "console", "otlp", "file"], default=argparse.SUPPRESS,
                    help="trace exporter (default: $PROVISIONER_TRACES, else file: <data-dir>/traces.jsonl)")
+    p.add_argument("--trace-sample", type=float, default=None, metavar="RATIO",
+                   help="share of new traces recorded, 0 to 1 (default: $PROVISIONER_TRACE_SAMPLE, else "
+                        "tracing.sample_ratio of fleet.yaml: 1)")
 
 
 def _tls_flags(p: argparse.ArgumentParser) -> None:
@@ -149,7 +152,13 @@ def _setup(args, service: str):
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     exporter = getattr(args, "traces", None) or os.environ.get("PROVISIONER_TRACES") or "file"
-    provider = telemetry.setup_tracing(service, exporter=exporter, file_path=data_dir / "traces.jsonl")
+    try:
+        ratio = telemetry.sample_ratio_from(args.trace_sample, os.environ.get(telemetry.ENV_SAMPLE)
+                                            or str(fleet.settings.tracing.sample_ratio))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    provider = telemetry.setup_tracing(service, exporter=exporter, file_path=data_dir / "traces.jsonl",
+                                       sample_ratio=ratio)
     if args.time_scale <= 0:
         raise SystemExit("error: --time-scale must be > 0")
     # A sped-up clock counts from the fleet's first start, so restarts keep one model time.
