@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
@@ -245,6 +245,14 @@ class QuotaConfig(_Model):
 
     def weight(self, accelerator: str) -> float:
         return self.accelerator_weights.get(accelerator, 1.0)
+
+    def with_override(self, override: dict[str, Any]) -> QuotaConfig:
+        """These quotas with what operators set for one user: `gpu_hours_per_week` and
+        `max_active_sessions_per_user` ({kind: cap}, each kind over this config's)."""
+        update = dict(override)
+        if caps := update.get("max_active_sessions_per_user"):
+            update["max_active_sessions_per_user"] = {k: self.max_active(k) for k in get_args(SessionKindName)} | caps
+        return self.model_copy(update=update)
 
 
 class RegionsConfig(_Model):

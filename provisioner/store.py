@@ -298,9 +298,10 @@ class Store:
             else:
                 cur.execute(self._sql("DELETE FROM quota_overrides WHERE user_id = ?"), (user_id,))
 
-    def quota_override(self, user_id: str) -> dict[str, Any]:
-        rows = self._rows("SELECT body FROM quota_overrides WHERE user_id = ?", (user_id,))
-        return json.loads(rows[0][0]) if rows else {}
+    def quota_override(self, user_id: str) -> tuple[dict[str, Any], float | None]:
+        """What operators set for the user and when ({} and None: nothing)."""
+        rows = self._rows("SELECT body, updated_at FROM quota_overrides WHERE user_id = ?", (user_id,))
+        return (json.loads(rows[0][0]), rows[0][1]) if rows else ({}, None)
 
     # ---- the audit log ----------------------------------------------------------------------
 

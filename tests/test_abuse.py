@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -161,3 +164,12 @@ def test_bad_settings_name_the_field(tmp_path, text, field, reason):
     with pytest.raises(ConfigError) as err:
         _settings(tmp_path, text + "\n")
     assert err.value.field == field and reason in err.value.reason, str(err.value)
+
+
+def test_the_detector_imports_no_grpc_asyncio_or_io_library():
+    """The cluster core calls it inside its pure state machine."""
+    code = ("import sys, provisioner.abuse; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "{'grpc', 'asyncio', 'sqlite3', 'google', 'opentelemetry', 'http', 'subprocess', 'yaml', 'pydantic'}"
+            " or m == 'urllib.request'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime, timezone
 
 import grpc
@@ -12,15 +13,23 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from hypothesis import given
 from hypothesis import strategies as st
+from opentelemetry import trace
+from opentelemetry.util._once import Once
 
+from provisioner import cli
 from provisioner import client as api
+from provisioner.clock import RealClock
 from provisioner.config import ConfigError, QuotaConfig, load_fleet
 from provisioner.quota import WEEK_S, Metered, Usage, check_create, gpu_seconds, usage, week_window
 from provisioner.client.credentials import local_ca
+from provisioner.serve import start_front
+from provisioner.v1 import admin_service_pb2 as admin_pb
+from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
+from provisioner.v1 import session_service_pb2_grpc as s_grpc
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
 
-from conftest import fleet_config, warm_fleet
+from conftest import TIME_SCALE, fleet_config, front_channel, warm_fleet
 
 
 def ts(text: str) -> float:
@@ -132,6 +141,14 @@ def test_quota_config_caps_per_kind_stay_backwards_compatible():
     assert (apart.max_active("interactive"), apart.max_active("batch")) == (4, 1)
     assert QuotaConfig(accelerator_weights={"nvidia-tesla-t4": 0.5}).weight("nvidia-tesla-t4") == 0.5
     assert QuotaConfig().weight("nvidia-tesla-p100") == 1.0
+
+
+def test_an_override_replaces_the_budget_and_merges_caps_kind_by_kind():
+    config = QuotaConfig(gpu_hours_per_week=30, max_active_sessions_per_user={"batch": 2})
+    assert config.with_override({}) == config
+    vip = config.with_override({"gpu_hours_per_week": 50, "max_active_sessions_per_user": {"interactive": 8}})
+    assert (vip.gpu_hours_per_week, vip.max_active("interactive"), vip.max_active("batch")) == (50, 8, 2)
+    assert config.with_override({"max_active_sessions_per_user": {"batch": 0}}).max_active("interactive") == 4
 
 
 def test_a_bad_quota_setting_names_its_field(tmp_path):
@@ -253,3 +270,78 @@ async def test_get_quota_agrees_with_the_sessions(tmp_path):
         # Ended sessions stop metering: asked again later, the same number.
         again = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="meter"))).quota
         assert again.gpu_hours_used == quota.gpu_hours_used
+
+
+# ---- operators' overrides ------------------------------------------------------------------
+
+async def test_operators_set_a_users_limits_and_every_front_applies_them(tmp_path, capsys, monkeypatch):
+    config = with_quotas(tmp_path, max_active_sessions_per_user=1)
+    async with warm_fleet(config, tmp_path / "data") as fleet:
+        # A second front replica on the same store.
+        second = await start_front(config, RealClock(TIME_SCALE), fleet.data_dir, address="127.0.0.1:0",
+                                   cluster_addresses={c.config.name: c.address for c in fleet.fleet.clusters})
+        channel = fleet.front_channel()
+        try:
+            await second.fleet.wait_until_ready(timeout_s=10.0)
+            monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+            monkeypatch.delenv("PROVISIONER_TRACES", raising=False)
+            monkeypatch.setenv("PROVISIONER_DATA_DIR", str(fleet.data_dir))  # its CA and token key
+
+            async def admin_quota(*argv: str) -> dict:
+                rc = await asyncio.to_thread(cli.main, ["admin", "quota", *argv, "--json",
+                                                        "--front", fleet.front_address])
+                out, err = capsys.readouterr()
+                assert rc == 0, err
+                return json.loads(out)
+
+            shown = await admin_quota("set", "vip", "--gpu-hours", "50", "--max-active", "interactive=3")
+            assert shown["override"]["gpu_hours_per_week"] == 50 and shown["override"]["max_active_sessions"] == 3
+            assert "max_active_batch_sessions" not in shown["override"]
+            assert (shown["quota"]["max_active_sessions"], shown["quota"]["max_active_batch_sessions"]) == (3, 1)
+
+            # The other replica applies it to creates and to GetQuota.
+            other = s_grpc.SessionServiceStub(channel := front_channel(fleet.data_dir, second.address))
+            for i in range(3):
+                await other.CreateSession(s_pb.CreateSessionRequest(spec=pb.SessionSpec(
+                    request_id=f"vip-{i}", user_id="vip", accelerator="gpu-p100", image="gpu:latest")), timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await other.CreateSession(s_pb.CreateSessionRequest(spec=pb.SessionSpec(
+                    request_id="vip-3", user_id="vip", accelerator="gpu-p100", image="gpu:latest")), timeout=10)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "at most 3" in e.value.details()
+            quota = (await other.GetQuota(s_pb.GetQuotaRequest(user_id="vip"))).quota
+            assert (quota.gpu_hours_limit, quota.max_active_sessions, quota.active_sessions) == (50, 3, 3)
+            assert (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="other"))).quota.max_active_sessions == 1
+
+            # Changes merge with what was set; --clear goes back to the fleet config.
+            shown = await admin_quota("set", "vip", "--max-active", "2")
+            assert (shown["override"]["gpu_hours_per_week"], shown["override"]["max_active_sessions"],
+                    shown["override"]["max_active_batch_sessions"]) == (50, 2, 2)
+            shown = await admin_quota("set", "vip", "--clear")
+            assert shown["override"] == {} and shown["quota"]["max_active_sessions"] == 1
+            assert (await admin_quota("show", "vip"))["quota"]["gpu_hours_limit"] == 30
+
+            # Admins only; each change audited, reads not.
+            async with fleet.front_channel(token=fleet.token("vip")) as as_user:
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await admin_grpc.AdminServiceStub(as_user).SetUserQuota(
+                        admin_pb.SetUserQuotaRequest(user_id="vip", max_active_sessions=100))
+                assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            records = (await fleet.admin.ListAuditRecords(admin_pb.ListAuditRecordsRequest())).records
+            quota_calls = [(r.rpc.rsplit("/", 1)[1], r.target, r.outcome, r.identity) for r in records
+                           if "UserQuota" in r.rpc]
+            # (a caller without the role is refused before its request is read: no target)
+            assert quota_calls == [("SetUserQuota", "", "denied", "vip")] + \
+                [("SetUserQuota", "user_id=vip", "ok", "local-operator")] * 3
+        finally:
+            await channel.close()
+            await second.stop(0.5)
+
+
+async def test_quota_limits_out_of_bounds_are_refused(local_fleet):
+    for request, field in ((admin_pb.SetUserQuotaRequest(user_id="u", gpu_hours_per_week=-1), "gpu_hours_per_week"),
+                           (admin_pb.SetUserQuotaRequest(user_id="u", max_active_sessions=-1), "max_active_sessions"),
+                           (admin_pb.SetUserQuotaRequest(user_id="a/b"), "user_id"),
+                           (admin_pb.SetUserQuotaRequest(), "user_id")):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await local_fleet.admin.SetUserQuota(request)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()

@@ -196,8 +196,8 @@ class Guard(grpc.aio.ServerInterceptor):
 
 def is_admin_action(method: str) -> bool:
     """AdminService calls that change something (drain, policy, prewarm, evict...): audited.
-    Its List* reads are not, or every status poll would fill the log."""
-    return method.startswith(ADMIN_SERVICE) and not method.removeprefix(ADMIN_SERVICE).startswith("List")
+    Its List* and Get* reads are not, or every status poll would fill the log."""
+    return method.startswith(ADMIN_SERVICE) and not method.removeprefix(ADMIN_SERVICE).startswith(("List", "Get"))
 
 
 def _target(request) -> str:

@@ -135,6 +135,7 @@ REASON = Text(512, "text without control characters", re.compile(r"[^\x00-\x1f\x
 AUTOSCALER = Text(16, "fixed, headroom or predictive", re.compile(r"fixed|headroom|predictive"))
 PAGE_SIZE = Int(0, 2**31 - 1)  # larger than the maximum means the maximum
 REVISION = Int(0, 2**62)
+SESSION_CAP = Int(0, 10_000)  # live sessions per user and kind
 VM_COUNT = Int(0, 100_000)  # absolute sanity; each pool's ceiling comes from its cluster's config
 
 _SPEC = "provisioner.v1.SessionSpec"
@@ -189,6 +190,11 @@ RULES: dict[tuple[str, str], Rule] = {
     ("provisioner.v1.ListAuditRecordsRequest", "page_size"): PAGE_SIZE,
     ("provisioner.v1.ListAuditRecordsRequest", "page_token"): Text(
         256, "a page token from an earlier response", re.compile(r"[A-Za-z0-9_=-]+")),
+    ("provisioner.v1.SetUserQuotaRequest", "user_id"): USER_ID,
+    ("provisioner.v1.SetUserQuotaRequest", "gpu_hours_per_week"): Real(0.0, 7 * 24 * 64),  # 64 GPUs all week
+    ("provisioner.v1.SetUserQuotaRequest", "max_active_sessions"): SESSION_CAP,
+    ("provisioner.v1.SetUserQuotaRequest", "max_active_batch_sessions"): SESSION_CAP,
+    ("provisioner.v1.GetUserQuotaRequest", "user_id"): USER_ID,
     # ClusterService
     ("provisioner.v1.AllocateRequest", "commit_by"): Instant(),
     ("provisioner.v1.GetRequest", "session_id"): SESSION_ID,

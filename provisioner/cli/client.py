@@ -31,6 +31,8 @@ DEFAULT_FRONT = _base.DEFAULT_FRONT
 DEFAULT_TIMEOUT_S = _base.DEFAULT_TIMEOUT_S
 TRACE_EXPORTERS = ("none", "console", "otlp", "file")
 MAX_AUDIT_PAGE = 500  # the most records the server sends in one page
+# SetUserQuotaRequest's cap field for each session kind.
+QUOTA_KINDS = {"interactive": "max_active_sessions", "batch": "max_active_batch_sessions"}
 
 S = types_pb2.SessionState
 _ENDED = {S.SESSION_STATE_STOPPED, S.SESSION_STATE_FAILED}
@@ -100,6 +102,24 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
     return value
+
+
+def _max_active_arg(text: str) -> dict[str, int]:
+    """`N` (each kind alike) or `interactive=N,batch=M` (either or both)."""
+    def cap(value: str) -> int:
+        if not value.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
+        return int(value)
+
+    if "=" not in text:
+        return {kind: cap(text) for kind in QUOTA_KINDS}
+    caps = {}
+    for part in text.split(","):
+        kind, _, value = part.partition("=")
+        if kind.strip() not in QUOTA_KINDS:
+            raise argparse.ArgumentTypeError(f"expected N or interactive=N,batch=M, got {text!r}")
+        caps[kind.strip()] = cap(value)
+    return caps
 
 
 def _duration_arg(text: str) -> float:
@@ -446,6 +466,27 @@ def admin_audit(c: Client, args) -> int:
     return 0
 
 
+def admin_quota_set(c: Client, args) -> int:
+    req = admin_pb.SetUserQuotaRequest(user_id=args.user, clear=args.clear)
+    if args.gpu_hours is not None:
+        req.gpu_hours_per_week = args.gpu_hours
+    for kind, cap in (args.max_active or {}).items():
+        setattr(req, QUOTA_KINDS[kind], cap)
+    if not (args.clear or args.gpu_hours is not None or args.max_active):
+        raise CliError("nothing to set: give --gpu-hours, --max-active or --clear", exit_code=2)
+    resp = c.call("SetUserQuota", req)
+    c.show(render.user_quota_to_json(resp.override, resp.quota),
+           render.user_quota_detail(resp.override, resp.quota, _now()))
+    return 0
+
+
+def admin_quota_show(c: Client, args) -> int:
+    resp = c.call("GetUserQuota", admin_pb.GetUserQuotaRequest(user_id=args.user))
+    c.show(render.user_quota_to_json(resp.override, resp.quota),
+           render.user_quota_detail(resp.override, resp.quota, _now()))
+    return 0
+
+
 def admin_evict(c: Client, args) -> int:
     req = admin_pb.EvictVmRequest(cluster=args.cluster, vm_id=args.vm_id, reason=args.reason or "")
     vm = c.call("EvictVm", req).vm
@@ -458,13 +499,20 @@ def admin_evict(c: Client, args) -> int:
 
 def _group(subparsers, group_name: str, common, help: str):
     """A command group; returns add(name, handler, help) -> the command's parser."""
-    p = subparsers.add_parser(group_name, parents=[common], help=help, description=help)
-    group = p.add_subparsers(dest=f"{group_name}_command", metavar="COMMAND", required=True)
+    return _commands(subparsers.add_parser(group_name, parents=[common], help=help, description=help),
+                     group_name, common)
+
+
+def _commands(p: argparse.ArgumentParser, group_name: str, common):
+    """The commands of group `p` (e.g. "admin", or "admin quota"): add(name, handler, help);
+    a command without a handler is a group of its own."""
+    group = p.add_subparsers(dest=f"{group_name.replace(' ', '_')}_command", metavar="COMMAND", required=True)
 
     def add(name: str, handler, help: str) -> argparse.ArgumentParser:
         cmd = group.add_parser(name, parents=[common], help=help, description=help)
         full = f"{group_name} {name}"
-        cmd.set_defaults(func=lambda args: _run(full, handler, args))
+        if handler is not None:
+            cmd.set_defaults(func=lambda args: _run(full, handler, args))
         return cmd
 
     return add
@@ -572,3 +620,15 @@ def register(subparsers) -> None:
     p.add_argument("--cluster", required=True)
     p.add_argument("vm_id", metavar="VM_ID")
     p.add_argument("--reason")
+
+    help = "a user's own quota limits, over the fleet config's (kept by the front)"
+    add = _commands(add("quota", None, help), "admin quota", common)
+    p = add("set", admin_quota_set, "set a user's budget or caps; limits not given stay as they are")
+    p.add_argument("user", metavar="USER")
+    p.add_argument("--gpu-hours", type=float, metavar="N", help="weekly GPU hours")
+    p.add_argument("--max-active", type=_max_active_arg, metavar="N|interactive=N,batch=M",
+                   help="caps on live sessions: one number for each kind alike, or per kind")
+    p.add_argument("--clear", action="store_true",
+                   help="first drop what was set for the user (back to the fleet config), then apply the rest")
+    p = add("show", admin_quota_show, "what was set for a user, and the limits and usage in force")
+    p.add_argument("user", metavar="USER")

@@ -229,6 +229,21 @@ def quota_to_json(q: types_pb2.Quota) -> dict[str, Any]:
     }
 
 
+def override_to_json(o) -> dict[str, Any]:
+    """What operators set for a user: only the limits set, and when."""
+    out: dict[str, Any] = {}
+    for field in ("gpu_hours_per_week", "max_active_sessions", "max_active_batch_sessions"):
+        if o.HasField(field):
+            out[field] = getattr(o, field)
+    if o.HasField("update_time"):
+        out["update_time"] = _ts(o, "update_time")
+    return out
+
+
+def user_quota_to_json(override, q: types_pb2.Quota) -> dict[str, Any]:
+    return {"user": q.user_id, "override": override_to_json(override), "quota": quota_to_json(q)}
+
+
 # --- text ----------------------------------------------------------------------------------
 
 
@@ -500,9 +515,13 @@ def vm_detail(v: types_pb2.Vm, wide: bool = False) -> str:
 
 
 def quota_detail(q: types_pb2.Quota, now: float) -> str:
+    return kv(_quota_pairs(q, now))
+
+
+def _quota_pairs(q: types_pb2.Quota, now: float) -> list[tuple[str, Any]]:
     pct = f" ({100 * q.gpu_hours_used / q.gpu_hours_limit:.0f}%)" if q.gpu_hours_limit else ""
     reset = _epoch(q, "reset_time")
-    return kv([
+    return [
         ("user", q.user_id),
         ("gpu hours", f"{q.gpu_hours_used:.1f} / {q.gpu_hours_limit:.1f}{pct}"),
         ("gpu hours left", f"{q.gpu_hours_left:.1f}"),
@@ -510,7 +529,17 @@ def quota_detail(q: types_pb2.Quota, now: float) -> str:
                             f"{q.active_batch_sessions} / {q.max_active_batch_sessions} batch"),
         ("resets", None if reset is None
          else f"{_ts(q, 'reset_time')} (in {format_duration(reset - now)})"),
-    ])
+    ]
+
+
+def user_quota_detail(override, q: types_pb2.Quota, now: float) -> str:
+    set_ = override_to_json(override)
+    names = {"gpu_hours_per_week": "gpu hours", "max_active_sessions": "interactive",
+             "max_active_batch_sessions": "batch"}
+    said = ", ".join(f"{names[k]} {v:g}" for k, v in set_.items() if k in names)
+    user, *rest = _quota_pairs(q, now)
+    return kv([user, ("set by operators", f"{said} (at {set_['update_time']})" if said else "nothing: the fleet config's"),
+               *rest])
 
 
 def audit_record_to_json(r) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from provisioner.api import convert, guard
 from provisioner.api.paging import audit_page, page
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
-from provisioner.config import FleetConfig
+from provisioner.config import FleetConfig, QuotaConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, Unavailable, quote
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
@@ -154,8 +154,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         return quota.Metered(gpus=self.gpus.get((s.cluster, s.pool), 1.0),
                              ready_at=ready or None, ended_at=end or None)
 
-    def _usage(self, sessions: list[pb.Session], now: float) -> quota.Usage:
-        q = self.limits.quotas
+    def quotas(self, user_id: str) -> QuotaConfig:
+        """The fleet's quotas with what operators set for this user, read from the shared store on
+        each call, so that every front replica applies a change at once."""
+        return self.limits.quotas.with_override(self.store.quota_override(user_id)[0])
+
+    def _usage(self, sessions: list[pb.Session], now: float, q: QuotaConfig) -> quota.Usage:
         window = quota.week_window(now, q.reset_weekday, q.reset_hour_utc)
         rows, live_requests = [], set()
         for s in sessions:
@@ -173,8 +177,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         # A session already made for this very request (its answer lost) is this create's own,
         # not one more: a retry must find it, never be refused for it.
         sessions = [s for s in sessions if s.spec.request_id != request_id]
-        q = self.limits.quotas
-        refusal = quota.check_create(self._usage(sessions, self.clock.now()), kind, q.max_active(kind),
+        q = self.quotas(user_id)
+        refusal = quota.check_create(self._usage(sessions, self.clock.now(), q), kind, q.max_active(kind),
                                      q.min_budget_to_start_s)
         if refusal is not None:
             trace.get_current_span().add_event("quota refused", {"quota.subject": refusal.field})
@@ -267,22 +271,27 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         user_id = request.user_id or guard.current().owner
         if not user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
+        return session_pb.GetQuotaResponse(quota=await self.quota(user_id))
+
+    async def quota(self, user_id: str) -> pb.Quota:
+        """The user's limits in force (overrides applied) and this week's usage."""
         sessions = await self._user_sessions(user_id, [])
-        u = self._usage(sessions, self.clock.now())
-        q = self.limits.quotas
-        return session_pb.GetQuotaResponse(quota=pb.Quota(
+        q = self.quotas(user_id)
+        u = self._usage(sessions, self.clock.now(), q)
+        return pb.Quota(
             user_id=user_id, gpu_hours_limit=q.gpu_hours_per_week, gpu_hours_used=u.used_s / 3600,
             gpu_hours_left=u.left_s / 3600, reset_time=convert.timestamp(u.reset_time),
             max_active_sessions=q.max_active("interactive"), active_sessions=u.active.get("interactive", 0),
-            max_active_batch_sessions=q.max_active("batch"), active_batch_sessions=u.active.get("batch", 0)))
+            max_active_batch_sessions=q.max_active("batch"), active_batch_sessions=u.active.get("batch", 0))
 
 
 class FrontAdminServicer(admin_grpc.AdminServiceServicer):
     """Fleet-wide operator view; per-cluster actions are forwarded to the cluster."""
 
-    def __init__(self, fleet: Fleet, audit: AuditLog):
+    def __init__(self, fleet: Fleet, audit: AuditLog, sessions: SessionServicer):
         self.fleet = fleet
         self.audit = audit
+        self.sessions = sessions
 
     def _targets(self, cluster: str) -> list[ClusterClient]:
         return [self.fleet.get(cluster)] if cluster else [c for c in self.fleet.clients.values() if c.healthy]
@@ -369,6 +378,48 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
             return await call(self.fleet.get(request.cluster).admin.ListAuditRecords, request, ATTEMPT_TIMEOUT_S)
         return audit_page(self.audit, request)
 
+    @unary
+    async def SetUserQuota(self, request, context):
+        if not request.user_id:
+            raise InvalidArgument("user_id must not be empty", field="user_id")
+        store = self.sessions.store
+        body = {} if request.clear else store.quota_override(request.user_id)[0]
+        if request.HasField("gpu_hours_per_week"):
+            body["gpu_hours_per_week"] = request.gpu_hours_per_week
+        caps = body.get("max_active_sessions_per_user", {})
+        for kind, name in (("interactive", "max_active_sessions"), ("batch", "max_active_batch_sessions")):
+            if request.HasField(name):
+                caps[kind] = getattr(request, name)
+        if caps:
+            body["max_active_sessions_per_user"] = caps
+        store.save_quota_override(request.user_id, body, self.sessions.clock.now())
+        return admin_pb.SetUserQuotaResponse(override=self._override(request.user_id),
+                                             quota=await self.sessions.quota(request.user_id))
+
+    @unary
+    async def GetUserQuota(self, request, context):
+        if not request.user_id:
+            raise InvalidArgument("user_id must not be empty", field="user_id")
+        return admin_pb.GetUserQuotaResponse(override=self._override(request.user_id),
+                                             quota=await self.sessions.quota(request.user_id))
+
+    def _override(self, user_id: str) -> admin_pb.QuotaOverride:
+        body, updated = self.sessions.store.quota_override(user_id)
+        out = admin_pb.QuotaOverride(user_id=user_id)
+        if "gpu_hours_per_week" in body:
+            out.gpu_hours_per_week = body["gpu_hours_per_week"]
+        caps = body.get("max_active_sessions_per_user", {})
+        if "interactive" in caps:
+            out.max_active_sessions = caps["interactive"]
+        if "batch" in caps:
+            out.max_active_batch_sessions = caps["batch"]
+        if updated is not None:
+            out.update_time.CopyFrom(convert.timestamp(updated))
+        return out
+
+
+# AdminService RPCs a cluster does not serve (UNIMPLEMENTED there): quotas are the front's.
+FRONT_ONLY_ADMIN_RPCS = ("SetUserQuota", "GetUserQuota")
 
 SERVICE_NAMES = (
     session_pb.DESCRIPTOR.services_by_name["SessionService"].full_name,
@@ -379,5 +430,5 @@ SERVICE_NAMES = (
 def register(server, servicer: SessionServicer):
     session_grpc.add_SessionServiceServicer_to_server(servicer, server)
     audit = AuditLog(servicer.store, servicer.clock)
-    admin_grpc.add_AdminServiceServicer_to_server(FrontAdminServicer(servicer.fleet, audit), server)
+    admin_grpc.add_AdminServiceServicer_to_server(FrontAdminServicer(servicer.fleet, audit, servicer), server)
     return SERVICE_NAMES

@@ -167,3 +167,53 @@ class AuditRecord(_message.Message):
     outcome: str
     detail: str
     def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., identity: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., rpc: _Optional[str] = ..., target: _Optional[str] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class SetUserQuotaRequest(_message.Message):
+    __slots__ = ("user_id", "gpu_hours_per_week", "max_active_sessions", "max_active_batch_sessions", "clear")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_PER_WEEK_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_BATCH_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    gpu_hours_per_week: float
+    max_active_sessions: int
+    max_active_batch_sessions: int
+    clear: bool
+    def __init__(self, user_id: _Optional[str] = ..., gpu_hours_per_week: _Optional[float] = ..., max_active_sessions: _Optional[int] = ..., max_active_batch_sessions: _Optional[int] = ..., clear: _Optional[bool] = ...) -> None: ...
+
+class SetUserQuotaResponse(_message.Message):
+    __slots__ = ("override", "quota")
+    OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    override: QuotaOverride
+    quota: _types_pb2.Quota
+    def __init__(self, override: _Optional[_Union[QuotaOverride, _Mapping]] = ..., quota: _Optional[_Union[_types_pb2.Quota, _Mapping]] = ...) -> None: ...
+
+class GetUserQuotaRequest(_message.Message):
+    __slots__ = ("user_id",)
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    def __init__(self, user_id: _Optional[str] = ...) -> None: ...
+
+class GetUserQuotaResponse(_message.Message):
+    __slots__ = ("override", "quota")
+    OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    override: QuotaOverride
+    quota: _types_pb2.Quota
+    def __init__(self, override: _Optional[_Union[QuotaOverride, _Mapping]] = ..., quota: _Optional[_Union[_types_pb2.Quota, _Mapping]] = ...) -> None: ...
+
+class QuotaOverride(_message.Message):
+    __slots__ = ("user_id", "gpu_hours_per_week", "max_active_sessions", "max_active_batch_sessions", "update_time")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_PER_WEEK_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_BATCH_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    gpu_hours_per_week: float
+    max_active_sessions: int
+    max_active_batch_sessions: int
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, user_id: _Optional[str] = ..., gpu_hours_per_week: _Optional[float] = ..., max_active_sessions: _Optional[int] = ..., max_active_batch_sessions: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -81,6 +81,16 @@ class AdminServiceStub:
                 request_serializer=provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsRequest.SerializeToString,
                 response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsResponse.FromString,
                 _registered_method=True)
+        self.SetUserQuota = channel.unary_unary(
+                '/provisioner.v1.AdminService/SetUserQuota',
+                request_serializer=provisioner_dot_v1_dot_admin__service__pb2.SetUserQuotaRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.SetUserQuotaResponse.FromString,
+                _registered_method=True)
+        self.GetUserQuota = channel.unary_unary(
+                '/provisioner.v1.AdminService/GetUserQuota',
+                request_serializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -146,6 +156,20 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetUserQuota(self, request, context):
+        """One user's quota limits over the fleet config's, kept in the front's store and applied by
+        every front replica. The front's only: a cluster answers UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUserQuota(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -193,6 +217,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListAuditRecords,
                     request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsRequest.FromString,
                     response_serializer=provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsResponse.SerializeToString,
+            ),
+            'SetUserQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetUserQuota,
+                    request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.SetUserQuotaRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_admin__service__pb2.SetUserQuotaResponse.SerializeToString,
+            ),
+            'GetUserQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUserQuota,
+                    request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -440,6 +474,60 @@ class AdminService:
             '/provisioner.v1.AdminService/ListAuditRecords',
             provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsRequest.SerializeToString,
             provisioner_dot_v1_dot_admin__service__pb2.ListAuditRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetUserQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.AdminService/SetUserQuota',
+            provisioner_dot_v1_dot_admin__service__pb2.SetUserQuotaRequest.SerializeToString,
+            provisioner_dot_v1_dot_admin__service__pb2.SetUserQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUserQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.AdminService/GetUserQuota',
+            provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaRequest.SerializeToString,
+            provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaResponse.FromString,
             options,
             channel_credentials,
             insecure,
