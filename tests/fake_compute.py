@@ -1,6 +1,6 @@
 """A local fake of the Compute Engine REST endpoints the gce and gke backends use, for the real
-google-cloud-compute client to talk to: instances (insert, get, delete, aggregated list,
-setMetadata, setLabels, getGuestAttributes), managed instance groups (listManagedInstances,
+google-cloud-compute client to talk to: instances (insert, get, delete, stop, start, aggregated
+list, setMetadata, setLabels, getGuestAttributes), managed instance groups (listManagedInstances,
 deleteInstances: a GKE node pool's nodes) and zone operations (get).
 
 It plays the VM's agent too: a booted instance reports `provisioner/ready`, and a command set in
@@ -11,7 +11,9 @@ operation fails, as on GCE, or with `sync_zone_errors` the insert itself answers
 next N calls of a method answering an HTTP error (429, 503, 403 with a reason), slow
 operations, a slow API (every answer delayed), failed operations, and an insert that commits and
 then answers 503 or answers nothing until the client has timed out (the client retries it with
-the same request id). Every request is logged, and the most requests ever in flight at once kept.
+the same request id), and a stop or start carried out and then answered 503. A stop takes
+`stop_s` (STOPPING, then TERMINATED: the instance and its disks stay, its agent's guest attributes
+go); a start boots it again, and meets a stocked-out or over-quota zone as an insert does. Every request is logged, and the most requests ever in flight at once kept.
 """
 
 from __future__ import annotations
@@ -50,11 +52,13 @@ class Instance:
     created: float
     status: str = "PROVISIONING"
     guest: dict[str, str] = field(default_factory=dict)  # key under provisioner/ -> value
+    stopping_since: float = 0.0
 
 
 class FakeCompute:
-    def __init__(self, boot_s: float = 0.2, op_s: float = 0.05, command_s: float = 0.1, agents: str = "emulated"):
-        self.boot_s, self.op_s, self.command_s = boot_s, op_s, command_s
+    def __init__(self, boot_s: float = 0.2, op_s: float = 0.05, command_s: float = 0.1, agents: str = "emulated",
+                 stop_s: float = 0.1):
+        self.boot_s, self.op_s, self.command_s, self.stop_s = boot_s, op_s, command_s, stop_s
         self.agents = agents  # "emulated" here, or "external": real agents through metadata servers
         self.instances: dict[tuple[str, str], Instance] = {}  # (project, name)
         self.operations: dict[str, dict] = {}
@@ -68,6 +72,7 @@ class FakeCompute:
         self.fail_operations = 0  # the next N operations end with an error
         self.commit_then_fail = 0  # the next N inserts are made, then answered 503
         self.commit_then_stall = 0  # the next N inserts are made, then answered after stall_s
+        self.answers_lost: dict[str, int] = {}  # "stop"/"start" -> the next N are carried out, then answered 503
         self.stall_s = 1.0
         self.latency_s = 0.0  # every answer waits this long
         self.in_flight = self.max_in_flight = 0
@@ -112,6 +117,13 @@ class FakeCompute:
                 self._tick(inst)
             return {name: inst for (p, name), inst in self.instances.items() if p == project and inst.status == "RUNNING"}
 
+    def status(self, project: str, name: str) -> str:
+        """An instance's status now (instances advance by wall time as they are looked at)."""
+        with self._lock:
+            inst = self.instances[(project, name)]
+            self._tick(inst)
+            return inst.status
+
     def names(self, project: str) -> set[str]:
         with self._lock:
             return {name for (p, name) in self.instances if p == project}
@@ -121,6 +133,9 @@ class FakeCompute:
     def _tick(self, inst: Instance) -> None:
         """Advances an instance by wall time: boot, then the agent's commands."""
         now = time.time()
+        if inst.status == "STOPPING" and now - inst.stopping_since >= self.stop_s:
+            inst.status = "TERMINATED"
+            inst.guest.clear()  # the agent stopped with the VM; it reports afresh on the next boot
         if inst.status == "PROVISIONING" and now - inst.created >= self.boot_s:
             inst.status = "RUNNING"
             if self.agents == "external":
@@ -140,14 +155,15 @@ class FakeCompute:
                 share = max(0.0, (now - cmd["_at"]) / self.command_s)
                 inst.guest[f"progress-{cmd['id']}"] = str(int(cmd.get("bytes", 0) * share))
 
-    def _operation(self, project: str, zone: str, kind: str, target: str, error: dict | None = None) -> dict:
+    def _operation(self, project: str, zone: str, kind: str, target: str, error: dict | None = None,
+                   takes_s: float = 0.0) -> dict:
         name = f"operation-{next(self._ids)}"
         if error is None and self.fail_operations:
             self.fail_operations -= 1
             error = {"code": "INTERNAL_ERROR", "message": "injected operation failure"}
         op = {"kind": "compute#operation", "id": str(next(self._ids)), "name": name, "zone": zone,
               "operationType": kind, "targetLink": f"projects/{project}/zones/{zone}/instances/{target}",
-              "status": "RUNNING", "_done_at": time.time() + self.op_s, "_error": error}
+              "status": "RUNNING", "_done_at": time.time() + max(self.op_s, takes_s), "_error": error}
         self.operations[name] = op
         return op
 
@@ -196,7 +212,8 @@ class FakeCompute:
                 status, reason = self.failing[call.op].pop(0)
                 return self._logged(call, (status, _error(status, f"injected {status} {reason}", reason)))
             handler = {"insert": self._insert, "get": self._get, "delete": self._delete, "setLabels": self._set_labels,
-                       "setMetadata": self._set_metadata, "getGuestAttributes": self._guest}.get(call.op)
+                       "setMetadata": self._set_metadata, "getGuestAttributes": self._guest,
+                       "stop": self._stop, "start": self._start}.get(call.op)
             if handler is None:
                 return self._logged(call, (404, _error(404, f"no route {method} {path}")))
             return self._logged(call, handler(project, zone, instance, query, body))
@@ -214,13 +231,9 @@ class FakeCompute:
             return 409, _error(409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
                                "alreadyExists")
         if zone in self.stocked_out or zone in self.over_quota:
-            code = "ZONE_RESOURCE_POOL_EXHAUSTED" if zone in self.stocked_out else "QUOTA_EXCEEDED"
-            if self.sync_zone_errors:  # as GCE words them: the code is only in the reason
-                if zone in self.stocked_out:
-                    return 503, _error(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough "
-                                            "resources available to fulfill the request.", code)
-                return 403, _error(403, "Quota 'NVIDIA_P100_GPUS' exceeded. Limit: 0.0 in region.", "quotaExceeded")
-            op = self._operation(project, zone, "insert", name, {"code": code, "message": f"injected {code} in {zone}"})
+            if self.sync_zone_errors:
+                return self._zone_error(project, zone)
+            op = self._zone_failed_operation(project, zone, "insert", name)
         else:
             body = {**body, "metadata": {**body.get("metadata", {}), "fingerprint": f"fp-{next(self._ids)}"},
                     "networkInterfaces": self._nics(body)}
@@ -234,6 +247,60 @@ class FakeCompute:
         if self.commit_then_stall and (project, name) in self.instances:
             self.commit_then_stall -= 1
             return 200, self._op_view(op), self.stall_s
+        return 200, self._op_view(op)
+
+    def _zone_error(self, project: str, zone: str) -> tuple[int, dict]:
+        """A stocked-out or over-quota zone as the call's own answer, as GCE words it: the code is
+        only in the reason."""
+        if zone in self.stocked_out:
+            return 503, _error(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough "
+                                    "resources available to fulfill the request.", "ZONE_RESOURCE_POOL_EXHAUSTED")
+        return 403, _error(403, "Quota 'NVIDIA_P100_GPUS' exceeded. Limit: 0.0 in region.", "quotaExceeded")
+
+    def _zone_failed_operation(self, project: str, zone: str, kind: str, name: str) -> dict:
+        code = "ZONE_RESOURCE_POOL_EXHAUSTED" if zone in self.stocked_out else "QUOTA_EXCEEDED"
+        return self._operation(project, zone, kind, name, {"code": code, "message": f"injected {code} in {zone}"})
+
+    def _stop(self, project, zone, name, query, body):
+        inst = self.instances.get((project, name))
+        if inst is None or inst.zone != zone:
+            return 404, _error(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        if (rid := query.get("requestId")) in self.by_request_id:
+            return 200, self._op_view(self.operations[self.by_request_id[rid]])
+        self._tick(inst)
+        takes_s = 0.0
+        if inst.status != "TERMINATED":  # stopping a stopped instance is done at once
+            if inst.status != "STOPPING":
+                inst.status, inst.stopping_since = "STOPPING", time.time()
+            takes_s = inst.stopping_since + self.stop_s - time.time()
+        return self._answered(query, "stop", self._operation(project, zone, "stop", name, takes_s=takes_s))
+
+    def _start(self, project, zone, name, query, body):
+        inst = self.instances.get((project, name))
+        if inst is None or inst.zone != zone:
+            return 404, _error(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        if (rid := query.get("requestId")) in self.by_request_id:
+            return 200, self._op_view(self.operations[self.by_request_id[rid]])
+        self._tick(inst)
+        if inst.status == "STOPPING":
+            return 400, _error(400, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready",
+                               "resourceNotReady")
+        if inst.status != "TERMINATED":  # running or booting already: nothing to do
+            return self._answered(query, "start", self._operation(project, zone, "start", name))
+        if zone in self.stocked_out or zone in self.over_quota:  # a stopped instance holds no GPU
+            if self.sync_zone_errors:
+                return self._zone_error(project, zone)
+            return self._answered(query, "start", self._zone_failed_operation(project, zone, "start", name))
+        inst.status, inst.created = "PROVISIONING", time.time()  # boots again from now
+        return self._answered(query, "start", self._operation(project, zone, "start", name))
+
+    def _answered(self, query: dict, kind: str, op: dict) -> tuple[int, dict]:
+        """A stop's or start's answer, or its loss: the operation runs either way."""
+        if rid := query.get("requestId"):
+            self.by_request_id[rid] = op["name"]
+        if self.answers_lost.get(kind):
+            self.answers_lost[kind] -= 1
+            return 503, _error(503, f"injected: the {kind} was carried out but the answer was lost")
         return 200, self._op_view(op)
 
     def _nics(self, body: dict) -> list[dict]:

@@ -437,3 +437,81 @@ async def test_a_burst_of_429s_fails_no_session_and_deletes_no_vm(tmp_path, fake
         assert live <= fake.names(PROJECT)
     finally:
         await runtime.close()
+
+
+# ---- stop and start: the standby tier ---------------------------------------------------------
+
+async def test_a_stopped_vm_keeps_its_instance_and_disk_and_starts_again(tmp_path, fake, loopback_only):
+    b = backend(tmp_path, fake)
+    vm = await ready_vm(b, "vm-s")
+    disks = fake.instances[(PROJECT, "vm-s")].body["disks"]
+    fake.stop_s = 0.1  # 30 model seconds: the stop operation is waited for
+    assert await b.stop("vm-s", "us-central1-f") is None
+    assert fake.status(PROJECT, "vm-s") == "TERMINATED"
+    assert fake.instances[(PROJECT, "vm-s")].body["disks"] == disks  # the boot disk (the image cache) stays
+    assert [v.status for v in await b.list_vms(CLUSTER)] == ["terminated"]
+    assert (await b.health("vm-s", "us-central1-f")).detail == "the VM is terminated"
+    assert await b.stop("vm-s", "us-central1-f") is None  # stopped already
+
+    started = await b.start("vm-s", "us-central1-f")
+    assert isinstance(started, CloudVm) and started.vm_id == "vm-s"
+    again = await b.wait_ready("vm-s", "us-central1-f")  # the agent reports ready after this boot
+    assert isinstance(again, CloudVm) and again.status == "running" and again.endpoint == vm.endpoint
+    assert isinstance(await b.start("vm-s", "us-central1-f"), CloudVm)  # running already
+    for c in fake.calls("stop") + fake.calls("start"):
+        assert c.method == "POST" and c.project == PROJECT and c.query["requestId"]
+    assert (await b.stop("nope", "us-central1-f")).code == "not_found"
+    assert (await b.start("nope", "us-central1-f")).code == "not_found"
+    await b.close()
+
+
+async def test_a_start_in_a_stocked_out_or_over_quota_zone_fails_as_a_create_does(tmp_path, fake, loopback_only):
+    b = backend(tmp_path, fake)
+    await ready_vm(b, "vm-z")
+    assert await b.stop("vm-z", "us-central1-f") is None
+    fake.stocked_out.add("us-central1-f")
+    out = await b.start("vm-z", "us-central1-f")  # the operation fails, as on GCE
+    assert isinstance(out, CloudFailure) and out.code == "stockout" and out.zone_exhausted and out.zone == "us-central1-f"
+    fake.sync_zone_errors = True  # or the call itself answers 503 ZONE_RESOURCE_POOL_EXHAUSTED: not retried
+    starts = len(fake.calls("start"))
+    out = await b.start("vm-z", "us-central1-f")
+    assert isinstance(out, CloudFailure) and out.code == "stockout" and len(fake.calls("start")) == starts + 1
+    fake.stocked_out.clear()
+    fake.over_quota.add("us-central1-f")
+    out = await b.start("vm-z", "us-central1-f")
+    assert isinstance(out, CloudFailure) and out.code == "quota"
+    assert fake.status(PROJECT, "vm-z") == "TERMINATED"
+    fake.over_quota.clear()
+    assert isinstance(await b.start("vm-z", "us-central1-f"), CloudVm)
+    await b.close()
+
+
+async def test_stop_and_start_through_429s_503s_lost_answers_and_slow_operations(tmp_path, fake, loopback_only):
+    b = backend(tmp_path, fake, retry_attempts=3)
+    await ready_vm(b, "vm-r")
+    fake.fail_next("stop", 429, 2)
+    assert await b.stop("vm-r", "us-central1-f") is None
+    stops = fake.calls("stop")
+    assert [c.status for c in stops] == [429, 429, 200] and len({c.query["requestId"] for c in stops}) == 1
+
+    fake.fail_next("start", 503, 3)
+    out = await b.start("vm-r", "us-central1-f")
+    assert isinstance(out, CloudFailure) and out.code == "unavailable" and out.retryable
+    assert fake.status(PROJECT, "vm-r") == "TERMINATED"
+
+    fake.answers_lost["start"] = 1  # carried out, answered 503: the retry with its request id finds its operation
+    fake.op_s = 0.3  # and that operation is slow: followed until done
+    polls = len(fake.calls("operations.get"))
+    assert isinstance(await b.start("vm-r", "us-central1-f"), CloudVm)
+    assert len(fake.calls("operations.get")) > polls + 1
+    last = fake.calls("start")[-2:]
+    assert [c.status for c in last] == [503, 200] and last[0].query["requestId"] == last[1].query["requestId"]
+    assert isinstance(await b.wait_ready("vm-r", "us-central1-f"), CloudVm)
+
+    fake.op_s, fake.stop_s = 0.02, 5.0  # a start while the stop is still under way: unavailable, retried
+    stopping = asyncio.create_task(b.stop("vm-r", "us-central1-f"))
+    await until(lambda: fake.status(PROJECT, "vm-r") == "STOPPING", what="stopping")
+    out = await b.start("vm-r", "us-central1-f")
+    assert isinstance(out, CloudFailure) and out.code == "unavailable" and "not ready" in out.message
+    stopping.cancel()
+    await b.close()

@@ -25,6 +25,11 @@
   its retries says nothing about the VM. Health stays as it was, a boot or an agent command keeps
   waiting within its own deadline, and a VM whose insert was accepted is never taken for gone.
 - delete: instances.delete; 404 counts as done. list: aggregatedList filtered by our labels.
+- stop and start (the standby tier): instances.stop (the instance is TERMINATED, its boot disk
+  and so its image cache kept, billed for the disk alone) and instances.start, each operation
+  followed as an insert's. A stopped VM holds no GPU: a start's ZONE_RESOURCE_POOL_EXHAUSTED or
+  QUOTA_EXCEEDED is a stockout or quota failure, as a create's. A start returns once the instance
+  runs again; wait_ready then waits for its agent.
 - every call: at most `max_concurrent_calls` at once; 429 (or 403 rateLimitExceeded), 5xx, timeouts
   and broken connections retried with exponential backoff and jitter, bounded by `retry_attempts`
   and `retry_total_s`. A stockout or quota error is never retried in the same zone, whether it
@@ -113,7 +118,8 @@ def failure_of(err: gexc.GoogleAPICallError, zone: str) -> CloudFailure:
         return CloudFailure("rate_limited", text, zone)
     if "QUOTA_EXCEEDED" in signals or "quotaExceeded" in signals:
         return CloudFailure("quota", text, zone)
-    if isinstance(err, gexc.ServerError):
+    # resourceNotReady: the instance is between states (e.g. still stopping); it will not stay so.
+    if isinstance(err, gexc.ServerError) or "resourceNotReady" in signals:
         return CloudFailure("unavailable", text, zone)
     if isinstance(err, gexc.NotFound):
         return CloudFailure("not_found", text, zone)
@@ -397,6 +403,29 @@ class GceBackend:
         if (failure := await self._wait(op, zone)) is None:
             self._gates.pop(vm_id, None)
         return failure
+
+    async def stop(self, vm_id: str, zone: str) -> CloudFailure | None:
+        # One request id per stop, kept by its retries, as for a delete.
+        try:
+            name, zone = await self.where(vm_id, zone)
+            op = await self._call(self.instances.stop_unary, request=compute_v1.StopInstanceRequest(
+                project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4())))
+        except gexc.GoogleAPICallError as err:
+            return failure_of(err, zone)
+        if (failure := await self._wait(op, zone)) is None:
+            self._gates.pop(vm_id, None)  # what its agent reported belongs to the boot that ended
+        return failure
+
+    async def start(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        try:
+            name, zone = await self.where(vm_id, zone)
+            op = await self._call(self.instances.start_unary, request=compute_v1.StartInstanceRequest(
+                project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4())))
+        except gexc.GoogleAPICallError as err:
+            return failure_of(err, zone)
+        if (failure := await self._wait(op, zone)) is not None:
+            return failure
+        return await self._look(CloudVm(vm_id, zone, "provisioning"), exists=True)
 
     async def list_vms(self, cluster: str) -> list[CloudVm]:
         return [vm_of(inst, zone) for inst, zone in await self._labelled(cluster)]
