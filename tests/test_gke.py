@@ -173,3 +173,14 @@ async def test_a_multi_zone_node_pool_is_refused(tmp_path, fakes, loopback_only)
     assert isinstance(out, CloudFailure) and out.code == "invalid" and "zonal" in out.message
     assert not [c for c in gke.log if c.method == "SetNodePoolSize"]
     await b.close()
+
+
+async def test_the_standby_tier_is_refused_with_a_reason_and_no_call(tmp_path, fakes, loopback_only):
+    compute, gke = fakes
+    b = GkeBackend(gke_fleet(tmp_path, compute, gke).cluster(CLUSTER), RealClock(TIME_SCALE))
+    calls = len(compute.log), len(gke.log)
+    for out in (await b.stop("vm-1", "us-central1-f"), await b.start("vm-1", "us-central1-f")):
+        assert isinstance(out, CloudFailure) and out.code == "invalid" and not out.retryable
+        assert "node pool" in out.message and "use backend gce" in out.message
+    assert (len(compute.log), len(gke.log)) == calls  # nothing was stopped under GKE
+    await b.close()

@@ -10,6 +10,9 @@
   what is left, so the pool's declared size stays the truth;
 - everything a node does as a VM (boot, the agent's pulls and wipes, health, listing by label)
   goes through Compute Engine as in the gce backend: a GKE node is a Compute Engine instance.
+- stop and start: refused (an `invalid` failure, never retried). A node pool has no stopped
+  nodes: GKE's auto-repair would recreate a node stopped under it, and its autoscaler and
+  upgrades count on every node running. The standby tier (stopped VMs) needs backend gce.
 - reconciliation sees our labelled nodes and every unlabelled node of our node pools (left by
   a create that died before labelling it), which no record claims and so is deleted.
 
@@ -37,6 +40,9 @@ from provisioner.cloud.gce import GceBackend, failure_of, gce_labels, vm_of
 from provisioner.config import ClusterConfig, PoolConfig
 
 log = logging.getLogger(__name__)
+
+NO_STANDBY = ("backend gke cannot stop or start a VM: a GKE node pool keeps every node running (auto-repair "
+              "would recreate a stopped node), so a pool on gke has no standby tier; use backend gce for it")
 
 
 class NodePool:
@@ -203,6 +209,12 @@ class GkeBackend(GceBackend):
             return err.failure
         except gexc.GoogleAPICallError as err:
             return failure_of(err, zone)
+
+    async def stop(self, vm_id: str, zone: str) -> CloudFailure | None:
+        return CloudFailure("invalid", NO_STANDBY, zone)
+
+    async def start(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
+        return CloudFailure("invalid", NO_STANDBY, zone)
 
     async def list_vms(self, cluster: str) -> list[CloudVm]:
         """Our labelled nodes, plus every unlabelled node of our node pools: a create that died
