@@ -16,11 +16,10 @@ from typing import Sequence
 from provisioner.api.guard import Guard, bearer_identity, certificate_identity, stream_caps
 from provisioner.api.server import HealthPort, Server
 from provisioner.audit import AuditLog
-from provisioner.clock import Clock, RealClock
+from provisioner.clock import Clock
 from provisioner.cloud.base import CloudBackend
 from provisioner.cluster import service as cluster_service
-from provisioner.decide.core import ClusterCore
-from provisioner.decide.ids import IdSource
+from provisioner.cluster.core import ClusterCore, IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import ClusterConfig, FleetConfig
 from provisioner.front import service as front_service
@@ -206,10 +205,8 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     ca, chain, key = files.read()
     link = tls.channel_credentials(ca, chain, key)
     security = fleet_cfg.settings.security
-    # Network time (commit_by, call deadlines, the breaker) runs at wall speed, whatever `clock` does.
-    wall = RealClock()
     clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
-                             credentials=link, server_name=security.cluster_name(c.name), clock=wall)
+                             credentials=link, server_name=security.cluster_name(c.name))
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
     for c in clients:
@@ -218,7 +215,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     if metrics is not None:
         metrics.time_store(store, "front")
     address = address or fleet_cfg.settings.front.address
-    sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock, wall)
+    sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock)
     if metrics is not None:
         metrics.watch_front(fleet, sessions.placement)
     guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -17,13 +16,13 @@ from typing import AsyncIterator
 import grpc
 from opentelemetry import trace
 
-from provisioner import quota, ratelimit, telemetry
+from provisioner import quota, telemetry
 from provisioner.api import convert, guard
 from provisioner.api.paging import audit_page, page
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig, QuotaConfig
-from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
+from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, Unavailable, quote
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
@@ -79,13 +78,12 @@ def _remaining(context) -> float:
 
 
 class SessionServicer(session_grpc.SessionServiceServicer):
-    def __init__(self, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock, wall):
-        """`clock` is the fleet's (model) time; `wall` runs at wall speed, for network time."""
+    def __init__(self, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock):
         self.config = config
         self.fleet = fleet
         self.store = store
         self.clock = clock
-        self.placement = Placement(fleet.clients, store, wall)
+        self.placement = Placement(fleet.clients, store, clock)
         self.pools = {p.name for c in config.clusters for p in c.pools}
         self.regions = {c.region for c in config.clusters}
         self.limits = config.settings
@@ -94,11 +92,6 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.gpus = {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
                      for c in config.clusters for p in c.pools}
         self.leases = UserLeases(store)
-        r = self.limits.rate_limits
-        self.user_rates = ratelimit.TokenBuckets(r.creates_per_user_per_s, r.create_burst_per_user)
-        self.caller_rates = ratelimit.TokenBuckets(r.creates_per_caller_per_s, r.create_burst_per_caller)
-        # Wall time, like a deadline: the retry delay a refusal gives is for clients to wait out.
-        self.rate_clock = time.monotonic
         self._user_locks: dict[str, asyncio.Lock] = {}
         self._user_waiters: dict[str, int] = {}
         self._streams: set = set()
@@ -111,7 +104,6 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             request.spec.request_id = str(uuid.uuid4())
         if owner := guard.current().owner:  # a user creates sessions for itself only
             request.spec.user_id = owner
-        self._check_rate(request.spec.user_id, guard.current().caller.identity)
         spec = convert.spec_from_pb(request.spec)
         image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
         if spec.region_hint and spec.region_hint not in self.regions:
@@ -119,7 +111,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                                   f"{', '.join(sorted(self.regions))}", field="spec.region_hint")
         span.set_attributes({telemetry.ATTR_REQUEST_ID: spec.request_id, telemetry.ATTR_USER: spec.user_id,
                              telemetry.ATTR_IMAGE: image, telemetry.ATTR_POOL: spec.accelerator})
-        deadline = self.placement.clock.now() + _remaining(context)
+        deadline = asyncio.get_running_loop().time() + _remaining(context)
         # A user's creates are checked and placed one at a time, so two of them cannot both pass
         # the check for the last slot: in this front by a lock, across replicas by the user's
         # lease in the shared store (taken once this front's turn has come).
@@ -142,18 +134,6 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                 raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
             session = await self.placement.place(request.spec, candidates, deadline)
             return session_pb.CreateSessionResponse(session=session)
-
-    def _check_rate(self, user_id: str, caller: str) -> None:
-        """Refuses a create over the user's or the caller's rate, before it waits for anything."""
-        limits = [(self.user_rates, user_id), (self.caller_rates, caller)]
-        wait, which = ratelimit.take_all(limits, self.rate_clock())
-        if wait:
-            r = self.limits.rate_limits
-            who, rate, burst = ((f"user {quote(user_id)}", r.creates_per_user_per_s, r.create_burst_per_user),
-                                (f"caller {quote(caller)}", r.creates_per_caller_per_s, r.create_burst_per_caller))[which]
-            trace.get_current_span().add_event("rate limited", {"rate.limit": ("user", "caller")[which]})
-            raise RateLimited(f"too many creates: {who} may make {rate:g} a second after a burst of {burst}; "
-                              f"retry in {wait:.2f} s", retry_after_s=wait)
 
     @asynccontextmanager
     async def _one_user(self, user_id: str) -> AsyncIterator[None]:
