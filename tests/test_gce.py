@@ -515,3 +515,21 @@ async def test_stop_and_start_through_429s_503s_lost_answers_and_slow_operations
     assert isinstance(out, CloudFailure) and out.code == "unavailable" and "not ready" in out.message
     stopping.cancel()
     await b.close()
+
+
+async def test_health_carries_the_agents_usage_report(tmp_path, fake, loopback_only):
+    from provisioner.agent.fakes import miner
+
+    b = backend(tmp_path, fake)
+    await ready_vm(b, "vm-u")
+    assert (await b.health("vm-u", "us-central1-f")).usage is None  # no report yet
+    usage = miner(5).usage()
+    fake.instances[(PROJECT, "vm-u")].guest.update({"usage": usage.to_json(), "healthy": "0", "health-detail": "hot"})
+    await asyncio.sleep(31 / TIME_SCALE)  # past the reuse of the last read
+    report = await b.health("vm-u", "us-central1-f")
+    assert not report.healthy and report.usage == usage
+    fake.instances[(PROJECT, "vm-u")].guest.update({"usage": "{not json", "healthy": "1"})
+    await asyncio.sleep(31 / TIME_SCALE)
+    report = await b.health("vm-u", "us-central1-f")
+    assert report.healthy and report.usage is None  # a malformed report is no report
+    await b.close()

@@ -15,6 +15,7 @@ import asyncio
 import errno
 import json
 import os
+import random
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Iterable
 
 from provisioner.agent.containers import ByteCallback, ContainerError
 from provisioner.agent.host import Disk, Process
-from provisioner.agent.usage import Connection
+from provisioner.agent.usage import Connection, Usage
 from provisioner.clock import Clock
 
 
@@ -292,6 +293,42 @@ class FakeNvml:
                 self.state.save()
                 return _Event(handle, 0x8, xid)
         raise NVMLError_Timeout()
+
+
+# ---- an abusive session -----------------------------------------------------------------------
+
+MINERS = ("xmrig", "t-rex", "nbminer", "lolminer", "phoenixminer", "nanominer")
+MINING_POOL_PORTS = (3333, 4444, 5555, 7777, 14444, 45700)
+
+
+@dataclass(frozen=True)
+class Miner:
+    """A session that mines: a miner's process, using every GPU fully, connected to a pool."""
+
+    name: str
+    pool: Connection
+
+    def usage(self, gpus: int = 1) -> Usage:
+        """What the agent reports of it (the simulated cloud reports this without an agent)."""
+        return Usage((100,) * gpus, (self.name,), ("bash", self.name), (self.pool,))
+
+
+def miner(seed: int) -> Miner:
+    """A miner picked by seed: its program and its pool (a public address, a pool port)."""
+    rng = random.Random(seed)
+    name = rng.choice(MINERS)
+    address = f"45.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}"
+    return Miner(name, Connection(address, rng.choice(MINING_POOL_PORTS)))
+
+
+def mine(host: FakeHost, nvml: FakeNvml, seed: int, pid: int = 31337, uid: int = 1001) -> Miner:
+    """Starts a seeded miner in the fakes' session: its process and connection, every GPU busy."""
+    m = miner(seed)
+    host.start_process(pid, uid, m.name, gpu=True, connections=(m.pool,))
+    for gpu in nvml.state.data["gpus"]:
+        gpu["utilization"] = 100
+    nvml.state.save()
+    return m
 
 
 # ---- metadata server --------------------------------------------------------------------------

@@ -81,6 +81,16 @@ class Usage:
             raise ValueError(f"malformed usage report: {err}") from err
 
 
+def parse(raw: str | None) -> Usage | None:
+    """A report as read from the VM; None when there is none or it is malformed."""
+    if raw is None:
+        return None
+    try:
+        return Usage.from_json(raw)
+    except ValueError:
+        return None
+
+
 def name(raw: str) -> str:
     """A process name as reported: its base name (NVML may give a path), cut to MAX_NAME."""
     return raw.strip().rsplit("/", 1)[-1][:MAX_NAME]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
+from provisioner.agent.usage import Usage
 from provisioner.decide.images import Layer
 
 # Labels every VM carries, so a restarted cluster can match VMs to its records and find leaks.
@@ -78,6 +79,7 @@ class HealthReport:
     gpu_temperature_c: float = 0.0
     hardware_errors: int = 0
     detail: str = ""
+    usage: Usage | None = None  # what the session runs, as the VM's agent last reported it
 
 
 ProgressCallback = Callable[[int], None]

@@ -56,6 +56,7 @@ from google.auth import exceptions as auth_exceptions
 from google.cloud import compute_v1
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
+from provisioner.agent.usage import parse as parse_usage
 from provisioner.clock import Clock
 from provisioner.cloud.base import (LABEL_CLUSTER, LABEL_REQUEST, CloudFailure, CloudVm, HealthReport, LaunchSpec,
                                      ProgressCallback)
@@ -447,9 +448,10 @@ class GceBackend:
         # A read made for a command under way is recent enough: the health pass never queues
         # behind the VM's read interval.
         guest = await self._guest(vm_id, zone, max_age_s=GUEST_IDLE_MAX_S)
+        usage = parse_usage(guest.get("usage")) if isinstance(guest, dict) else None
         if isinstance(guest, dict) and guest.get("healthy") == "0":
-            return HealthReport(False, detail=guest.get("health-detail", "the agent reports a fault"))
-        return HealthReport(True)
+            return HealthReport(False, detail=guest.get("health-detail", "the agent reports a fault"), usage=usage)
+        return HealthReport(True, usage=usage)
 
     async def close(self) -> None:
         for client in (self.instances, self.operations):

@@ -24,6 +24,8 @@ from typing import Any, NamedTuple, Protocol, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
+from provisioner.agent.fakes import miner
+from provisioner.agent.usage import Usage
 from provisioner.clock import Clock
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
@@ -141,6 +143,7 @@ class _Vm:
     ready_at: float  # boot runs whether or not anyone waits for it
     status: str = "provisioning"
     health: HealthReport | None = None  # set by mark_unhealthy
+    usage: str | None = None  # what its session runs, as JSON (set_usage, mark_miner); a wipe clears it
     layers: list[str] = dataclasses.field(default_factory=list)  # image layers on its disk, by id
 
     def snapshot(self) -> CloudVm:
@@ -283,6 +286,18 @@ class SimCloud:
         vm.health = HealthReport(False, temperature_c, hardware_errors, detail)
         self._vms.save(vm)
 
+    def set_usage(self, vm_id: str, usage: Usage | None) -> None:
+        """What the VM's agent reports its session runs, from now until the VM is wiped."""
+        vm = self._vms[vm_id]
+        vm.usage = usage.to_json() if usage is not None else None
+        self._vms.save(vm)
+
+    def mark_miner(self, vm_id: str, seed: int = 0) -> Usage:
+        """The VM's session mines (its program and pool picked by seed) until the VM is wiped."""
+        usage = miner(seed).usage()
+        self.set_usage(vm_id, usage)
+        return usage
+
     def kill(self, vm_id: str) -> bool:
         """The VM vanishes as if preempted or deleted outside us; False if there was none."""
         return self._vms.pop(vm_id, None) is not None
@@ -344,6 +359,8 @@ class SimCloud:
             report = HealthReport(False, detail=f"vm {vm_id} not found in {zone}")
         else:
             report = vm.health or HealthReport(True, self.physics.gpu_temperature_c(vm_id))
+            if vm.usage is not None:
+                report = dataclasses.replace(report, usage=Usage.from_json(vm.usage))
         # A span only for a failed check: every VM is checked every minute, and a span per
         # healthy answer would be most of the trace file.
         if not report.healthy and self._tracer is not None:
@@ -454,6 +471,9 @@ class SimCloud:
         await self.clock.sleep(self.physics.wipe_s())
         if self._vms.get(vm_id) is not vm:
             return _not_found(vm_id, zone, "during the wipe")
+        if vm.usage is not None:  # the session's processes ended
+            vm.usage = None
+            self._vms.save(vm)
         return None
 
     async def _stop(self, vm_id: str, zone: str) -> CloudFailure | None:

@@ -1,0 +1,32 @@
+"""The serving benchmark in its quickest form: it starts its processes, drives every workload and
+prints a well-formed table. What the numbers are is its output, not a test's business."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from provisioner.perf.load import WORKLOADS
+from provisioner.perf.serving import LABELS, table
+
+
+def test_quick_benchmark_reports_every_workload():
+    out = subprocess.run([sys.executable, "-m", "provisioner.perf.serving", "--quick", "--vms", "60", "--seconds", "0.5",
+                          "--in-flight", "2", "--json"], capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout)
+    assert [(r["workload"], r["in_flight"]) for r in results["rows"]] == [(w, 2) for w in WORKLOADS]
+    for row in results["rows"]:
+        for side, processes in (("echo", {"echo-forward", "echo-backend", "load"}),
+                                ("provisioner", {"front", "cluster", "load"})):
+            measured = row[side]
+            assert measured["calls_per_s"] > 0 and measured["errors"] == 0
+            assert 0 < measured["p50_ms"] <= measured["p99_ms"] <= measured["max_ms"]
+            assert set(measured["processes"]) == processes
+            assert all(p["cpu"] >= 0 and p["rss_mb"] > 0 for p in measured["processes"].values())
+        assert row["ratio"] > 0
+    assert "run 1/1, 2 in flight: mix" in out.stderr  # progress while it runs
+    rendered = table(results).splitlines()
+    for w, line in zip(WORKLOADS, rendered[3:]):
+        assert line.startswith(LABELS[w]) and "front " in line and "| echo: forward " in line
