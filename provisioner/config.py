@@ -255,6 +255,16 @@ class QuotaConfig(_Model):
         return self.model_copy(update=update)
 
 
+class RateLimitConfig(_Model):
+    """Token buckets on CreateSession at each front (wall time): per user, and per calling
+    identity (a service creating for many users is one caller)."""
+
+    creates_per_user_per_s: PositiveFloat = 5.0
+    create_burst_per_user: Annotated[int, Field(ge=1)] = 20
+    creates_per_caller_per_s: PositiveFloat = 1000.0
+    create_burst_per_caller: Annotated[int, Field(ge=1)] = 2000
+
+
 class RegionsConfig(_Model):
     inter_region_penalty_s: NonNegativeFloat = 30.0  # added to a remote cluster's time-to-ready
 
@@ -357,6 +367,7 @@ class FleetSettings(_Model):
     front: FrontConfig = FrontConfig()
     sessions: SessionsConfig = SessionsConfig()
     quotas: QuotaConfig = QuotaConfig()
+    rate_limits: RateLimitConfig = RateLimitConfig()
     regions: RegionsConfig = RegionsConfig()
     security: SecurityConfig = SecurityConfig()
     abuse: AbuseConfig = AbuseConfig()

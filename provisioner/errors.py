@@ -81,6 +81,14 @@ class QuotaExceeded(ProvisionerError):
         self.reset_time = reset_time
 
 
+class RateLimited(ProvisionerError):
+    """Too many calls in too little time; `retry_after_s` says when one more will be taken."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    reason = "RATE_LIMITED"
+    retryable = True
+
+
 class NoCapacity(ProvisionerError):
     """The cluster cannot take the session now; another cluster, or later, may."""
 

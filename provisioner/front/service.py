@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -16,13 +17,13 @@ from typing import AsyncIterator
 import grpc
 from opentelemetry import trace
 
-from provisioner import quota, telemetry
+from provisioner import quota, ratelimit, telemetry
 from provisioner.api import convert, guard
 from provisioner.api.paging import audit_page, page
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig, QuotaConfig
-from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, Unavailable, quote
+from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
@@ -92,6 +93,11 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.gpus = {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
                      for c in config.clusters for p in c.pools}
         self.leases = UserLeases(store)
+        r = self.limits.rate_limits
+        self.user_rates = ratelimit.TokenBuckets(r.creates_per_user_per_s, r.create_burst_per_user)
+        self.caller_rates = ratelimit.TokenBuckets(r.creates_per_caller_per_s, r.create_burst_per_caller)
+        # Wall time, like a deadline: the retry delay a refusal gives is for clients to wait out.
+        self.rate_clock = time.monotonic
         self._user_locks: dict[str, asyncio.Lock] = {}
         self._user_waiters: dict[str, int] = {}
         self._streams: set = set()
@@ -104,6 +110,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             request.spec.request_id = str(uuid.uuid4())
         if owner := guard.current().owner:  # a user creates sessions for itself only
             request.spec.user_id = owner
+        self._check_rate(request.spec.user_id, guard.current().caller.identity)
         spec = convert.spec_from_pb(request.spec)
         image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
         if spec.region_hint and spec.region_hint not in self.regions:
@@ -134,6 +141,18 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                 raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
             session = await self.placement.place(request.spec, candidates, deadline)
             return session_pb.CreateSessionResponse(session=session)
+
+    def _check_rate(self, user_id: str, caller: str) -> None:
+        """Refuses a create over the user's or the caller's rate, before it waits for anything."""
+        limits = [(self.user_rates, user_id), (self.caller_rates, caller)]
+        wait, which = ratelimit.take_all(limits, self.rate_clock())
+        if wait:
+            r = self.limits.rate_limits
+            who, rate, burst = ((f"user {quote(user_id)}", r.creates_per_user_per_s, r.create_burst_per_user),
+                                (f"caller {quote(caller)}", r.creates_per_caller_per_s, r.create_burst_per_caller))[which]
+            trace.get_current_span().add_event("rate limited", {"rate.limit": ("user", "caller")[which]})
+            raise RateLimited(f"too many creates: {who} may make {rate:g} a second after a burst of {burst}; "
+                              f"retry in {wait:.2f} s", retry_after_s=wait)
 
     @asynccontextmanager
     async def _one_user(self, user_id: str) -> AsyncIterator[None]:
