@@ -19,7 +19,8 @@ from provisioner.audit import AuditLog
 from provisioner.clock import Clock
 from provisioner.cloud.base import CloudBackend
 from provisioner.cluster import service as cluster_service
-from provisioner.cluster.core import ClusterCore, IdSource
+from provisioner.decide.core import ClusterCore
+from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import ClusterConfig, FleetConfig
 from provisioner.front import service as front_service

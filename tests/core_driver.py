@@ -1,7 +1,8 @@
 """The simulator's engine around one ClusterCore, for tests: a test only says `advance(seconds)`.
 
-Durations are fixed (Launch: vm_created after `create_s`, vm_ready after boot_s more; Pull:
+Durations are fixed (Launch: VmCreated after `create_s`, VmReady after boot_s more; Pull:
 bytes / bandwidth; Wipe: wipe_s; Delete: delete_s), so tests can compute when things happen.
+The core keeps an event log, so any scenario can be replayed into a fresh core.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ import math
 from typing import Callable
 
 from provisioner.cloud.base import CloudFailure, HealthReport
-from provisioner.cluster.core import ClusterCore, Command, IdSource, Launch, Pull, Wipe
 from provisioner.config import FleetConfig, load_fleet
+from provisioner.decide import events as ev
+from provisioner.decide.commands import Command, Launch, Pull, Step, Wipe
+from provisioner.decide.core import ClusterCore
+from provisioner.decide.eventlog import EventLog
+from provisioner.decide.ids import IdSource
 from provisioner.decide.images import LayerCache
+from provisioner.decide.states import VmState
 from provisioner.model import Session, SessionKind, SessionSpec, Vm
 from provisioner.sim.engine import Engine
-from provisioner.decide.states import VmState
 
 POOL = "gpu-p100"
 
@@ -38,7 +43,7 @@ def make_core(cluster: str = "us-central1", pool: str = POOL, sessions: dict | N
     p = c.pool(pool).model_copy(update={"autoscaler": "headroom", "max_vms": 20, **pool_changes})
     c = c.model_copy(update={"pools": (p,)})
     settings = f.settings.sessions.model_copy(update=sessions or {})
-    return ClusterCore(c, f.catalog, settings, IdSource(c.name, seed))
+    return ClusterCore(c, f.catalog, settings, IdSource(c.name, seed), event_log=EventLog())
 
 
 def _failure(what: str, zone: str) -> CloudFailure:
@@ -60,23 +65,41 @@ class Driver(Engine):
         # pulls and wipes fail, as data, after their usual time:
         self.fail_pulls = False
         self.fail_wipes = False
+        # Commands of these kinds raise in their executor (the runtime reports CommandFailed at once):
+        self.raising: set[type] = set()
+        # Answers of these kinds never arrive (lost on the way, or the executor hung):
+        self.lost: set[type] = set()
+        self.duplicate = False  # every answer arrives twice
         self.log: list[tuple[float, Command]] = []  # every command, with the time it was issued
         self.vms: dict[str, Vm] = {}  # every VM ever reported changed, deleted ones included
-        self.checks: list[Callable[[Driver], None]] = []  # run after every event
+        self.sessions: dict[str, Session] = {}  # every session ever reported changed
+        self.checks: list[Callable[[Driver], None]] = []  # run after every step
         self._requests = itertools.count(1)
         self._warm = itertools.count()
         super().__init__([core], now=now, ticking=ticking)
-        self.pump()
 
     # ---- engine hooks -------------------------------------------------------------------
 
     def changes(self, core: ClusterCore, sessions: list[Session], vms: list[Vm]) -> None:
         for vm in vms:
             self.vms[vm.id] = vm
+        for s in sessions:
+            self.sessions[s.id] = s
 
     def carry_out(self, core: ClusterCore, commands: list[Command]) -> None:
         self.log.extend((self.now, cmd) for cmd in commands)
-        super().carry_out(core, commands)
+        raising = [c for c in commands if type(c) in self.raising]
+        super().carry_out(core, [c for c in commands if type(c) not in self.raising])
+        for cmd in raising:
+            self.at(self.now, self.deliver, core, ev.CommandFailed(
+                self.now, cmd.id, CloudFailure("internal", f"RuntimeError: injected {type(cmd).__name__} crash")))
+
+    def deliver(self, core: ClusterCore, event: ev.Event, now: float) -> None:
+        if type(event) in self.lost:
+            return
+        super().deliver(core, event, now)
+        if self.duplicate:
+            super().deliver(core, event, now)
 
     def after_event(self) -> None:
         for check in self.checks:
@@ -109,29 +132,40 @@ class Driver(Engine):
 
     # ---- requests and reports, at the driver's `now` ------------------------------------
 
+    def send(self, *events: ev.Event) -> Step:
+        return self.handle(self.core, *events)
+
     def allocate(self, user: str = "alice", image: str = "gpu:latest",
                  kind: SessionKind = SessionKind.INTERACTIVE, **spec) -> Session:
         spec.setdefault("request_id", f"req-{next(self._requests)}")
         spec.setdefault("accelerator", POOL)
-        s = self.core.allocate(SessionSpec(user_id=user, image=image, kind=kind, **spec), self.now)
-        self.pump()
-        return s
+        return self.send(ev.SessionRequested(self.now, SessionSpec(user_id=user, image=image, kind=kind, **spec))).reply
 
     def stop(self, s: Session, reason: str = "") -> Session:
-        out = self.core.stop(s.id, reason, self.now)
-        self.pump()
-        return out
+        return self.send(ev.StopRequested(self.now, s.id, reason)).reply
 
     def touch(self, s: Session) -> None:
-        self.core.touch(s.id, self.now)
-        self.pump()
+        self.send(ev.SessionTouched(self.now, s.id))
 
     def health(self, vm_id: str, healthy: bool, detail: str = "") -> None:
-        self.core.vm_health(vm_id, HealthReport(healthy, detail=detail), self.now)
-        self.pump()
+        self.send(ev.HealthReported(self.now, vm_id, HealthReport(healthy, detail=detail)))
+
+    def evict(self, vm_id: str, reason: str = "") -> Vm:
+        return self.send(ev.EvictRequested(self.now, vm_id, reason)).reply
+
+    def set_policy(self, pool: str = POOL, **changes) -> None:
+        config = self.core.pool(pool).policy
+        self.send(ev.PolicySet(self.now, pool, config.model_copy(update=changes)))
+
+    def reconciled(self, plan) -> None:
+        self.send(ev.Reconciled(self.now, plan))
+
+    def fail(self, cmd: Command, failure: CloudFailure) -> None:
+        """The cloud's answer to `cmd`, now: it failed."""
+        self.send(ev.CommandFailed(self.now, cmd.id, failure))
 
     def add_warm(self, *images: str, pool: str = POOL, zone: str = "") -> Vm:
-        """An idle warm VM holding `images`, as if adopted from the cloud."""
+        """An idle warm VM holding `images`, as if restored from the store."""
         core = self.core
         cfg = core.pools[pool].config
         cache = LayerCache(cfg.disk_cache_bytes)
@@ -139,8 +173,9 @@ class Driver(Engine):
             cache.add(image, core.catalog, self.now)
         vm = Vm(id=f"{core.name}-{pool}-w{next(self._warm):03d}", cluster=core.name, pool=pool,
                 zone=zone or cfg.zones[0], cache=cache, created_at=self.now, endpoint="sim://adopted")
-        vm.to(VmState.WARM, "adopted", self.now)
-        core.restore([], [vm], self.now)
+        for state in (VmState.CREATING, VmState.BOOTING, VmState.WARM):
+            vm.to(state, "made earlier", self.now)
+        self.send(ev.Restored(self.now, (), (vm,)))
         self.vms[vm.id] = vm
         return vm
 

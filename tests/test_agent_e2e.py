@@ -25,7 +25,8 @@ from fake_metadata import FakeMetadataServer
 from provisioner.agent.fakes import FakeContainers, FakeHost, State
 from provisioner.clock import RealClock
 from provisioner.cloud.gce import GceBackend
-from provisioner.cluster.core import ClusterCore, IdSource
+from provisioner.decide.core import ClusterCore
+from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.model import SessionSpec
 from test_gce import loopback_only  # noqa: F401 (a fixture)

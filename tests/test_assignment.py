@@ -149,8 +149,7 @@ def test_a_vm_is_never_held_by_two_live_sessions(steps, max_vms, min_vms, headro
             d.health(sorted(d.core.vms)[args[0] % len(d.core.vms)], False, "xid 79")
         elif op == "evict" and d.core.vms:
             with contextlib.suppress(FailedPrecondition):  # only warm, assigned or failed VMs
-                d.core.evict(sorted(d.core.vms)[args[0] % len(d.core.vms)], "", d.now)
-            d.pump()
+                d.evict(sorted(d.core.vms)[args[0] % len(d.core.vms)])
         elif op == "wipes_fail":
             d.fail_wipes = args[0]
         elif op == "pulls_fail":

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from provisioner.decide.autoscale import SCALE_DOWN_IDLE_S, STABILIZATION_S, STOCKOUT_MEMORY_S, desired_vms
 from provisioner.cloud.base import CloudFailure
-from provisioner.cluster.core import Delete, Launch, Pull, Wipe
+from provisioner.decide.commands import Delete, Launch, Pull, Wipe
+from provisioner.decide.events import Restored, SessionForgotten
 from provisioner.errors import FailedPrecondition
 from provisioner.decide.images import ImageCatalog
 from provisioner.model import Session, SessionKind, StartKind, Vm
@@ -168,12 +169,12 @@ def test_stocked_out_zone_is_avoided_for_its_memory():
     d.fail_zones.clear()
 
     # Within the memory a new VM still goes to F, though C has none.
-    d.core.set_policy(POOL, d.now, min_vms=2)
+    d.set_policy(min_vms=2)
     d.advance(d.tick_s)
     assert d.commands(Launch)[-1].zone == ZONE_F
     # Once it expires, C is tried again (it has the fewest of the pool's VMs).
     d.advance(failed_at + STOCKOUT_MEMORY_S - d.now)
-    d.core.set_policy(POOL, d.now, min_vms=3)
+    d.set_policy(min_vms=3)
     d.advance(d.tick_s)
     assert d.commands(Launch)[-1].zone == ZONE_C
 
@@ -183,7 +184,7 @@ def test_a_stockout_is_remembered_for_the_zone_the_cloud_names():
     d.run_until(lambda: len(d.commands(Launch)) == 1, 60)
     launch = d.commands(Launch)[0]
     other = ZONE_F if launch.zone == ZONE_C else ZONE_C  # e.g. a GKE node pool's own zone
-    d.core.launch_failed(launch.vm_id, CloudFailure("stockout", "ZONE_RESOURCE_POOL_EXHAUSTED", other), d.now)
+    d.fail(launch, CloudFailure("stockout", "ZONE_RESOURCE_POOL_EXHAUSTED", other))
     assert list(d.core.pools[POOL].stocked_out_until) == [other]
 
 
@@ -326,10 +327,11 @@ def test_a_failed_delete_after_the_session_still_ends_it():
     s = d.allocate()
     d.stop(s)
     assert vm.state is V.DELETING and s.state is S.STOPPING
-    d.core.delete_failed(vm.id, CloudFailure("unavailable", "operation not done in 600s", vm.zone), d.now)
+    [delete] = d.commands(Delete)
+    d.fail(delete, CloudFailure("unavailable", "operation not done in 600s", vm.zone))
     assert vm.state is V.FAILED
     assert s.state is S.STOPPED and s.ended_at == d.now
-    d.core.reconciled(reconcile(d.core.vms.values(), [], d.now), d.now)
+    d.reconciled(reconcile(d.core.vms.values(), [], d.now))
     assert vm.id not in d.core.vms and states(vm)[-3:] == ["deleting", "failed", "deleted"]
 
 
@@ -341,7 +343,7 @@ def test_a_restored_stopping_session_on_a_failed_vm_ends_when_the_reconciler_fin
     s = d.allocate()
     d.stop(s)
     vm.to(V.FAILED, "delete failed: unavailable", d.now)  # as recorded before the session was ended
-    d.core.reconciled(reconcile(d.core.vms.values(), [], d.now), d.now)
+    d.reconciled(reconcile(d.core.vms.values(), [], d.now))
     assert s.state is S.STOPPED and vm.id not in d.core.vms
 
 
@@ -461,8 +463,7 @@ def test_restore_rebuilds_state_and_reissues_cloud_work():
     va, vb, vc = d.add_warm(LATEST), d.add_warm("gpu:v159"), d.add_warm("gpu:v158")
     s1, s2 = d.allocate("u1"), d.allocate("u2")
     assert (s1.vm_id, s2.vm_id, s2.state) == (va.id, vb.id, S.PULLING_IMAGE)
-    d.core.evict(vc.id, "bad host", d.now)  # vc: deleting
-    d.pump()
+    d.evict(vc.id, "bad host")  # vc: deleting
     d.stop(s1)  # va: recycling
     s3 = d.allocate("u3")  # cold: creating
     d.advance(d.create_s)  # ... booting
@@ -474,13 +475,15 @@ def test_restore_rebuilds_state_and_reissues_cloud_work():
     assert (s1.state, s5.state) == (S.STOPPING, S.QUEUED)
 
     new = make_core(max_vms=4, min_vms=0, headroom_fraction=0.0, seed=1)  # fresh ids, as after a restart
-    new.restore(roundtrip(old.sessions.values(), Session), roundtrip(old.vms.values(), Vm), d.now)
+    step = new.handle(Restored(d.now, tuple(roundtrip(old.sessions.values(), Session)),
+                               tuple(roundtrip(old.vms.values(), Vm))))
     assert {i: s.to_dict() for i, s in new.sessions.items()} == {i: s.to_dict() for i, s in old.sessions.items()}
     assert {i: v.to_dict() for i, v in new.vms.items()} == {i: v.to_dict() for i, v in old.vms.items()}
     assert list(new.pools[POOL].queue) == [s5.id] and set(new.pools[POOL].vms) == set(old.pools[POOL].vms)
     assert new.get_by_request(s5.spec.key).id == s5.id
 
-    r = Driver(new, now=d.now)  # takes the re-issued commands and carries them out
+    r = Driver(new, now=d.now)
+    r.carry(new, step)  # the re-issued commands, carried out
     assert sorted((type(cmd).__name__, cmd.vm_id, cmd.session_id) for cmd in r.commands()) == sorted([
         ("Launch", v3.id, s3.id), ("Launch", v4.id, s4.id), ("Wipe", va.id, s1.id),
         ("Delete", vc.id, ""), ("Pull", vb.id, s2.id)])
@@ -498,8 +501,8 @@ def test_only_ended_sessions_can_be_forgotten():
     d.add_warm(LATEST)
     s = d.allocate(request_id="keep-me")
     with pytest.raises(FailedPrecondition):
-        d.core.forget(s.id)
+        d.send(SessionForgotten(d.now, s.id))
     d.stop(s)
     d.run_until(lambda: s.state is S.STOPPED, 600)
-    d.core.forget(s.id)
+    d.send(SessionForgotten(d.now, s.id))
     assert s.id not in d.core.sessions and s.spec.key not in d.core.by_request

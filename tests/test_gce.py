@@ -411,7 +411,8 @@ async def test_a_health_check_reuses_a_recent_read_instead_of_queueing(tmp_path,
 async def test_a_burst_of_429s_fails_no_session_and_deletes_no_vm(tmp_path, fake, loopback_only):
     """The cluster's health pass during a burst of 429s on every read: the running session keeps
     running and no healthy VM is deleted."""
-    from provisioner.cluster.core import ClusterCore, IdSource
+    from provisioner.decide.core import ClusterCore
+    from provisioner.decide.ids import IdSource
     from provisioner.cluster.runtime import ClusterRuntime
     from provisioner.model import SessionSpec
 

@@ -10,7 +10,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from provisioner.api import limits
 from provisioner.api.limits import check_request
-from provisioner.cluster.core import IdSource
+from provisioner.decide.ids import IdSource
 from provisioner.api.paging import page
 from provisioner.errors import InvalidArgument, quote
 from provisioner.v1 import admin_service_pb2 as admin_pb

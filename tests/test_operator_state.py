@@ -16,7 +16,8 @@ from conftest import fleet_config, start_fleet
 from provisioner.client.errors import from_rpc_error
 from provisioner import cli
 from provisioner.clock import ManualClock
-from provisioner.cluster.core import ClusterCore, IdSource
+from provisioner.decide.core import ClusterCore
+from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.errors import InvalidArgument
 from provisioner.decide.policy import MAX_HEADROOM_FRACTION, merge_policy

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from core_driver import Driver, make_core
 from provisioner.cloud.base import CloudFailure, CloudVm
+from provisioner.decide.events import CommandFailed, EvictRequested, Reconciled, StopRequested, WipeDone
 from provisioner.decide.reconcile import reconcile
 from provisioner.model import Vm
 from provisioner.decide.states import SessionState, VmState
@@ -62,8 +63,7 @@ def test_core_fails_a_session_whose_vm_vanished_and_replaces_the_vm():
     present = [cloud(v.id) for v in d.core.vms.values() if v.state is not V.DELETED and v.id != vm_id]
     plan = reconcile(d.core.vms.values(), present, d.now)
     assert plan.lost == [vm_id]
-    d.core.reconciled(plan, d.now)
-    d.pump()
+    d.reconciled(plan)
     assert d.core.sessions[s.id].state is SessionState.FAILED
     assert "gone from the cloud" in d.core.sessions[s.id].reason
     assert [h.state for h in d.vms[vm_id].history][-2:] == ["failed", "deleted"]
@@ -77,15 +77,14 @@ def test_core_fails_a_session_whose_vm_was_terminated_and_deletes_the_vm():
     s = d.allocate(user="ada", image="gpu:latest")
     d.advance(10)
     vm_id = d.core.sessions[s.id].vm_id
-    d.core.take_commands()
     inventory = [cloud(v.id, "terminated" if v.id == vm_id else "running")
                  for v in d.core.vms.values() if v.state is not V.DELETED]
     plan = reconcile(d.core.vms.values(), inventory, d.now)
     assert plan.terminated == [vm_id] and plan.lost == []
-    d.core.reconciled(plan, d.now)
+    step = d.core.handle(Reconciled(d.now, plan))
     assert d.core.sessions[s.id].state is SessionState.FAILED
     assert d.core.vms[vm_id].state is V.DELETING  # what is left of it (its disk) is deleted
-    assert [c.vm_id for c in d.core.take_commands() if type(c).__name__ == "Delete"] == [vm_id]
+    assert [c.vm_id for c in step.commands if type(c).__name__ == "Delete"] == [vm_id]
 
 
 def test_a_wipe_result_for_a_vm_the_reconciler_removed_is_ignored():
@@ -94,27 +93,28 @@ def test_a_wipe_result_for_a_vm_the_reconciler_removed_is_ignored():
     s = d.allocate(user="ada", image="gpu:latest")
     d.advance(10)
     vm_id = d.core.sessions[s.id].vm_id
-    d.core.stop(s.id, "done", d.now)  # the VM is being wiped...
+    step = d.core.handle(StopRequested(d.now, s.id, "done"))  # the VM is being wiped...
+    [wipe] = step.commands
     assert d.core.vms[vm_id].state is V.RECYCLING
     present = [cloud(v.id) for v in d.core.vms.values() if v.state is not V.DELETED and v.id != vm_id]
-    d.core.reconciled(reconcile(d.core.vms.values(), present, d.now), d.now)  # ...when it vanishes
+    d.reconciled(reconcile(d.core.vms.values(), present, d.now))  # ...when it vanishes
     assert vm_id not in d.core.vms  # deleted and forgotten
-    d.core.wipe_done(vm_id, d.now)  # the wipe's answer arrives late: nothing to do
-    d.core.wipe_failed(vm_id, CloudFailure("not_found", "gone", "z"), d.now)
-    assert vm_id not in d.core.vms
+    dropped = d.core.dropped
+    d.send(WipeDone(d.now, wipe.id))  # the wipe's answer arrives late: nothing to do
+    d.send(CommandFailed(d.now, wipe.id, CloudFailure("not_found", "gone", "z")))
+    assert vm_id not in d.core.vms and d.core.dropped == dropped + 2
 
 
 def test_core_finishes_deletes_and_retries_failed_ones():
     d = Driver(make_core())
     d.advance(200)
     a, b = [v for v in d.core.vms.values() if v.state is V.WARM][:2]
-    d.core.evict(a.id, "test", d.now)  # deleting; its VM is already gone from the cloud
-    d.core.evict(b.id, "test", d.now)
-    d.core.delete_failed(b.id, CloudFailure("internal", "boom", b.zone), d.now)  # failed for good
-    d.core.take_commands()
+    d.core.handle(EvictRequested(d.now, a.id, "test"))  # deleting; its VM is already gone from the cloud
+    [delete_b] = d.core.handle(EvictRequested(d.now, b.id, "test")).commands
+    d.core.handle(CommandFailed(d.now, delete_b.id, CloudFailure("internal", "boom", b.zone)))  # failed for good
     plan = reconcile(d.core.vms.values(), [cloud(v.id) for v in d.core.vms.values() if v.id != a.id], d.now)
     assert plan.deleted == [a.id] and plan.retry_delete == [b.id]
-    d.core.reconciled(plan, d.now)
+    step = d.core.handle(Reconciled(d.now, plan))
     assert d.core.vms.get(a.id) is None or d.core.vms[a.id].state is V.DELETED
     assert d.core.vms[b.id].state is V.DELETING
-    assert [c.vm_id for c in d.core.take_commands()] == [b.id]
+    assert [c.vm_id for c in step.commands] == [b.id]

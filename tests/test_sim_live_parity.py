@@ -14,7 +14,9 @@ from typing import Callable
 
 from provisioner.clock import ManualClock
 from provisioner.cloud.sim import SimCloud, SimPhysics
-from provisioner.cluster.core import ClusterCore, IdSource
+from provisioner.decide.core import ClusterCore
+from provisioner.decide.events import SessionRequested, SessionTouched, StopRequested
+from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import load_fleet
 from provisioner.model import SessionKind, SessionSpec
@@ -84,20 +86,16 @@ class Recorder:
     def __init__(self, core: ClusterCore, now: Callable[[], float]):
         self.commands: list[tuple[float, str]] = []
         self.sessions, self.vms = {}, {}  # id -> the object, deleted ones included
-        take_commands, take_changes = core.take_commands, core.take_changes
+        handle = core.handle
 
-        def commands():
-            out = take_commands()
-            self.commands += [(now() - T0, repr(c)) for c in out]
-            return out
+        def recorded(*events):
+            step = handle(*events)
+            self.commands += [(now() - T0, repr(c)) for c in step.commands]
+            self.sessions |= {s.id: s for s in step.sessions}
+            self.vms |= {v.id: v for v in step.vms}
+            return step
 
-        def changes():
-            sessions, vms = take_changes()
-            self.sessions |= {s.id: s for s in sessions}
-            self.vms |= {v.id: v for v in vms}
-            return sessions, vms
-
-        core.take_commands, core.take_changes = commands, changes
+        core.handle = recorded
 
     def outcome(self) -> dict:
         def hist(h):
@@ -114,12 +112,11 @@ def simulated() -> dict:
     physics = ScriptedPhysics(core.config.sim)
     engine.physics[core.name] = physics
     recorder = Recorder(core, lambda: engine.now)
-    engine.pump()
     for t, action in SCRIPT:
         engine.run_to(T0 + t)
-        do(core, physics, action, lambda s: core.allocate(s, engine.now),
-           lambda sid: core.touch(sid, engine.now), lambda sid: core.stop(sid, "done", engine.now))
-        engine.pump(core)
+        do(core, physics, action, lambda s: engine.handle(core, SessionRequested(engine.now, s)),
+           lambda sid: engine.handle(core, SessionTouched(engine.now, sid)),
+           lambda sid: engine.handle(core, StopRequested(engine.now, sid, "done")))
     engine.run_to(T0 + END_S)
     return recorder.outcome()
 

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from core_driver import Driver, make_core
+from provisioner.decide.events import DiscardRequested, StopRequested
 from provisioner.model import Session, Vm
 from provisioner.store import MIGRATIONS, MADE, UNRESOLVED, StoreError, open_store, redact
 
@@ -52,8 +53,8 @@ def test_sessions_and_vms_round_trip(store):
 def test_save_updates_in_place_and_keeps_discarded_sessions(store):
     core, a, b = some_state()
     store.save(core.sessions.values(), core.vms.values())
-    core.stop(a.id, "done", 300.0)
-    discarded = core.discard(b.spec.key, "request placed elsewhere", 301.0)
+    core.handle(StopRequested(300.0, a.id, "done"))
+    discarded = core.handle(DiscardRequested(301.0, b.spec.key, "request placed elsewhere")).reply
     store.save([core.sessions[a.id], discarded], [])
     loaded = {s.id: s for s in store.load_sessions(core.name)}
     assert set(loaded) == {a.id, b.id} and loaded[a.id].state == core.sessions[a.id].state

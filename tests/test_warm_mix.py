@@ -11,7 +11,8 @@ import random
 import pytest
 
 from core_driver import Driver, make_core
-from provisioner.cluster.core import Pull
+from provisioner.decide.commands import Pull
+from provisioner.decide.events import PrewarmRequested
 from provisioner.model import SessionKind, StartKind
 
 HOUR = 3600.0
@@ -84,8 +85,7 @@ def test_zipf_mix_of_pinned_images_starts_warm_with_the_exact_image(zipf_runs):
 def test_a_session_waits_for_a_prewarm_of_its_own_image_instead_of_pulling_twice():
     d = Driver(make_core(min_vms=0, headroom_fraction=0.0), ticking=False)
     vm = d.add_warm("gpu:v150")
-    d.core.prewarm("gpu-p100", "gpu:v158", 1, d.now)
-    d.pump()
+    d.send(PrewarmRequested(d.now, "gpu-p100", "gpu:v158", 1))
     assert vm.pulling == "gpu:v158"
     pulls_before = len(d.commands(Pull))
     s = d.allocate(image="gpu:v158")
@@ -98,8 +98,7 @@ def test_a_session_waits_for_a_prewarm_of_its_own_image_instead_of_pulling_twice
 def test_a_session_for_another_image_supersedes_the_prewarm():
     d = Driver(make_core(min_vms=0, headroom_fraction=0.0), ticking=False)
     vm = d.add_warm("gpu:v150")
-    d.core.prewarm("gpu-p100", "gpu:v158", 1, d.now)
-    d.pump()
+    d.send(PrewarmRequested(d.now, "gpu-p100", "gpu:v158", 1))
     s = d.allocate(image="gpu:v151")
     assert s.vm_id == vm.id and vm.pulling == "gpu:v151"
     assert d.commands(Pull)[-1].image == "gpu:v151"

@@ -115,7 +115,7 @@ Rule = Text | Int | Real | Span | Instant
 # Cluster and pool names, as clusters/*.yaml declares them (config._NAME): DNS labels.
 _NAME = r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?"
 NAME = Text(40, "a name of lower-case letters, digits and dashes (e.g. us-central1)", re.compile(_NAME))
-# `<cluster>.s-<hex>` (cluster.core.IdSource).
+# `<cluster>.s-<hex>` (decide.ids.IdSource).
 SESSION_ID = Text(128, "a session id (<cluster>.s-<hex>)", re.compile(_NAME + r"\.s-[0-9a-f]{4,64}"))
 # The idempotency store keys requests by `user_id/request_id`: neither may hold a slash.
 USER_ID = Text(128, "1-128 letters, digits or ._@+-", re.compile(r"[A-Za-z0-9._@+-]{1,128}"))
@@ -124,7 +124,7 @@ NOTEBOOK_ID = Text(256, "1-256 printable ASCII characters without spaces", re.co
 REGION = Text(63, "a region name (e.g. us-central1)", re.compile(r"[a-z]+-[a-z]+[0-9]+"))
 IMAGE = Text(256, "an image reference, name:version or name:latest (e.g. gpu:v154)",
              valid=lambda v: parse_ref(v) is not None)
-# VM ids are GCE instance names (cluster.core.IdSource.vm).
+# VM ids are GCE instance names (decide.ids.IdSource.vm).
 VM_ID = Text(63, "a VM id of lower-case letters, digits and dashes", re.compile(r"[a-z][a-z0-9-]{0,62}"))
 # Who called, as the audit log names them (a token's subject, a certificate's name).
 IDENTITY = Text(256, "1-256 printable ASCII characters without spaces", re.compile(r"[!-~]{1,256}"))

@@ -1,8 +1,10 @@
-"""The live shell around ClusterCore: persists its changes, runs its commands on the cloud backend,
-feeds the results back, ticks it, and tells watchers. No gRPC here.
+"""The live shell around ClusterCore: turns requests, ticks, health checks, reconciler passes and
+the cloud's answers into events, and carries out each Step the core returns. No gRPC here.
 
-Order after every event: write the changes (one transaction), wake watchers, then start the
-cloud work. So nothing is acknowledged or acted on before it is durable.
+Order after every step: write the changes (one transaction), wake watchers, then start the
+cloud work. So nothing is acknowledged or acted on before it is durable. Every command runs as a
+task whose outcome, whatever it is (an answer, a failure, an exception), goes back to the core
+as an event naming the command.
 """
 
 from __future__ import annotations
@@ -26,13 +28,17 @@ from provisioner.cloud.base import (
     CloudFailure,
     LaunchSpec,
 )
-from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, PoolPolicy, Wipe
+from provisioner.config import PoolConfig
+from provisioner.decide import events as ev
+from provisioner.decide.commands import Command, Delete, Launch, Pull, Step, Wipe
+from provisioner.decide.core import ClusterCore
+from provisioner.decide.pools import PoolState
+from provisioner.decide.policy import FIELDS, merge_policy
 from provisioner.decide.reconcile import Plan, reconcile
+from provisioner.decide.states import VmState
 from provisioner.errors import ProvisionerError, Unavailable
 from provisioner.logs import SessionLog
 from provisioner.model import Session, SessionSpec, Vm
-from provisioner.decide.policy import FIELDS, merge_policy
-from provisioner.decide.states import VmState
 from provisioner.store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -68,11 +74,12 @@ class ClusterRuntime:
         """Restores from the store, reconciles with the cloud, then runs the control loops."""
         if self.store is not None:
             name = self.core.name
-            self.core.restore(self.store.load_sessions(name), self.store.load_vms(name), self.clock.now())
+            sessions, vms = self.store.load_sessions(name), self.store.load_vms(name)
+            step = self.core.handle(ev.Restored(self.clock.now(), tuple(sessions), tuple(vms)))
             for observe in self.observers:
                 observe(list(self.core.sessions.values()), True)
+            self._apply(step)
             self._restore_operator_state(self.store.load_operator_state(name))
-        self._apply()
         try:
             await self.reconcile()
         except Exception:
@@ -83,14 +90,19 @@ class ClusterRuntime:
             asyncio.create_task(self._supervise("reconcile", RECONCILE_S, self.reconcile)),
         ]
 
+    def handle(self, *events: ev.Event) -> Step:
+        """The core handles the events; its step is persisted, told and started here."""
+        step = self.core.handle(*events)
+        self._apply(step)
+        return step
+
     async def reconcile(self) -> Plan:
         """Compares the records with the cloud's inventory and settles the differences."""
         cloud = await self.backend.list_vms(self.core.name)
         now = self.clock.now()
         plan = reconcile(self.core.vms.values(), cloud, now, self._unclaimed)
         self._unclaimed = plan.unclaimed_since
-        self.core.reconciled(plan, now)
-        self._apply()
+        self.handle(ev.Reconciled(now, plan))
         for vm in plan.strays:
             log.warning("cluster %s: deleting VM %s in %s, which no record claims", self.core.name, vm.vm_id, vm.zone,
                         extra={"cluster": self.core.name, "vm_id": vm.vm_id})
@@ -141,34 +153,83 @@ class ClusterRuntime:
                 log.exception("%s loop of cluster %s failed; continuing", name, self.core.name)
 
     async def _tick(self) -> None:
-        self.core.tick(self.clock.now())
-        self._apply()
+        self.handle(ev.Tick(self.clock.now()))
 
     async def _check_health(self) -> None:
         for vm in list(self.core.vms.values()):
             if vm.state in (VmState.WARM, VmState.ASSIGNED) and vm.healthy:
                 report = await self.backend.health(vm.id, vm.zone)
-                self.core.vm_health(vm.id, report, self.clock.now())
-        self._apply()
+                self.handle(ev.HealthReported(self.clock.now(), vm.id, report))
 
     # ---- requests (called by the gRPC services) -------------------------------------------
 
     def allocate(self, spec: SessionSpec) -> Session:
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
-        s = self.core.allocate(spec, self.clock.now(), carrier)
-        self._apply()
-        return s
+        return self.handle(ev.SessionRequested(self.clock.now(), spec, carrier)).reply
 
     def touch(self, session_id: str, user_id: str = "") -> Session:
-        s = self.core.touch(session_id, self.clock.now(), user_id)
-        self._apply()
-        return s
+        return self.handle(ev.SessionTouched(self.clock.now(), session_id, user_id)).reply
 
     def stop(self, session_id: str, reason: str, user_id: str = "") -> Session:
-        s = self.core.stop(session_id, reason, self.clock.now(), user_id)
-        self._apply()
-        return s
+        return self.handle(ev.StopRequested(self.clock.now(), session_id, reason, user_id)).reply
+
+    def discard(self, key: str, reason: str) -> bool:
+        return self.handle(ev.DiscardRequested(self.clock.now(), key, reason)).reply is not None
+
+    def prewarm(self, pool: str, image: str, count: int) -> list[str]:
+        return self.handle(ev.PrewarmRequested(self.clock.now(), pool, image, count)).reply
+
+    def evict(self, vm_id: str, reason: str) -> Vm:
+        return self.handle(ev.EvictRequested(self.clock.now(), vm_id, reason)).reply
+
+    # ---- reads (for the gRPC services) -----------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.core.name
+
+    @property
+    def region(self) -> str:
+        return self.core.config.region
+
+    @property
+    def draining(self) -> bool:
+        return self.core.draining
+
+    @property
+    def catalog(self):
+        return self.core.catalog
+
+    def get(self, session_id: str, user_id: str = "") -> Session:
+        return self.core.get(session_id, user_id)
+
+    def get_by_request(self, key: str) -> Session:
+        return self.core.get_by_request(key)
+
+    def knows_request(self, key: str) -> bool:
+        return key in self.core.by_request
+
+    def sessions(self) -> list[Session]:
+        return list(self.core.sessions.values())
+
+    def pools(self) -> list[PoolState]:
+        return list(self.core.pools.values())
+
+    def pool(self, name: str) -> PoolState:
+        return self.core.pool(name)
+
+    def pool_vms(self, pool: PoolState) -> list[Vm]:
+        return list(pool.vms.values())
+
+    def assignable(self, pool: PoolState) -> list[Vm]:
+        return self.core.assignable(pool)
+
+    def snapshot(self, pool: PoolState):
+        return self.core.snapshot(pool)
+
+    def cold_start_s(self) -> float:
+        return self.core.cold_start_s()
 
     # ---- operator state: durable before it takes effect ----------------------------------
 
@@ -176,10 +237,10 @@ class ClusterRuntime:
         if self.store is not None:
             self.store.save_operator_state(self.core.name, "", {"draining": True} if draining else {},
                                            self.clock.now())
-        self.core.set_draining(draining)
+        self.handle(ev.DrainSet(self.clock.now(), draining))
         self._notify_capacity()  # the front hears it at once, even from a quiet cluster
 
-    def set_policy(self, pool_name: str, changes: dict, reset: bool = False) -> PoolPolicy:
+    def set_policy(self, pool_name: str, changes: dict, reset: bool = False) -> PoolConfig:
         """Applies `changes` (None: unchanged) to a pool's policy within its bounds; `reset` first
         drops what operators set before, back to the config file. The pool's overrides are
         written before they take effect."""
@@ -188,24 +249,24 @@ class ClusterRuntime:
             self.store.save_operator_state(self.core.name, pool_name, overrides, self.clock.now())
         return self._set_policy(pool_name, merged, overrides)
 
-    def _overridden(self, pool_name: str, changes: dict, reset: bool) -> tuple[dict, dict]:
-        """The pool's whole policy after `changes`, and the part of it that differs from the file."""
+    def _overridden(self, pool_name: str, changes: dict, reset: bool) -> tuple[PoolConfig, dict]:
+        """The pool's whole policy after `changes` (the config model, validated as the file is),
+        and the part of it that differs from the file."""
         pool = self.core.pool(pool_name)
         file = {f: getattr(pool.config, f) for f in FIELDS}
         earlier = {} if reset else self.overrides.get(pool_name, {})
         merged = merge_policy({**file, **earlier}, changes, pool.config.vm_ceiling)
-        return merged, {f: merged[f] for f in FIELDS if merged[f] != file[f]}
+        policy = PoolConfig.model_validate({**pool.config.model_dump(), **merged})
+        return policy, {f: merged[f] for f in FIELDS if merged[f] != file[f]}
 
-    def _set_policy(self, pool_name: str, merged: dict, overrides: dict) -> PoolPolicy:
+    def _set_policy(self, pool_name: str, policy: PoolConfig, overrides: dict) -> PoolConfig:
         self.overrides[pool_name] = overrides
-        policy = self.core.set_policy(pool_name, self.clock.now(), **merged)
-        self._apply()
-        return policy
+        return self.handle(ev.PolicySet(self.clock.now(), pool_name, policy)).reply
 
     def _restore_operator_state(self, state: dict[str, dict]) -> None:
         """Drain and policy overrides as operators left them. An override the config file no
         longer allows (a pool removed, a lower max_vms_limit) is skipped, with a warning."""
-        self.core.set_draining(bool(state.get("", {}).get("draining")))
+        self.handle(ev.DrainSet(self.clock.now(), bool(state.get("", {}).get("draining"))))
         for pool_name, overrides in state.items():
             if not pool_name:
                 continue
@@ -219,12 +280,6 @@ class ClusterRuntime:
         if self.core.draining:
             log.info("cluster %s is draining, as an operator left it (undo: provisioner admin undrain %s)",
                      self.core.name, self.core.name)
-
-    def admin(self, action: Callable[[float], object]) -> object:
-        """Runs an operator action on the core (given `now`) and applies what it changed."""
-        out = action(self.clock.now())
-        self._apply()
-        return out
 
     async def watch(self, session_id: str, after_revision: int = 0, user_id: str = "") -> AsyncIterator[Session]:
         """The session now (if newer than after_revision), then each change, until it ends."""
@@ -258,15 +313,10 @@ class ClusterRuntime:
         self._capacity_changed.set()
         self._capacity_changed = asyncio.Event()
 
-    # ---- applying the core's output ------------------------------------------------------
+    # ---- carrying out a step -------------------------------------------------------------
 
-    def discard(self, key: str, reason: str) -> bool:
-        discarded = self.core.discard(key, reason, self.clock.now()) is not None
-        self._apply()
-        return discarded
-
-    def _apply(self) -> None:
-        sessions, vms = self.core.take_changes()
+    def _apply(self, step: Step) -> None:
+        sessions, vms = step.sessions, step.vms
         if self.store is not None:
             self.store.save(sessions, vms)
         for observe in self.observers:
@@ -276,11 +326,12 @@ class ClusterRuntime:
                 q.put_nowait(_snapshot(s))
         if sessions or vms:
             self._notify_capacity()
-        for cmd in self.core.take_commands():
+        for cmd in step.commands:
             self._spawn(self._run(cmd))
 
     async def _run(self, cmd: Command) -> None:
-        """Carries out one command inside the trace of the session it serves."""
+        """Carries out one command inside the trace of the session it serves. An exception is
+        the command's failure: the core hears of it like any other."""
         session = self.core.sessions.get(cmd.session_id) if cmd.session_id else None
         parent = propagate.extract(session.trace_context) if session else otel_context.Context()
         name = f"cluster.{type(cmd).__name__.lower()}"
@@ -296,23 +347,20 @@ class ClusterRuntime:
                     case Pull():
                         await self._pull(cmd)
                     case Wipe():
-                        result = await self.backend.wipe(cmd.vm_id, cmd.zone)
-                        self._feed(self.core.wipe_failed if result else self.core.wipe_done, cmd.vm_id, result)
+                        self._answered(cmd, await self.backend.wipe(cmd.vm_id, cmd.zone), ev.WipeDone)
                     case Delete():
-                        result = await self.backend.delete(cmd.vm_id, cmd.zone)
-                        self._feed(self.core.delete_failed if result else self.core.vm_deleted, cmd.vm_id, result)
+                        self._answered(cmd, await self.backend.delete(cmd.vm_id, cmd.zone), ev.VmDeleted)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("command %s failed in cluster %s", cmd, self.core.name,
-                              extra={"cluster": self.core.name, "vm_id": cmd.vm_id, "session_id": cmd.session_id})
+            except Exception as e:
+                log.warning("command %s failed in cluster %s", cmd, self.core.name, exc_info=True,
+                            extra={"cluster": self.core.name, "vm_id": cmd.vm_id, "session_id": cmd.session_id})
+                failure = CloudFailure("internal", f"{type(e).__name__}: {e}"[:500], cmd.zone)
+                self.handle(ev.CommandFailed(self.clock.now(), cmd.id, failure))
 
-    def _feed(self, event: Callable, vm_id: str, failure: CloudFailure | None, *args) -> None:
-        if failure is None:
-            event(vm_id, *args, self.clock.now())
-        else:
-            event(vm_id, failure, self.clock.now())
-        self._apply()
+    def _answered(self, cmd: Command, failure: CloudFailure | None, done: type) -> None:
+        now = self.clock.now()
+        self.handle(done(now, cmd.id) if failure is None else ev.CommandFailed(now, cmd.id, failure))
 
     async def _launch(self, cmd: Launch) -> None:
         pool = self.core.pools[cmd.pool].config
@@ -324,29 +372,20 @@ class ClusterRuntime:
                           accelerator_count=pool.accelerator_count, labels=labels, images=cmd.images)
         created = await self.backend.create(spec)
         if isinstance(created, CloudFailure):
-            self._feed(self.core.launch_failed, cmd.vm_id, created)
+            self.handle(ev.CommandFailed(self.clock.now(), cmd.id, created))
             return
-        if self.core.vms[cmd.vm_id].state is VmState.CREATING:
-            self.core.vm_created(cmd.vm_id, created.endpoint, self.clock.now())
-            self._apply()
+        self.handle(ev.VmCreated(self.clock.now(), cmd.id, created.endpoint))
         ready = await self.backend.wait_ready(cmd.vm_id, cmd.zone)
         if isinstance(ready, CloudFailure):
-            self._feed(self.core.launch_failed, cmd.vm_id, ready)
+            self.handle(ev.CommandFailed(self.clock.now(), cmd.id, ready))
         else:
-            self.core.vm_ready(cmd.vm_id, self.clock.now(), endpoint=ready.endpoint)
-            self._apply()
+            self.handle(ev.VmReady(self.clock.now(), cmd.id, ready.endpoint))
 
     async def _pull(self, cmd: Pull) -> None:
         def progress(done: int) -> None:
-            self.core.pull_progress(cmd.vm_id, cmd.image, done, self.clock.now())
-            self._apply()
+            self.handle(ev.PullProgress(self.clock.now(), cmd.id, done))
 
-        result = await self.backend.pull(cmd.vm_id, cmd.zone, cmd.layers, progress)
-        if result is None:
-            self.core.pull_done(cmd.vm_id, cmd.image, self.clock.now())
-        else:
-            self.core.pull_failed(cmd.vm_id, cmd.image, result, self.clock.now())
-        self._apply()
+        self._answered(cmd, await self.backend.pull(cmd.vm_id, cmd.zone, cmd.layers, progress), ev.PullDone)
 
     def vms(self) -> list[Vm]:
         return list(self.core.vms.values())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from opentelemetry import trace
 
 from provisioner import telemetry
@@ -11,8 +9,9 @@ from provisioner.api import convert
 from provisioner.api.paging import audit_page, page
 from provisioner.audit import AuditLog
 from provisioner.api.status import stream, unary
-from provisioner.cluster.core import PoolState
+from provisioner.clock import Clock, RealClock
 from provisioner.cluster.runtime import ClusterRuntime
+from provisioner.decide.pools import PoolState
 from provisioner.errors import Aborted, InvalidArgument, NotFound, quote
 from provisioner.model import Session, request_key
 from provisioner.v1 import admin_service_pb2 as admin_pb
@@ -42,15 +41,16 @@ def _annotate(session: Session) -> None:
 
 
 class ClusterServicer(cluster_grpc.ClusterServiceServicer):
-    def __init__(self, runtime: ClusterRuntime):
+    def __init__(self, runtime: ClusterRuntime, wall: Clock):
         self.rt = runtime
+        self.wall = wall
 
     @unary
     async def Allocate(self, request, context):
         spec = convert.spec_from_pb(request.spec)
         # Wall time, as the front set it (the runtime's clock may run faster than the wall).
-        late = request.HasField("commit_by") and time.time() > request.commit_by.ToNanoseconds() / 1e9
-        if late and spec.key not in self.rt.core.by_request:
+        late = request.HasField("commit_by") and self.wall.now() > request.commit_by.ToNanoseconds() / 1e9
+        if late and not self.rt.knows_request(spec.key):
             raise Aborted("the request arrived after its commit deadline; nothing was made")
         session = self.rt.allocate(spec)
         _annotate(session)
@@ -58,22 +58,21 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
 
     @unary
     async def Get(self, request, context):
-        core = self.rt.core
         match request.WhichOneof("key"):
             case "session_id":
-                session = core.get(request.session_id, request.user_id)
+                session = self.rt.get(request.session_id, request.user_id)
             case "request_id":
                 if not request.user_id:
                     raise InvalidArgument("user_id is required with request_id (request ids are scoped by user)",
                                           field="user_id")
-                session = core.get_by_request(request_key(request.user_id, request.request_id))
+                session = self.rt.get_by_request(request_key(request.user_id, request.request_id))
             case _:
                 raise InvalidArgument("give session_id or request_id", field="key")
         return cluster_pb.GetResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
 
     @unary
     async def List(self, request, context):
-        sessions = filter_sessions(self.rt.core.sessions.values(), request.user_id, list(request.states))
+        sessions = filter_sessions(self.rt.sessions(), request.user_id, list(request.states))
         items, token = page(sessions, request.page_size, request.page_token)
         return cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, self.rt.clock.now()) for s in items], next_page_token=token)
 
@@ -112,27 +111,26 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
 
 
 def pool_capacity_pb(rt: ClusterRuntime, pool: PoolState) -> pb.PoolCapacity:
-    core = rt.core
-    snap = core.snapshot(pool)
+    snap = rt.snapshot(pool)
     by_image: dict[str, int] = {}
-    for vm in core.assignable(pool):  # exactly what an Allocate could be given now
-        for image in vm.cache.images(core.catalog):
+    for vm in rt.assignable(pool):  # exactly what an Allocate could be given now
+        for image in vm.cache.images(rt.catalog):
             by_image[image] = by_image.get(image, 0) + 1
-    unhealthy = sum(1 for vid in pool.vms if not core.vms[vid].healthy)
+    unhealthy = sum(1 for vm in rt.pool_vms(pool) if not vm.healthy)
     now = rt.clock.now()
     return pb.PoolCapacity(
         pool=pool.config.name, accelerator=pool.config.accelerator,
         warm_by_image=[pb.ImageCount(image=i, count=c) for i, c in sorted(by_image.items())],
         warm=snap.warm, booting=snap.starting, assigned=snap.assigned, queued=snap.queued, unhealthy=unhealthy,
-        min_vms=pool.policy.min_vms, max_vms=pool.policy.max_vms, cold_start_s=core.cold_start_s(),
+        min_vms=pool.policy.min_vms, max_vms=pool.policy.max_vms, cold_start_s=rt.cold_start_s(),
         stocked_out_zones=sorted(z for z, until in pool.stocked_out_until.items() if until > now),
     )
 
 
 def capacity_pb(rt: ClusterRuntime) -> pb.ClusterCapacity:
     return pb.ClusterCapacity(
-        cluster=rt.core.name, region=rt.core.config.region, healthy=True, draining=rt.core.draining,
-        pools=[pool_capacity_pb(rt, p) for p in rt.core.pools.values()],
+        cluster=rt.name, region=rt.region, healthy=True, draining=rt.draining,
+        pools=[pool_capacity_pb(rt, p) for p in rt.pools()],
         time=convert.timestamp(rt.clock.now()),
     )
 
@@ -140,7 +138,7 @@ def capacity_pb(rt: ClusterRuntime) -> pb.ClusterCapacity:
 def pool_pb(rt: ClusterRuntime, pool: PoolState) -> pb.Pool:
     c, p = pool.config, pool.policy
     return pb.Pool(
-        cluster=rt.core.name, name=c.name, accelerator=c.accelerator, machine_type=c.machine_type,
+        cluster=rt.name, name=c.name, accelerator=c.accelerator, machine_type=c.machine_type,
         zones=list(c.zones), hourly_price_usd=c.hourly_price_usd,
         policy=pb.PoolPolicy(min_vms=p.min_vms, max_vms=p.max_vms, headroom_fraction=p.headroom_fraction,
                              autoscaler=p.autoscaler, recycle=p.recycle),
@@ -149,9 +147,8 @@ def pool_pb(rt: ClusterRuntime, pool: PoolState) -> pb.Pool:
 
 
 def cluster_pb_of(rt: ClusterRuntime, address: str) -> pb.Cluster:
-    core = rt.core
-    return pb.Cluster(name=core.name, region=core.config.region, address=address, healthy=True,
-                      draining=core.draining, pools=[pool_pb(rt, p) for p in core.pools.values()])
+    return pb.Cluster(name=rt.name, region=rt.region, address=address, healthy=True,
+                      draining=rt.draining, pools=[pool_pb(rt, p) for p in rt.pools()])
 
 
 class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
@@ -163,8 +160,8 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
         self.audit = audit
 
     def _check(self, cluster: str) -> None:
-        if cluster and cluster != self.rt.core.name:
-            raise NotFound(f"this is cluster {self.rt.core.name}, not {quote(cluster)}", field="cluster")
+        if cluster and cluster != self.rt.name:
+            raise NotFound(f"this is cluster {self.rt.name}, not {quote(cluster)}", field="cluster")
 
     @unary
     async def ListClusters(self, request, context):
@@ -173,7 +170,7 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
     @unary
     async def ListPools(self, request, context):
         self._check(request.cluster)
-        return admin_pb.ListPoolsResponse(pools=[pool_pb(self.rt, p) for p in self.rt.core.pools.values()])
+        return admin_pb.ListPoolsResponse(pools=[pool_pb(self.rt, p) for p in self.rt.pools()])
 
     @unary
     async def DrainCluster(self, request, context):
@@ -194,7 +191,7 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
         changes = {f: getattr(p, f) for f in ("min_vms", "max_vms", "headroom_fraction", "autoscaler", "recycle")
                    if p.HasField(f)}
         self.rt.set_policy(request.pool, changes, reset=request.reset)
-        return admin_pb.SetPoolPolicyResponse(pool=pool_pb(self.rt, self.rt.core.pool(request.pool)))
+        return admin_pb.SetPoolPolicyResponse(pool=pool_pb(self.rt, self.rt.pool(request.pool)))
 
     @unary
     async def PrewarmImage(self, request, context):
@@ -202,25 +199,25 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
         if request.count < 0:
             raise InvalidArgument("count must not be negative", field="count")
         count = request.count or 1
-        vm_ids = self.rt.admin(lambda now: self.rt.core.prewarm(request.pool, request.image, count, now))
+        vm_ids = self.rt.prewarm(request.pool, request.image, count)
         return admin_pb.PrewarmImageResponse(vm_ids=vm_ids)
 
     @unary
     async def ListVms(self, request, context):
         self._check(request.cluster)
         if request.pool:
-            self.rt.core.pool(request.pool)
+            self.rt.pool(request.pool)
         states = {convert.vm_state_from_pb(s) for s in request.states}
         vms = sorted((vm for vm in self.rt.vms() if (not request.pool or vm.pool == request.pool)
                       and (not states or vm.state in states)), key=lambda vm: (vm.pool, vm.id))
-        catalog = self.rt.core.catalog
+        catalog = self.rt.catalog
         return admin_pb.ListVmsResponse(vms=[convert.vm_to_pb(vm, vm.cache.images(catalog), self.rt.clock.now()) for vm in vms])
 
     @unary
     async def EvictVm(self, request, context):
         self._check(request.cluster)
-        vm = self.rt.admin(lambda now: self.rt.core.evict(request.vm_id, request.reason, now))
-        return admin_pb.EvictVmResponse(vm=convert.vm_to_pb(vm, vm.cache.images(self.rt.core.catalog), self.rt.clock.now()))
+        vm = self.rt.evict(request.vm_id, request.reason)
+        return admin_pb.EvictVmResponse(vm=convert.vm_to_pb(vm, vm.cache.images(self.rt.catalog), self.rt.clock.now()))
 
     @unary
     async def ListAuditRecords(self, request, context):
@@ -234,8 +231,10 @@ SERVICE_NAMES = (
 )
 
 
-def register(server, runtime: ClusterRuntime, address: str):
-    cluster_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(runtime), server)
-    audit = AuditLog(runtime.store, runtime.clock, source=runtime.core.name)
+def register(server, runtime: ClusterRuntime, address: str, wall: Clock | None = None):
+    """`wall`: the wall clock, which the front's commit_by deadlines are in (the runtime's clock
+    may run faster)."""
+    cluster_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(runtime, wall or RealClock()), server)
+    audit = AuditLog(runtime.store, runtime.clock, source=runtime.name)
     admin_grpc.add_AdminServiceServicer_to_server(ClusterAdminServicer(runtime, address, audit), server)
     return SERVICE_NAMES

@@ -45,3 +45,39 @@ def next_pull(target: Sequence[str], has: Callable[[str], bool], start: int = 0)
         if not has(target[k]):
             return k
     return len(target)
+
+
+# Demand counts per image decay with this half-life, so the warm mix follows recent requests.
+DEMAND_HALF_LIFE_S = 6 * 3600.0
+# Each of the newest releases counts as this much demand, so each is kept on an idle VM.
+RECENT_RELEASES = 40
+RECENT_RELEASE_DEMAND = 0.25
+
+
+class Demand:
+    """A pool's requests per image, decaying with DEMAND_HALF_LIFE_S: what rank_images ranks."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, float] = {}
+        self.at = 0.0
+
+    def count(self, image: str, now: float) -> None:
+        counts = self.decayed(now)
+        counts[image] = counts.get(image, 0.0) + 1.0
+
+    def decayed(self, now: float) -> dict[str, float]:
+        # Decayed a minute at a time: the half-life is hours, and requests come many a minute.
+        if now - self.at >= 60.0:
+            factor = 0.5 ** ((now - self.at) / DEMAND_HALF_LIFE_S)
+            self.counts = {i: c * factor for i, c in self.counts.items() if c * factor > 0.01}
+            self.at = now
+        return self.counts
+
+    def wanted(self, now: float, newest: Sequence[str]) -> dict[str, float]:
+        """Recent demand by image, plus a baseline for each of the newest releases: notebooks stay
+        pinned to the version they were made with, so the first request for a recent version in
+        a while should still find it warm."""
+        wanted = dict(self.decayed(now))
+        for version in newest[:RECENT_RELEASES]:
+            wanted[version] = wanted.get(version, 0.0) + RECENT_RELEASE_DEMAND
+        return wanted

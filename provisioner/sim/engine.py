@@ -1,13 +1,15 @@
 """A discrete-event, virtual-time shell around ClusterCores: it plays the cloud and the tick loop.
 
-Each command a core issues is answered after the delay the physics gives it (Launch: vm_created
-after create_s, vm_ready after boot_s more, or launch_failed; Pull: pull_done after the bytes at
-the pull bandwidth; Wipe: wipe_done; Delete: vm_deleted). Events sit in a heap of
-(time, seq, core, callback, args); after each event the shell takes the core's changes and
-commands. Events due at the same time as a tick run before it.
+Each command a core issues is answered, as an event naming the command, after the delay the
+physics gives it (Launch: VmCreated after create_s, VmReady after boot_s more, or CommandFailed;
+Pull: PullDone after the bytes at the pull bandwidth; Wipe: WipeDone; Delete: VmDeleted).
+Scheduled work sits in a heap of (time, seq, core, callback, args); each event goes to its core's
+`handle`, and the step it returns is carried out at once. Work due at the same time as a tick
+runs before it. Whether an answer still applies is the core's business, not the engine's.
 
-Subclasses hook in by overriding `changes` (what changed after an event), `carry_out` (commands)
-and the duration/outcome methods. The hot path does no logging and copies nothing.
+Subclasses hook in by overriding `changes` (what changed in a step), `carry_out` (commands), the
+delivery of answers (`deliver`) and the duration/outcome methods. The hot path does no logging
+and copies nothing.
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ from typing import Callable, Iterable
 
 from provisioner.cloud.base import CloudFailure
 from provisioner.cloud.sim import SimPhysics
-from provisioner.cluster.core import ClusterCore, Command, Delete, Launch, Pull, Wipe
+from provisioner.decide.commands import Command, Delete, Launch, Pull, Step, Wipe
+from provisioner.decide.core import ClusterCore
+from provisioner.decide.events import CommandFailed, Event, PullDone, Tick, VmCreated, VmDeleted, VmReady, WipeDone
 from provisioner.model import Session, Vm
-from provisioner.decide.states import VmState
-
-_CREATING, _BOOTING, _RECYCLING = VmState.CREATING, VmState.BOOTING, VmState.RECYCLING
 
 
 class Engine:
@@ -43,12 +44,12 @@ class Engine:
 
     # ---- scheduling -----------------------------------------------------------------------
 
-    def at(self, when: float, core: ClusterCore | None, fn: Callable, *args) -> None:
-        """Calls fn(*args, when) at `when`, then pumps `core` (every core when None)."""
-        heapq.heappush(self._heap, (when, next(self._seq), core, fn, args))
+    def at(self, when: float, fn: Callable, *args) -> None:
+        """Calls fn(*args, when) at `when`."""
+        heapq.heappush(self._heap, (when, next(self._seq), fn, args))
 
-    def _after(self, delay: float, core: ClusterCore, fn: Callable, *args) -> None:
-        heapq.heappush(self._heap, (self.now + delay, next(self._seq), core, fn, args))
+    def _answer(self, core: ClusterCore, event: Event) -> None:
+        heapq.heappush(self._heap, (event.at, next(self._seq), self.deliver, (core, event)))
 
     def _step(self, end: float) -> bool:
         """Runs the next event or tick due by `end`; False when there is none."""
@@ -64,14 +65,11 @@ class Engine:
         self.now = t
         self.events += 1
         if t_event <= t_tick:
-            _, _, core, fn, args = heapq.heappop(heap)
+            _, _, fn, args = heapq.heappop(heap)
             fn(*args, t)
-            self.pump(core)
         else:
-            core = tick[2]
-            core.tick(t)
             tick[0] += tick[1]
-            self.pump(core)
+            self.handle(tick[2], Tick(t))
         return True
 
     def advance(self, seconds: float) -> None:
@@ -93,50 +91,61 @@ class Engine:
 
     # ---- the shell's loop -----------------------------------------------------------------
 
-    def pump(self, core: ClusterCore | None = None) -> None:
-        """Takes the output of `core` (every core when None) and schedules the cloud's answers."""
-        for c in self.cores if core is None else (core,):
-            sessions, vms = c.take_changes()
-            if sessions or vms:
-                self.changes(c, sessions, vms)
-            commands = c.take_commands()
-            if commands:
-                self.carry_out(c, commands)
+    def handle(self, core: ClusterCore, *events: Event) -> Step:
+        """Gives `core` the events and carries out its step."""
+        step = core.handle(*events)
+        self.carry(core, step)
+        return step
+
+    def carry(self, core: ClusterCore, step: Step) -> None:
+        if step.sessions or step.vms:
+            self.changes(core, step.sessions, step.vms)
+        if step.commands:
+            self.carry_out(core, step.commands)
         self.after_event()
 
+    def deliver(self, core: ClusterCore, event: Event, now: float) -> None:
+        """An answer from the cloud reaches the core."""
+        self.handle(core, event)
+
     def changes(self, core: ClusterCore, sessions: list[Session], vms: list[Vm]) -> None:
-        """What changed in `core` during the last event; for subclasses."""
+        """What changed in `core` during the last step; for subclasses."""
 
     def after_event(self) -> None:
-        """Runs after every event, once its changes and commands are handled; for subclasses."""
+        """Runs after every step, once its changes and commands are handled; for subclasses."""
 
     def carry_out(self, core: ClusterCore, commands: list[Command]) -> None:
-        after = self._after
+        answer, now = self._answer, self.now
         for cmd in commands:
             match cmd:
                 case Launch():
                     failure = self.launch_outcome(core, cmd)
+                    delay = self.create_delay(core)
                     if failure is not None:
-                        after(self.create_delay(core), core, self._launch_failed, core, cmd.vm_id, failure)
+                        answer(core, CommandFailed(now + delay, cmd.id, failure))
                     else:
-                        after(self.create_delay(core), core, self._created, core, cmd.vm_id)
+                        self.at(now + delay, self._created, core, cmd)
                 case Pull():
                     nbytes = sum(layer.size_bytes for layer in cmd.layers)
                     self.bytes_pulled += nbytes
                     delay = self.pull_delay(core, nbytes)
                     failure = self.pull_outcome(core, cmd)
-                    if failure is not None:
-                        after(delay, core, core.pull_failed, cmd.vm_id, cmd.image, failure)
-                    else:
-                        after(delay, core, core.pull_done, cmd.vm_id, cmd.image)
+                    answer(core, PullDone(now + delay, cmd.id) if failure is None
+                           else CommandFailed(now + delay, cmd.id, failure))
                 case Wipe():
                     failure = self.wipe_outcome(core, cmd)
-                    if failure is not None:
-                        after(self.wipe_delay(core), core, self._wipe_failed, core, cmd.vm_id, failure)
-                    else:
-                        after(self.wipe_delay(core), core, self._wiped, core, cmd.vm_id)
+                    delay = self.wipe_delay(core)
+                    answer(core, WipeDone(now + delay, cmd.id) if failure is None
+                           else CommandFailed(now + delay, cmd.id, failure))
                 case Delete():
-                    after(self.delete_delay(core), core, core.vm_deleted, cmd.vm_id)
+                    delay = self.delete_delay(core)
+                    answer(core, VmDeleted(now + delay, cmd.id))
+
+    def _created(self, core: ClusterCore, cmd: Launch, now: float) -> None:
+        """The cloud has the VM: it says so, and the boot starts (its time drawn only now)."""
+        self.deliver(core, VmCreated(now, cmd.id, f"sim://{cmd.vm_id}"), now)
+        delay = self.boot_delay(core)
+        self._answer(core, VmReady(now + delay, cmd.id))
 
     # ---- durations and outcomes (the physics; tests override them) -------------------------
 
@@ -163,36 +172,6 @@ class Engine:
 
     def wipe_outcome(self, core: ClusterCore, cmd: Wipe) -> CloudFailure | None:
         return None
-
-    # ---- the cloud's answers --------------------------------------------------------------
-    # Each checks the VM is still in the state the answer is for: the core may have moved on.
-
-    def _created(self, core: ClusterCore, vm_id: str, now: float) -> None:
-        vm = core.vms.get(vm_id)
-        if vm is None:
-            return
-        if vm.state is _CREATING:  # a re-issued launch of a booting VM skips this, as the runtime does
-            core.vm_created(vm_id, f"sim://{vm_id}", now)
-        self._after(self.boot_delay(core), core, self._ready, core, vm_id)
-
-    def _ready(self, core: ClusterCore, vm_id: str, now: float) -> None:
-        vm = core.vms.get(vm_id)
-        if vm is not None and vm.state is _BOOTING:
-            core.vm_ready(vm_id, now)
-
-    def _launch_failed(self, core: ClusterCore, vm_id: str, failure: CloudFailure, now: float) -> None:
-        if vm_id in core.vms:
-            core.launch_failed(vm_id, failure, now)
-
-    def _wiped(self, core: ClusterCore, vm_id: str, now: float) -> None:
-        vm = core.vms.get(vm_id)
-        if vm is not None and vm.state is _RECYCLING:
-            core.wipe_done(vm_id, now)
-
-    def _wipe_failed(self, core: ClusterCore, vm_id: str, failure: CloudFailure, now: float) -> None:
-        vm = core.vms.get(vm_id)
-        if vm is not None and vm.state is _RECYCLING:
-            core.wipe_failed(vm_id, failure, now)
 
 
 def _first(item: list) -> float:

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from provisioner.cluster.core import ClusterCore, IdSource
+from provisioner.decide.core import ClusterCore
+from provisioner.decide.events import SessionForgotten, SessionRequested, SessionTouched, StopRequested
+from provisioner.decide.ids import IdSource
 from provisioner.config import FleetConfig
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.sim.engine import Engine
@@ -265,8 +267,8 @@ class Replay(Engine):
     def run(self, progress: Callable[[float], None] | None = None, chunk_s: float = 3600.0) -> None:
         for core in self.cores:
             if rows := self._rows_of[core.name]:
-                self.at(self.rows[rows[0]].arrival_s, core, self._arrive, core, 0)
-        self.at(0.0, None, self._sample)
+                self.at(self.rows[rows[0]].arrival_s, self._arrive, core, 0)
+        self.at(0.0, self._sample)
         while self.now < self.end_s:
             self.run_to(min(self.end_s, self.now + chunk_s))
             if progress is not None:
@@ -279,18 +281,18 @@ class Replay(Engine):
         i = mine[k]
         r = self.rows[i]
         if k + 1 < len(mine):
-            self.at(self.rows[mine[k + 1]].arrival_s, core, self._arrive, core, k + 1)
+            self.at(self.rows[mine[k + 1]].arrival_s, self._arrive, core, k + 1)
         spec = SessionSpec(request_id=f"r{i}", user_id=r.user, accelerator=r.accelerator, image=r.image, kind=r.kind)
-        s = core.allocate(spec, now)
+        s = self.handle(core, SessionRequested(now, spec)).reply
         self.sessions += 1
         end = now + r.duration_s
         interactive = r.kind is SessionKind.INTERACTIVE
         if interactive:
             self._schedule_touch(core, s.id, now, end)
         if interactive and r.abandon:
-            self.at(end, core, self._touch_last, core, s.id)  # the user's last activity; the cull does the rest
+            self.at(end, self._touch_last, core, s.id)  # the user's last activity; the cull does the rest
         else:
-            self.at(end, core, self._stop, core, s.id)
+            self.at(end, self._stop, core, s.id)
 
     def _sample(self, now: float) -> None:
         demand = assigned = warm = starting = 0
@@ -308,26 +310,26 @@ class Replay(Engine):
                     self._wait_max.pop(key, 0.0), billed * self._price[(core.name, name)]))
         self.samples.append(Sample(now, demand, assigned, warm, starting, self._live))
         if now + SAMPLE_S <= self.end_s:
-            self.at(now + SAMPLE_S, None, self._sample)
+            self.at(now + SAMPLE_S, self._sample)
 
     def _schedule_touch(self, core: ClusterCore, sid: str, now: float, end: float) -> None:
         t = now + self.idle_timeout_s - TOUCH_MARGIN_S
         if t < end:
-            self.at(t, core, self._touch, core, sid, end)
+            self.at(t, self._touch, core, sid, end)
 
     def _touch(self, core: ClusterCore, sid: str, end: float, now: float) -> None:
         s = core.sessions.get(sid)
         if s is not None and not s.terminal:
-            core.touch(sid, now)
+            self.handle(core, SessionTouched(now, sid))
             self._schedule_touch(core, sid, now, end)
 
     def _touch_last(self, core: ClusterCore, sid: str, now: float) -> None:
         if sid in core.sessions:
-            core.touch(sid, now)
+            self.handle(core, SessionTouched(now, sid))
 
     def _stop(self, core: ClusterCore, sid: str, now: float) -> None:
         if sid in core.sessions:
-            core.stop(sid, "the user is done", now)
+            self.handle(core, StopRequested(now, sid, "the user is done"))
 
     # ---- observing ----------------------------------------------------------------------
 
@@ -343,7 +345,7 @@ class Replay(Engine):
                 self.starts[s.start.value] += 1
             elif s.terminal:
                 started.discard(s.id)
-                core.forget(s.id)  # or every tick's cull would scan every session ever made
+                core.handle(SessionForgotten(self.now, s.id))  # or the cull would scan every session ever made
         if vms:
             self._vms_changed(core, vms)
 

@@ -1,0 +1,64 @@
+"""What the cluster core asks of its shell: commands for the cloud, and the Step that carries them
+with the records to persist. Pure data.
+
+Every command carries an id, unique within the core's life (see ClusterCore.handle); each answer
+event names the id of the command it answers, so the core alone decides whether it still applies.
+`session_id` links the work to the request's trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from provisioner.decide.images import Layer
+from provisioner.model import Session, Vm
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    id: int
+    vm_id: str
+    pool: str
+    zone: str
+    images: tuple[str, ...] = ()
+    session_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pull:
+    id: int
+    vm_id: str
+    zone: str
+    image: str
+    layers: tuple[Layer, ...]
+    session_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Wipe:
+    id: int
+    vm_id: str
+    zone: str
+    session_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    id: int
+    vm_id: str
+    zone: str
+    session_id: str = ""
+
+
+Command = Launch | Pull | Wipe | Delete
+
+
+@dataclass(slots=True)
+class Step:
+    """The outcome of handling events: commands to run, records to write (before acting on them,
+    and to tell watchers), and the answer to the last request among the events, if any."""
+
+    commands: list[Command] = field(default_factory=list)
+    sessions: list[Session] = field(default_factory=list)
+    vms: list[Vm] = field(default_factory=list)
+    reply: object = None

@@ -1,0 +1,242 @@
+"""One cluster's logic: sessions, VMs, queue, culling, autoscaling. No I/O, no clock, no asyncio.
+
+`ClusterCore.handle(*events) -> Step` is the only way in: typed events (provisioner.decide.events)
+with the time they happened go in; the commands for the cloud, the records to persist and the
+answer to a request come out. A thin shell carries the commands out and feeds the answers back
+as events: the live cluster runtime with real RPCs and a cloud backend, the simulator's engine
+on a virtual clock, the tests' driver. All three run exactly this code.
+
+Each command has an id, and stays in flight until its final answer, its failure or its deadline
+(provisioner.decide.deadlines). An answer to a command no longer in flight (late, duplicated, for
+a VM since deleted, or from before a restart) is dropped here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from provisioner.cloud.base import CloudFailure
+from provisioner.config import ClusterConfig, SessionsConfig
+from provisioner.decide import events as ev
+from provisioner.decide.commands import Command, Delete, Launch, Pull, Step, Wipe
+from provisioner.decide.deadlines import Limits
+from provisioner.decide.eventlog import EventLog
+from provisioner.decide.ids import IdSource
+from provisioner.decide.images import ImageCatalog
+from provisioner.decide.pools import Pools, PoolState
+from provisioner.decide.sessions import Sessions
+from provisioner.decide.states import SessionState, VmState
+from provisioner.decide.vms import VmLifecycle
+from provisioner.model import Session, Vm
+
+S, V = SessionState, VmState
+# A VM leaving for good takes its other work with it: answers to that work no longer apply.
+_GONE = frozenset({V.DELETING, V.FAILED, V.DELETED})
+
+
+class ClusterCore(Sessions, VmLifecycle, Pools):
+    def __init__(self, cluster: ClusterConfig, catalog: ImageCatalog, sessions: SessionsConfig,
+                 ids: IdSource | None = None, event_log: EventLog | None = None):
+        self.config = cluster
+        self.name = cluster.name
+        self.catalog = catalog
+        self.sessions_config = sessions
+        self.ids = ids or IdSource(cluster.name)
+        self.event_log = event_log
+        self.limits = Limits(cluster)
+        self.pools = {p.name: PoolState(p, p) for p in cluster.pools}
+        self.sessions: dict[str, Session] = {}
+        self.by_request: dict[str, str] = {}  # request key (SessionSpec.key) -> session id
+        self.vms: dict[str, Vm] = {}
+        self.draining = False
+        self.dropped = 0  # answers to commands no longer in flight
+        # (time, session id) when a running session may need culling; checked lazily by the tick.
+        self._cull_due: list[tuple[float, str]] = []
+        self._age = {v: i for i, v in enumerate(catalog.newest(len(catalog)))}
+        # vm id -> (ranking_gen, position in the ranking up to which the VM holds every image).
+        self._filled: dict[str, tuple[int, int]] = {}
+        self._next_command = 1
+        self._in_flight: dict[int, Command] = {}
+        self._vm_commands: dict[str, dict[int, None]] = {}  # vm id -> its commands in flight
+        self._command_due: list[tuple[float, int]] = []  # (deadline, command id), checked by the tick
+        self._step = Step()
+        self._changed_sessions: dict[str, Session] = {}
+        self._changed_vms: dict[str, Vm] = {}
+
+    # ---- the way in ----------------------------------------------------------------------
+
+    def handle(self, *events: ev.Event) -> Step:
+        """Applies the events in order; returns what to persist and run, and the last reply.
+
+        A refused request (a ProvisionerError) raises after the events before it were applied;
+        their output comes with the next step."""
+        for event in events:
+            if self.event_log is not None:
+                self.event_log.record(event)
+            self._step.reply = self._apply(event)
+        step, self._step = self._step, Step()
+        step.sessions, step.vms = list(self._changed_sessions.values()), list(self._changed_vms.values())
+        self._changed_sessions, self._changed_vms = {}, {}
+        return step
+
+    def _apply(self, event: ev.Event) -> object:
+        now = event.at
+        match event:
+            case ev.Tick():
+                self._expire(now)
+                self._cull(now)
+                self._tick_pools(now)
+            case ev.VmCreated() | ev.VmReady() | ev.PullProgress() | ev.PullDone() | ev.WipeDone() \
+                    | ev.VmDeleted() | ev.CommandFailed():
+                self._answer(event)
+            case ev.SessionRequested():
+                return self._allocate(event.spec, now, event.trace_context)
+            case ev.SessionTouched():
+                return self._touch(event.session_id, now, event.user_id)
+            case ev.StopRequested():
+                return self._stop(event.session_id, event.reason, now, event.user_id)
+            case ev.DiscardRequested():
+                return self._discard(event.key, event.reason, now)
+            case ev.SessionForgotten():
+                self._forget(event.session_id)
+            case ev.HealthReported():
+                self._vm_health(event.vm_id, event.report, now)
+            case ev.Reconciled():
+                self._reconciled(event.plan, now)
+            case ev.DrainSet():
+                self.draining = event.draining
+            case ev.PolicySet():
+                return self._set_policy(event.pool, event.policy)
+            case ev.PrewarmRequested():
+                return self._prewarm_request(event.pool, event.image, event.count, now)
+            case ev.EvictRequested():
+                return self._evict(event.vm_id, event.reason, now)
+            case ev.Restored():
+                self._restore(event.sessions, event.vms, now)
+            case _:
+                raise TypeError(f"not an event: {event!r}")
+        return None
+
+    def _answer(self, event) -> None:
+        final = not isinstance(event, (ev.VmCreated, ev.PullProgress))
+        cmd = self._in_flight.get(event.answering)
+        if cmd is None:
+            self.dropped += 1
+            return
+        if final:
+            self._settle(cmd)
+        now = event.at
+        match event:
+            case ev.VmCreated():
+                self._vm_created(cmd, event.endpoint, now)
+            case ev.VmReady():
+                self._vm_ready(cmd, event.endpoint, now)
+            case ev.PullProgress():
+                self._pull_progress(cmd, event.bytes_done, now)
+            case ev.PullDone():
+                self._pull_done(cmd, now)
+            case ev.WipeDone():
+                self._wipe_done(cmd, now)
+            case ev.VmDeleted():
+                self._vm_deleted(self.vms[cmd.vm_id], now)
+            case ev.CommandFailed():
+                self._failed(cmd, event.failure, now)
+
+    def _restore(self, sessions, vms, now: float) -> None:
+        """Rebuilds state from the store and re-issues the cloud work that was under way."""
+        # Command ids go on from the restore's time (in microseconds), past any the previous
+        # process issued unless it issued more than a million a second: an id in a log or a
+        # trace names one command only.
+        self._next_command = max(self._next_command, int(now * 1e6))
+        restored = []
+        for vm in vms:
+            if vm.pool not in self.pools:
+                continue
+            self.vms[vm.id] = vm
+            self.pools[vm.pool].count_in(vm)
+            restored.append(vm)
+        for s in sessions:
+            self.sessions[s.id] = s
+            self.by_request[s.spec.key] = s.id
+            if s.state is S.QUEUED:
+                self.pools[s.pool].queue[s.id] = None
+            elif s.state is S.RUNNING:
+                self._watch_cull(s)
+        for vm in restored:
+            self._reissue(vm, now)
+
+    # ---- commands in flight --------------------------------------------------------------
+
+    def _issue(self, kind: type, now: float, *args) -> Command:
+        cmd = kind(self._next_command, *args)
+        self._next_command += 1
+        self._in_flight[cmd.id] = cmd
+        self._vm_commands.setdefault(cmd.vm_id, {})[cmd.id] = None
+        heapq.heappush(self._command_due, (now + self._limit_s(cmd), cmd.id))
+        self._step.commands.append(cmd)
+        return cmd
+
+    def _limit_s(self, cmd: Command) -> float:
+        match cmd:
+            case Launch():
+                return self.limits.launch_s
+            case Pull():
+                return self.limits.pull_s(sum(layer.size_bytes for layer in cmd.layers))
+            case Wipe():
+                return self.limits.wipe_s
+            case Delete():
+                return self.limits.delete_s
+        raise TypeError(cmd)
+
+    def _settle(self, cmd: Command) -> None:
+        del self._in_flight[cmd.id]
+        mine = self._vm_commands[cmd.vm_id]
+        del mine[cmd.id]
+        if not mine:
+            del self._vm_commands[cmd.vm_id]
+
+    def _expire(self, now: float) -> None:
+        """Commands past their deadline fail: nothing waits for an answer that may never come."""
+        due = self._command_due
+        while due and due[0][0] <= now:
+            _, cid = heapq.heappop(due)
+            cmd = self._in_flight.get(cid)
+            if cmd is None:
+                continue
+            self._settle(cmd)
+            name = type(cmd).__name__.lower()
+            failure = CloudFailure("deadline_exceeded", f"no answer to the {name} within {self._limit_s(cmd):.0f}s")
+            self._failed(cmd, failure, now, expired=True)
+
+    def in_flight(self) -> list[Command]:
+        return list(self._in_flight.values())
+
+    # ---- changes -------------------------------------------------------------------------
+
+    def _session_changed(self, s: Session) -> None:
+        s.revision += 1
+        self._changed_sessions[s.id] = s
+
+    def _vm_changed(self, vm: Vm) -> None:
+        vm.revision += 1
+        self._changed_vms[vm.id] = vm
+
+    def _set_session(self, s: Session, state: SessionState, reason: str, now: float) -> None:
+        s.to(state, reason, now)
+        self._session_changed(s)
+
+    def _set_vm(self, vm: Vm, state: VmState, reason: str, now: float) -> None:
+        pool = self.pools[vm.pool]
+        if vm.state is not None:
+            pool.count_out(vm)
+        vm.to(state, reason, now)
+        self._vm_changed(vm)
+        if state in _GONE:
+            for cid in self._vm_commands.pop(vm.id, ()):
+                del self._in_flight[cid]
+        if state is V.DELETED:
+            del self.vms[vm.id]
+            self._filled.pop(vm.id, None)
+        else:
+            pool.count_in(vm)
+

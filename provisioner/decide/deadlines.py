@@ -1,0 +1,46 @@
+"""How long each kind of cloud work may take before the core stops waiting for it. Pure.
+
+A command whose answer has not come by its deadline is treated as failed (see ClusterCore): a
+launch's VM fails and is deleted, its session placed again; a pull's VM is deleted, its session
+placed again; a wipe's VM is deleted; a delete's VM fails and the reconciler retries. So no VM or
+session stays in creating, booting, pulling, recycling, deleting or stopping for ever because an
+answer was lost or its executor died.
+
+A limit is several times the expected duration (the simulated cloud's physics, which are also
+the core's estimates), plus a floor for small ones. A real cloud backend gives up by its own
+timeouts first: its limits are also at least those, so its failure, with its reason, comes first.
+"""
+
+from __future__ import annotations
+
+from provisioner.config import ClusterConfig
+
+# Expected durations are multiplied by this...
+SLACK = 4.0
+# ...and never under this, so a short wipe or delete is not failed by a moment of load.
+FLOOR_S = 120.0
+# Seconds from "create" to the cloud having the VM, as the core estimates it.
+CREATE_ESTIMATE_S = 5.0
+
+
+class Limits:
+    def __init__(self, config: ClusterConfig):
+        sim, backend = config.sim, config.backend
+        self.pull_bytes_per_s = sim.pull_bytes_per_s
+        self.launch_s = _limit(CREATE_ESTIMATE_S + sim.boot_s + sim.boot_jitter_s)
+        self.wipe_s = _limit(sim.wipe_s)
+        self.delete_s = _limit(sim.delete_s)
+        self.pull_floor_s = FLOOR_S
+        if backend.kind != "sim":
+            calls = backend.retry_total_s + backend.call_timeout_s
+            self.launch_s = max(self.launch_s, calls + backend.operation_timeout_s + backend.boot_timeout_s)
+            self.wipe_s = max(self.wipe_s, calls + backend.command_timeout_s)
+            self.delete_s = max(self.delete_s, calls + backend.operation_timeout_s)
+            self.pull_floor_s = max(self.pull_floor_s, calls + backend.command_timeout_s)
+
+    def pull_s(self, nbytes: int) -> float:
+        return max(self.pull_floor_s, _limit(nbytes / self.pull_bytes_per_s))
+
+
+def _limit(expected_s: float) -> float:
+    return max(FLOOR_S, SLACK * expected_s)

@@ -1,0 +1,25 @@
+"""Names for sessions and VMs. Pure: the randomness is given."""
+
+from __future__ import annotations
+
+import random
+
+
+class IdSource:
+    """Session and VM ids. Live clusters draw them from the OS's CSPRNG, so an id cannot be
+    guessed from another; a seeded source (replays, tests) names things the same way each run."""
+
+    def __init__(self, cluster: str, seed: int | None = None):
+        self.cluster = cluster
+        self._rng = random.SystemRandom() if seed is None else random.Random(seed)
+
+    def _suffix(self) -> str:
+        return f"{self._rng.getrandbits(40):010x}"
+
+    def session(self) -> str:
+        # The id names its home cluster, so the front routes Get/Stop/Watch without a lookup.
+        return f"{self.cluster}.s-{self._suffix()}"
+
+    def vm(self, pool: str) -> str:
+        # GCE instance names: lowercase letters, digits and dashes, at most 63 characters.
+        return f"{self.cluster}-{pool}-{self._suffix()}"[:63]

@@ -1,0 +1,218 @@
+"""The cluster core's pools: counts kept as VMs change, autoscaling, and which images idle VMs hold.
+
+Part of ClusterCore (provisioner/decide/core.py), split out by concern; pure like the rest.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from provisioner.config import PoolConfig
+from provisioner.decide.autoscale import (
+    PREDICTIVE_STABILIZATION_S,
+    SCALE_DOWN_IDLE_S,
+    STABILIZATION_S,
+    PoolSnapshot,
+    WindowMax,
+    desired_vms,
+    pick_deletions,
+    plan_scale,
+)
+from provisioner.decide.commands import Pull
+from provisioner.decide.deadlines import CREATE_ESTIMATE_S
+from provisioner.decide.forecast import Forecast
+from provisioner.decide.prewarm import RECENT_RELEASES, Demand, holdable, next_pull, rank_images
+from provisioner.decide.states import VM_ACTIVE, VmState
+from provisioner.errors import NotFound, quote
+from provisioner.model import Vm
+
+V = VmState
+
+# How often the image ranking is recomputed from the decaying demand.
+RANKING_REFRESH_S = 300.0
+# Idle VMs re-follow the ranking when its set of images changes or its order changes among the
+# first few (what a fresh VM pulls first); reshuffles further down are not worth a rescan.
+RANKING_ORDER_MATTERS = 3
+# How often the predictive autoscaler redoes its forecast.
+FORECAST_REFRESH_S = 60.0
+# A pool whose VMs and queue did not change is reconsidered this often (for what only time
+# changes: VMs idle long enough to go, the peak window, the forecast).
+AUTOSCALE_QUIET_S = 30.0
+
+
+@dataclass
+class PoolState:
+    """One pool's VMs and queue, with counts and indexes kept as VMs change (read every tick)."""
+
+    config: PoolConfig  # as the config file has it
+    policy: PoolConfig  # as operators left it: the file's, with their overrides
+    # Dicts, not sets: iteration follows insertion, so runs are the same in every process.
+    vms: dict[str, Vm] = field(default_factory=dict)  # every VM of the pool not yet deleted
+    queue: dict[str, None] = field(default_factory=dict)  # queued session ids
+    ready: dict[str, Vm] = field(default_factory=dict)  # assignable: warm and healthy
+    count: dict[VmState, int] = field(default_factory=lambda: defaultdict(int))  # VMs by state
+    per_zone: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    stocked_out_until: dict[str, float] = field(default_factory=dict)
+    demand: Demand = field(default_factory=Demand)
+    peak: WindowMax = field(default_factory=lambda: WindowMax(STABILIZATION_S))  # of VMs wanted
+    forecast: Forecast = field(default_factory=Forecast)
+    forecast_warm: int = 0
+    forecast_at: float = -FORECAST_REFRESH_S
+    changed: bool = True  # VMs or queue changed since the autoscaler last looked
+    scaled_at: float = -AUTOSCALE_QUIET_S
+    ranking: tuple[str, ...] = ()  # images idle VMs should hold, best first (prewarm.holdable)
+    keep_layers: frozenset[str] = frozenset()  # their layers, spared by eviction while others exist
+    ranking_gen: int = 0  # bumped when idle VMs must re-follow the ranking
+    ranking_at: float = -RANKING_REFRESH_S
+
+    def count_in(self, vm: Vm) -> None:
+        self.changed = True
+        self.vms[vm.id] = vm
+        self.count[vm.state] += 1
+        self.per_zone[vm.zone] += 1
+        if vm.state is V.WARM and vm.healthy:
+            self.ready[vm.id] = vm
+
+    def count_out(self, vm: Vm) -> None:
+        self.changed = True
+        del self.vms[vm.id]
+        self.count[vm.state] -= 1
+        self.per_zone[vm.zone] -= 1
+        self.ready.pop(vm.id, None)
+
+    @property
+    def total(self) -> int:
+        return sum(self.count[state] for state in VM_ACTIVE)
+
+
+class Pools:
+    """ClusterCore's pool side: scaling, prewarming, operators' pool actions, estimates."""
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def pool(self, name: str) -> PoolState:
+        if name not in self.pools:
+            raise NotFound(f"cluster {self.name} has no pool {quote(name)}", field="pool")
+        return self.pools[name]
+
+    def snapshot(self, pool: PoolState) -> PoolSnapshot:
+        c, p = pool.count, pool.policy
+        return PoolSnapshot(
+            warm=c[V.WARM], starting=c[V.CREATING] + c[V.BOOTING], assigned=c[V.ASSIGNED],
+            recycling=c[V.RECYCLING], queued=len(pool.queue), min_vms=p.min_vms, max_vms=p.max_vms,
+            headroom_fraction=p.headroom_fraction, autoscaler=p.autoscaler, warm_vms=p.warm_vms,
+            forecast_warm=pool.forecast_warm,
+        )
+
+    def assignable(self, pool: PoolState) -> list[Vm]:
+        """Assignable VMs: warm and healthy, even while a prewarm pull runs (a session beats it)."""
+        return list(pool.ready.values())
+
+    def _idle_settled(self, pool: PoolState) -> list[Vm]:
+        """Idle warm VMs with no pull under way: candidates for prewarming and scale-down."""
+        return [vm for vm in pool.ready.values() if not vm.pulling]
+
+    def cold_start_s(self) -> float:
+        return self._cold_start_s(self.catalog.latest)
+
+    def _bandwidth(self) -> float:
+        return self.config.sim.pull_bytes_per_s
+
+    def _cold_start_s(self, image: str) -> float:
+        return CREATE_ESTIMATE_S + self.config.sim.boot_s + self.catalog.size_bytes(image) / self._bandwidth()
+
+    # ---- scaling -------------------------------------------------------------------------
+
+    def _tick_pools(self, now: float) -> None:
+        for pool in self.pools.values():
+            if now - pool.ranking_at >= RANKING_REFRESH_S:
+                self._refresh_ranking(pool, now)
+            self._dispatch_queue(pool, now)
+            if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
+                self._autoscale(pool, now)
+
+    def _autoscale(self, pool: PoolState, now: float) -> None:
+        pool.changed, pool.scaled_at = False, now
+        policy = pool.policy
+        if policy.autoscaler == "predictive" and now - pool.forecast_at >= FORECAST_REFRESH_S:
+            lead_s = self._cold_start_s(pool.ranking[0] if pool.ranking else self.catalog.latest)
+            pool.forecast_warm = pool.forecast.warm_needed(now, lead_s, policy.wait_probability)
+            pool.forecast_at = now
+        snap = self.snapshot(pool)
+        pool.peak.window_s = PREDICTIVE_STABILIZATION_S if policy.autoscaler == "predictive" else STABILIZATION_S
+        hold = pool.peak.add(now, desired_vms(snap))
+        # An upper bound on the VMs idle long enough: the real list is made only to delete some.
+        plan = plan_scale(snap, hold, len(pool.ready))
+        for _ in range(plan.launch):
+            if self._launch(pool, now, images=pool.ranking[:1]) is None:
+                break
+        if plan.delete:
+            # A prewarm under way does not save a surplus VM.
+            idle = [vm for vm in pool.ready.values() if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
+            for vm in pick_deletions(idle, plan.delete, lambda v: self._held_of_ranking(pool, v)):
+                self._delete(vm, "scale-down: surplus warm VM", now)
+
+    def _set_policy(self, name: str, policy: PoolConfig) -> PoolConfig:
+        pool = self.pool(name)
+        pool.policy = policy
+        pool.changed = True
+        return policy
+
+    # ---- prewarming ----------------------------------------------------------------------
+
+    def _refresh_ranking(self, pool: PoolState, now: float) -> None:
+        """Re-ranks the images idle VMs should hold; when the ranking moved, idle VMs follow it."""
+        pool.ranking_at = now
+        catalog = self.catalog
+        ranking = holdable(rank_images(pool.demand.wanted(now, catalog.newest(RECENT_RELEASES)), self._age),
+                           lambda i: {layer.id: layer.size_bytes for layer in catalog.layers(i)},
+                           pool.config.disk_cache_bytes)
+        n = RANKING_ORDER_MATTERS
+        if set(ranking) == set(pool.ranking) and ranking[:n] == pool.ranking[:n]:
+            return
+        pool.ranking = ranking
+        pool.keep_layers = frozenset().union(*(catalog.layer_ids(i) for i in ranking))
+        pool.ranking_gen += 1
+        for vm in self._idle_settled(pool):
+            self._fill(vm, now)
+
+    def _held_of_ranking(self, pool: PoolState, vm: Vm) -> int:
+        """How many of the pool's ranked images the VM holds, as far as its filling went."""
+        gen, k = self._filled.get(vm.id, (-1, 0))
+        return k if gen == pool.ranking_gen else 0
+
+    def _fill(self, vm: Vm, now: float) -> None:
+        """An idle warm VM pulls the next image its pool wants it to hold, if any."""
+        if vm.state is not V.WARM or vm.pulling or vm.session_id or not vm.healthy:
+            return
+        pool, cache, catalog = self.pools[vm.pool], vm.cache, self.catalog
+        gen, start = self._filled.get(vm.id, (-1, 0))
+        k = next_pull(pool.ranking, lambda i: cache.has_image(i, catalog),
+                      start if gen == pool.ranking_gen else 0)
+        self._filled[vm.id] = (pool.ranking_gen, k)
+        if k < len(pool.ranking):
+            self._prewarm(vm, pool.ranking[k], now)
+
+    def _prewarm(self, vm: Vm, image: str, now: float) -> None:
+        """Pulls an image onto an idle warm VM ahead of demand."""
+        if vm.state is not V.WARM or vm.pulling or vm.session_id:
+            return
+        missing = tuple(vm.cache.missing(image, self.catalog))
+        if missing:
+            vm.pulling = image
+            self._vm_changed(vm)
+            self._issue(Pull, now, vm.id, vm.zone, image, missing)
+
+    def _prewarm_request(self, name: str, image: str, count: int, now: float) -> list[str]:
+        """Pulls `image` onto up to `count` idle warm VMs (those missing the fewest bytes)."""
+        pool = self.pool(name)
+        version = self.catalog.resolve(image)
+        have = sum(1 for vm in self.assignable(pool) if vm.cache.has_image(version, self.catalog))
+        candidates = sorted((vm for vm in self._idle_settled(pool) if not vm.cache.has_image(version, self.catalog)),
+                            key=lambda vm: (self.catalog.missing_bytes(version, vm.cache.layer_ids), vm.id))
+        chosen = candidates[:max(0, count - have)]
+        for vm in chosen:
+            self._prewarm(vm, version, now)
+        pool.demand.count(version, now)
+        return [vm.id for vm in chosen]

@@ -1,0 +1,249 @@
+"""The cluster core's sessions: requests, placement, the queue, culling.
+
+Part of ClusterCore (provisioner/decide/core.py), split out by concern; pure like the rest.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from typing import Mapping
+
+from provisioner.decide.assignment import choose_vm, queue_order
+from provisioner.decide.commands import Pull
+from provisioner.decide.pools import PoolState
+from provisioner.decide.states import SessionState, VmState
+from provisioner.errors import FailedPrecondition, NotFound, quote
+from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.validation import validate_spec
+
+S, V = SessionState, VmState
+
+
+class Sessions:
+    """ClusterCore's session side."""
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def validate(self, spec: SessionSpec) -> str:
+        """Checks a request against this cluster; returns the resolved image version."""
+        return validate_spec(spec, self.pools, self.catalog, self.sessions_config.max_runtime_limit_s)
+
+    def get(self, session_id: str, user_id: str = "") -> Session:
+        """The session; with `user_id`, only if it is that user's (another user's session is
+        reported as missing, not as forbidden, so its existence is not revealed)."""
+        s = self.sessions.get(session_id)
+        if s is not None and (not user_id or s.spec.user_id == user_id):
+            return s
+        raise NotFound(f"session {quote(session_id)} not found", field="session_id")
+
+    def get_by_request(self, key: str) -> Session:
+        if sid := self.by_request.get(key):
+            return self.sessions[sid]
+        raise NotFound("no session for this request id", field="request_id")
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def _allocate(self, spec: SessionSpec, now: float, trace_context: Mapping[str, str]) -> Session:
+        """Creates the session (idempotent by request id) and places it at once if it can."""
+        if existing := self.by_request.get(spec.key):
+            return self.sessions[existing]
+        image = self.validate(spec)
+        if self.draining:
+            raise FailedPrecondition(f"cluster {self.name} is draining")
+        if spec.max_runtime_s:
+            max_runtime = spec.max_runtime_s
+        elif spec.kind is SessionKind.BATCH:
+            max_runtime = self.sessions_config.batch_max_runtime_s
+        else:
+            max_runtime = self.sessions_config.max_runtime_limit_s
+        s = Session(
+            id=self._new_session_id(), spec=spec, cluster=self.name, pool=spec.accelerator, image=image,
+            created_at=now, last_activity_at=now, idle_timeout_s=self.sessions_config.idle_timeout_s,
+            max_runtime_s=max_runtime, trace_context=dict(trace_context),
+        )
+        self.sessions[s.id] = s
+        self.by_request[spec.key] = s.id
+        pool = self.pools[s.pool]
+        pool.demand.count(image, now)
+        pool.forecast.arrival(now)
+        if not self._place(s, now):
+            self._enqueue(s, "waiting for capacity: the pool is at its maximum or stocked out", now)
+        return s
+
+    def _new_session_id(self) -> str:
+        # 40 random bits: a collision is rare, not impossible, and would merge two users' records.
+        while (sid := self.ids.session()) in self.sessions:
+            pass
+        return sid
+
+    def _touch(self, session_id: str, now: float, user_id: str = "") -> Session:
+        s = self.get(session_id, user_id)
+        if not s.terminal:
+            s.last_activity_at = now
+            self._session_changed(s)
+        return s
+
+    def _stop(self, session_id: str, reason: str, now: float, user_id: str = "") -> Session:
+        """Idempotent: a session already stopping or ended is returned as it is."""
+        s = self.get(session_id, user_id)
+        if s.terminal or s.state is S.STOPPING:
+            return s
+        reason = reason or "stopped by the user"
+        if s.state is S.QUEUED:
+            del self.pools[s.pool].queue[s.id]
+            self._end(s, S.STOPPED, reason, now)
+            self._renumber_queue(self.pools[s.pool], now)
+        elif s.state is S.PROVISIONING:
+            vm = self.vms.get(s.vm_id)
+            if vm is not None:
+                vm.reserved_for = ""  # the VM joins the pool when it boots
+                self._vm_changed(vm)
+            s.vm_id = ""
+            self._end(s, S.STOPPED, reason, now)
+        else:
+            self._set_session(s, S.STOPPING, reason, now)
+            self._release(self.vms[s.vm_id], now)
+        return s
+
+    def _forget(self, session_id: str) -> None:
+        s = self.get(session_id)
+        if not s.terminal:
+            raise FailedPrecondition(f"session {session_id} is {s.state}; only ended sessions can be forgotten")
+        del self.sessions[session_id]
+        if self.by_request.get(s.spec.key) == session_id:
+            del self.by_request[s.spec.key]
+
+    def _discard(self, key: str, reason: str, now: float) -> Session | None:
+        """Stops the session made for request `key`, which the front never acknowledged. Its
+        record stays (ended, with the reason and any GPU time it used), so billing and quotas see
+        it and the request key keeps naming it. None if there was none."""
+        sid = self.by_request.get(key)
+        if sid is None:
+            return None
+        return self._stop(sid, f"discarded: {reason}", now)
+
+    def _end(self, s: Session, state: SessionState, reason: str, now: float) -> None:
+        s.ended_at = now
+        self._set_session(s, state, reason, now)
+
+    # ---- placement -----------------------------------------------------------------------
+
+    def _place(self, s: Session, now: float) -> bool:
+        """Gives the session a warm VM or launches one; False when it must wait."""
+        pool = self.pools[s.pool]
+        choice = choose_vm(s.image, reversed(pool.ready.values()), self.catalog)  # newest warm first
+        if choice.vm_id:
+            vm = self.vms[choice.vm_id]
+            self._assign(s, vm, choice.start, now)
+            return True
+        if not self._can_launch(pool, now):
+            return False
+        vm = self._launch(pool, now, images=(s.image,), reserved_for=s)
+        if vm is None:
+            return False
+        s.vm_id = vm.id
+        s.start = StartKind.COLD
+        s.estimated_ready_at = now + self._cold_start_s(s.image)
+        self._set_session(s, S.PROVISIONING, f"creating VM {vm.id} in {vm.zone}", now)
+        return True
+
+    def _assign(self, s: Session, vm: Vm, start: StartKind, now: float) -> None:
+        vm.session_id, vm.reserved_for = s.id, ""
+        self._set_vm(vm, V.ASSIGNED, f"assigned to session {s.id}", now)
+        s.vm_id, s.endpoint, s.start = vm.id, vm.endpoint, start
+        missing = tuple(vm.cache.missing(s.image, self.catalog))
+        if missing:
+            total = sum(layer.size_bytes for layer in missing)
+            s.pull_bytes_total, s.pull_bytes_done = total, 0
+            s.estimated_ready_at = now + total / self._bandwidth()
+            self._set_session(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on {vm.id}", now)
+            # A prewarm of this very image is already under way: wait for it. Otherwise this pull
+            # supersedes whatever prewarm the VM was doing.
+            if vm.pulling != s.image:
+                vm.pulling = s.image
+                self._issue(Pull, now, vm.id, vm.zone, s.image, missing, s.id)
+        else:
+            vm.cache.touch(s.image, self.catalog, now)
+            self._running(s, vm, now)
+
+    def _running(self, s: Session, vm: Vm, now: float) -> None:
+        s.ready_at = s.last_activity_at = s.estimated_ready_at = now
+        s.endpoint = vm.endpoint
+        self._watch_cull(s)
+        how = {StartKind.WARM: "warm VM with the image", StartKind.PARTIAL: "warm VM after a partial pull",
+               StartKind.COLD: "new VM"}[s.start or StartKind.COLD]
+        self._set_session(s, S.RUNNING, f"running on {how} {vm.id}", now)
+
+    def _replace(self, s: Session, why: str, now: float) -> None:
+        """The session's VM will not serve it (its create, boot or pull failed): another, or the queue."""
+        s.pull_bytes_total = s.pull_bytes_done = 0
+        if not self._place(s, now):
+            self._enqueue(s, why, now)
+
+    def _enqueue(self, s: Session, reason: str, now: float) -> None:
+        pool = self.pools[s.pool]
+        pool.queue[s.id] = None
+        s.vm_id = ""
+        s.estimated_ready_at = now + self._cold_start_s(s.image)
+        self._set_session(s, S.QUEUED, reason, now)
+        self._renumber_queue(pool, now)
+
+    def _renumber_queue(self, pool: PoolState, now: float) -> None:
+        for pos, s in enumerate(self._queue_order(pool), start=1):
+            if s.queue_position != pos:
+                s.queue_position = pos
+                self._session_changed(s)
+
+    def _queue_order(self, pool: PoolState) -> list[Session]:
+        holding: dict[str, int] = defaultdict(int)
+        for vm in pool.vms.values():
+            if (owner := self.sessions.get(vm.session_id or vm.reserved_for)) is not None:
+                holding[owner.spec.user_id] += 1
+        return queue_order([self.sessions[i] for i in pool.queue], holding)
+
+    def _dispatch_queue(self, pool: PoolState, now: float) -> None:
+        if not pool.queue:
+            return
+        for s in self._queue_order(pool):
+            if not self._place(s, now):
+                break
+            del pool.queue[s.id]
+        self._renumber_queue(pool, now)
+
+    # ---- culling -------------------------------------------------------------------------
+
+    def _watch_cull(self, s: Session) -> None:
+        heapq.heappush(self._cull_due, (self._cull_at(s), s.id))
+
+    @staticmethod
+    def _cull_at(s: Session) -> float:
+        """When a running session is next due for culling, as things stand."""
+        due = s.ready_at + s.max_runtime_s if s.max_runtime_s else float("inf")
+        if s.spec.kind is SessionKind.INTERACTIVE:
+            due = min(due, s.last_activity_at + s.idle_timeout_s)
+        return due
+
+    def _cull(self, now: float) -> None:
+        """Stops sessions idle too long or past their max runtime. A touch moves a deadline
+        later without touching the heap: an entry found early is pushed back at the new time."""
+        heap = self._cull_due
+        while heap and heap[0][0] <= now:
+            _, sid = heapq.heappop(heap)
+            s = self.sessions.get(sid)
+            if s is None or s.state is not S.RUNNING:
+                continue
+            if (due := self._cull_at(s)) > now:
+                heapq.heappush(heap, (due, sid))
+            elif s.spec.kind is SessionKind.INTERACTIVE and now - s.last_activity_at >= s.idle_timeout_s:
+                self._stop(s.id, f"idle for {_minutes(s.idle_timeout_s)}", now)
+            else:
+                self._stop(s.id, f"reached its max runtime of {_minutes(s.max_runtime_s)}", now)
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.0f}h"

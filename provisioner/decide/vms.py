@@ -1,0 +1,269 @@
+"""The cluster core's VMs: launching, releasing and deleting them, and the cloud's answers.
+
+Part of ClusterCore (provisioner/decide/core.py), split out by concern; pure like the rest.
+Each answer handler is given the command it answers: ClusterCore.handle has already dropped
+answers to commands no longer in flight.
+"""
+
+from __future__ import annotations
+
+from provisioner.cloud.base import CloudFailure, HealthReport
+from provisioner.decide.autoscale import STOCKOUT_MEMORY_S, pick_zone, zones_available
+from provisioner.decide.commands import Delete, Launch, Pull, Wipe
+from provisioner.decide.images import LayerCache
+from provisioner.decide.pools import PoolState
+from provisioner.decide.reconcile import Plan
+from provisioner.decide.states import SessionState, VmState
+from provisioner.errors import FailedPrecondition, NotFound, quote
+from provisioner.model import Session, StartKind, Vm
+
+S, V = SessionState, VmState
+
+
+class VmLifecycle:
+    """ClusterCore's VM side."""
+
+    # ---- issuing work --------------------------------------------------------------------
+
+    def _can_launch(self, pool: PoolState, now: float) -> bool:
+        return pool.total < pool.policy.max_vms and zones_available(pool.config.zones, pool.stocked_out_until, now)
+
+    def _launch(self, pool: PoolState, now: float, images: tuple[str, ...] = (),
+                reserved_for: Session | None = None) -> Vm | None:
+        zone = pick_zone(pool.config.zones, pool.stocked_out_until, pool.per_zone, now)
+        if zone is None:
+            return None
+        vm = Vm(id=self.ids.vm(pool.config.name), cluster=self.name, pool=pool.config.name, zone=zone,
+                cache=LayerCache(pool.config.disk_cache_bytes), created_at=now,
+                reserved_for=reserved_for.id if reserved_for else "")
+        self.vms[vm.id] = vm
+        why = f"cold start for {reserved_for.id}" if reserved_for else "filling the warm pool"
+        self._set_vm(vm, V.CREATING, why, now)
+        self._issue(Launch, now, vm.id, pool.config.name, zone, images, reserved_for.id if reserved_for else "")
+        return vm
+
+    def _release(self, vm: Vm, now: float) -> None:
+        """After a session: wipe and keep, or delete, per pool policy. Never reuse unwiped."""
+        pool = self.pools[vm.pool]
+        pool.forecast.departure(now)
+        if pool.policy.recycle and vm.healthy:
+            self._set_vm(vm, V.RECYCLING, f"wiping after session {vm.session_id}", now)
+            self._issue(Wipe, now, vm.id, vm.zone, vm.session_id)
+        else:
+            why = "unhealthy" if not vm.healthy else "pool deletes VMs after use"
+            self._delete(vm, why, now)
+
+    def _delete(self, vm: Vm, reason: str, now: float) -> None:
+        self._set_vm(vm, V.DELETING, reason, now)
+        self._issue(Delete, now, vm.id, vm.zone, vm.session_id)
+
+    def _reissue(self, vm: Vm, now: float) -> None:
+        """After a restart: the cloud work the VM's state says was under way, again (every
+        command is idempotent by VM id, so repeating one that had finished is harmless)."""
+        if vm.state in (V.CREATING, V.BOOTING):
+            self._issue(Launch, now, vm.id, vm.pool, vm.zone, (), vm.reserved_for)
+        elif vm.state is V.RECYCLING:
+            self._issue(Wipe, now, vm.id, vm.zone, vm.session_id)
+        elif vm.state is V.DELETING:
+            self._issue(Delete, now, vm.id, vm.zone, vm.session_id)
+        elif vm.pulling:
+            missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
+            self._issue(Pull, now, vm.id, vm.zone, vm.pulling, missing, vm.session_id)
+
+    # ---- answers -------------------------------------------------------------------------
+
+    def _vm_created(self, cmd: Launch, endpoint: str, now: float) -> None:
+        vm = self.vms[cmd.vm_id]
+        if vm.state is V.CREATING:  # a launch re-issued for a booting VM is only waited for
+            vm.endpoint = endpoint
+            self._set_vm(vm, V.BOOTING, "the cloud accepted the create; booting", now)
+
+    def _vm_ready(self, cmd: Launch, endpoint: str, now: float) -> None:
+        """`endpoint`: where the booted VM is reached, when the cloud gives it only now."""
+        vm = self.vms[cmd.vm_id]
+        if vm.state is V.CREATING:  # the create's own answer was lost on the way
+            self._vm_created(cmd, endpoint, now)
+        vm.endpoint = endpoint or vm.endpoint
+        self._set_vm(vm, V.WARM, "booted", now)
+        s = self.sessions.get(vm.reserved_for)
+        if s is not None and s.state is S.PROVISIONING and s.vm_id == vm.id:
+            self._assign(s, vm, StartKind.COLD, now)
+            return
+        vm.reserved_for = ""
+        self._after_vm_freed(vm, now)
+
+    def _launch_failed(self, cmd: Launch, failure: CloudFailure, now: float, maybe_there: bool = False) -> None:
+        """The create or the boot failed (or never answered: `maybe_there`). Remember a
+        stocked-out zone; place the session again."""
+        vm = self.vms[cmd.vm_id]
+        pool = self.pools[vm.pool]
+        if failure.zone_exhausted:
+            # The cloud's word on where (a GKE node pool has its own zone), else where we asked.
+            pool.stocked_out_until[failure.zone or vm.zone] = now + STOCKOUT_MEMORY_S
+        created = maybe_there or vm.state is V.BOOTING
+        self._set_vm(vm, V.FAILED, f"{failure.code}: {failure.message}", now)
+        if created:  # something may be left in the cloud
+            self._delete(vm, "clean up after a failed boot", now)
+        else:
+            self._set_vm(vm, V.DELETED, "nothing was created", now)
+        self._replace_for(vm, f"VM creation failed in {vm.zone} ({failure.code}); waiting for capacity", now)
+
+    def _replace_for(self, vm: Vm, why: str, now: float) -> None:
+        """The session waiting for the VM's boot gets another."""
+        s = self.sessions.get(vm.reserved_for)
+        if s is not None and s.state is S.PROVISIONING and s.vm_id == vm.id:
+            self._replace(s, why, now)
+
+    def _pull_progress(self, cmd: Pull, bytes_done: int, now: float) -> None:
+        vm = self.vms[cmd.vm_id]
+        if vm.pulling != cmd.image:
+            return  # a superseded prewarm
+        s = self.sessions.get(vm.session_id)
+        if s is not None and s.state is S.PULLING_IMAGE:
+            s.pull_bytes_done = bytes_done
+            remaining = max(0, s.pull_bytes_total - bytes_done)
+            s.estimated_ready_at = now + remaining / self._bandwidth()
+            self._session_changed(s)
+
+    def _pull_done(self, cmd: Pull, now: float) -> None:
+        vm, image = self.vms[cmd.vm_id], cmd.image
+        # The layers are on disk, even if superseded; eviction spares the pool's top images.
+        if vm.cache.add_layers(self.catalog.layers(image), now, spare=self.pools[vm.pool].keep_layers):
+            self._filled.pop(vm.id, None)  # something was evicted: look again from the top
+        if vm.pulling == image:
+            vm.pulling = ""
+        self._vm_changed(vm)
+        s = self.sessions.get(vm.session_id)
+        if (vm.state is V.ASSIGNED and s is not None and s.state is S.PULLING_IMAGE
+                and vm.cache.has_image(s.image, self.catalog)):
+            s.pull_bytes_done = s.pull_bytes_total
+            self._running(s, vm, now)
+        elif vm.state is V.WARM and not vm.pulling:
+            self._after_vm_freed(vm, now)
+
+    def _pull_failed(self, cmd: Pull, failure: CloudFailure, now: float) -> None:
+        vm = self.vms[cmd.vm_id]
+        if vm.pulling != cmd.image:
+            return  # a superseded prewarm: nothing waits for it
+        vm.pulling = ""
+        s = self.sessions.get(vm.session_id)
+        if vm.state in (V.WARM, V.ASSIGNED):
+            vm.session_id = ""
+            self._delete(vm, f"pull failed: {failure.code}: {failure.message}", now)
+        if s is not None and s.state is S.PULLING_IMAGE:
+            self._replace(s, "the image pull failed; waiting for another VM", now)
+
+    def _wipe_done(self, cmd: Wipe, now: float) -> None:
+        vm = self.vms[cmd.vm_id]
+        s = self.sessions.get(vm.session_id)
+        vm.session_id = ""
+        self._set_vm(vm, V.WARM, "wiped", now)
+        if s is not None and s.state is S.STOPPING:
+            self._end(s, S.STOPPED, s.reason, now)
+        self._after_vm_freed(vm, now)
+
+    def _wipe_failed(self, cmd: Wipe, failure: CloudFailure, now: float) -> None:
+        vm = self.vms[cmd.vm_id]
+        s = self.sessions.get(vm.session_id)
+        self._delete(vm, f"wipe failed ({failure.code}); never reused unwiped", now)
+        if s is not None and s.state is S.STOPPING:
+            self._end(s, S.STOPPED, s.reason, now)
+
+    def _vm_deleted(self, vm: Vm, now: float, reason: str = "deleted") -> None:
+        s = self.sessions.get(vm.session_id)
+        if s is not None and s.state is S.STOPPING:
+            self._end(s, S.STOPPED, s.reason, now)
+        self._set_vm(vm, V.DELETED, reason, now)
+
+    def _delete_failed(self, cmd: Delete, failure: CloudFailure, now: float) -> None:
+        vm = self.vms[cmd.vm_id]
+        # The session stopping on it is over: the failed VM is never reused, and its delete is
+        # the reconciler's to retry.
+        s = self.sessions.get(vm.session_id)
+        if s is not None and s.state is S.STOPPING:
+            self._end(s, S.STOPPED, s.reason, now)
+        self._set_vm(vm, V.FAILED, f"delete failed: {failure.code}: {failure.message}", now)
+
+    def _failed(self, cmd, failure: CloudFailure, now: float, expired: bool = False) -> None:
+        """A command failed, by the cloud's answer, its executor's exception or its deadline."""
+        match cmd:
+            case Launch():
+                self._launch_failed(cmd, failure, now, maybe_there=expired)
+            case Pull():
+                self._pull_failed(cmd, failure, now)
+            case Wipe():
+                self._wipe_failed(cmd, failure, now)
+            case Delete():
+                self._delete_failed(cmd, failure, now)
+
+    # ---- reports -------------------------------------------------------------------------
+
+    def _reconciled(self, plan: Plan, now: float) -> None:
+        """Applies what the reconciler found comparing records with the cloud's inventory."""
+        for vm_id in plan.lost:
+            self._vm_lost(self.vms[vm_id], now)
+        for vm_id in plan.terminated:
+            self._vm_lost(self.vms[vm_id], now, still_there=True)
+        for vm_id in plan.deleted:
+            self._vm_deleted(self.vms[vm_id], now, "nothing was left in the cloud")
+        for vm_id in plan.retry_delete:
+            self._delete(self.vms[vm_id], "the reconciler retries the delete of a failed VM", now)
+
+    def _vm_lost(self, vm: Vm, now: float, still_there: bool = False) -> None:
+        """The VM is gone from the cloud (preempted, deleted outside us) while we counted on it;
+        `still_there`: it was terminated, so what is left of it is deleted."""
+        s = self.sessions.get(vm.session_id)
+        if s is not None and not s.terminal:
+            if s.state is S.STOPPING:
+                self._end(s, S.STOPPED, s.reason, now)
+            else:
+                self._end(s, S.FAILED, "the VM is gone from the cloud (preempted or deleted outside)", now)
+        vm.session_id, vm.pulling = "", ""
+        self._set_vm(vm, V.FAILED, "terminated in the cloud" if still_there else "gone from the cloud", now)
+        if still_there:
+            self._delete(vm, "terminated: nothing runs on it any more", now)
+        else:
+            self._set_vm(vm, V.DELETED, "nothing was left in the cloud", now)
+        self._replace_for(vm, "the VM being made for it is gone from the cloud; waiting for capacity", now)
+
+    def _vm_health(self, vm_id: str, report: HealthReport, now: float) -> None:
+        """An unhealthy warm VM leaves the warm set; a session on one is told and ends."""
+        vm = self.vms.get(vm_id)
+        if vm is None or report.healthy or not vm.healthy:
+            return
+        vm.healthy, vm.health_detail = False, report.detail
+        self.pools[vm.pool].ready.pop(vm.id, None)
+        self._vm_changed(vm)
+        if vm.state is V.WARM and not vm.pulling:
+            self._delete(vm, f"unhealthy: {report.detail}", now)
+        elif vm.state is V.ASSIGNED:
+            s = self.sessions[vm.session_id]
+            self._end(s, S.FAILED, f"the VM became unhealthy: {report.detail}", now)
+            self._delete(vm, f"unhealthy: {report.detail}", now)
+
+    def _after_vm_freed(self, vm: Vm, now: float) -> None:
+        """A VM became idle and warm: queued sessions come first."""
+        if vm.state is V.WARM and not vm.healthy:
+            self._delete(vm, f"unhealthy: {vm.health_detail}", now)
+            return
+        self._dispatch_queue(self.pools[vm.pool], now)
+        self._fill(vm, now)
+
+    # ---- operators -----------------------------------------------------------------------
+
+    def _evict(self, vm_id: str, reason: str, now: float) -> Vm:
+        vm = self.vms.get(vm_id)
+        if vm is None:
+            raise NotFound(f"VM {quote(vm_id)} not found in cluster {self.name}", field="vm_id")
+        reason = reason or "evicted by an operator"
+        if vm.state is V.ASSIGNED:
+            s = self.sessions[vm.session_id]
+            if not s.terminal:
+                self._end(s, S.FAILED, f"VM evicted: {reason}", now)
+            self._delete(vm, f"evicted: {reason}", now)
+        elif vm.state in (V.WARM, V.FAILED):
+            self._delete(vm, f"evicted: {reason}", now)
+        else:
+            raise FailedPrecondition(f"VM {vm_id} is {vm.state}; evict it once it is warm or assigned",
+                                     field="vm_id")
+        return vm
