@@ -9,12 +9,14 @@ import time
 
 import pytest
 
+from provisioner.abuse import Sample, judge
 from provisioner.agent.agent import Agent, DoneIds
 from provisioner.agent.config import AgentConfig
-from provisioner.agent.fakes import FakeContainers, FakeHost, FakeMetadata, FakeNvml
+from provisioner.agent.fakes import FakeContainers, FakeHost, FakeMetadata, FakeNvml, mine
 from provisioner.agent.gpu import Gpus
 from provisioner.agent.usage import Connection, Usage
 from provisioner.clock import RealClock
+from provisioner.config import AbuseConfig
 
 HOME, SCRATCH = "/home/notebook", "/scratch"
 
@@ -196,6 +198,23 @@ async def test_usage_reports_the_session_processes_and_their_connections(tmp_pat
     await until(lambda: "xmrig" in rig.metadata.guest["usage"], what="the next health round")
     assert Usage.from_json(rig.metadata.guest["usage"]) == Usage(
         (100,), ("xmrig",), ("jupyter-lab", "xmrig"), (pool, Connection("10.0.0.2", 443)))
+    await rig.stop()
+
+
+async def test_a_seeded_miner_in_the_fakes_is_reported_and_flagged(tmp_path):
+    rig = Rig(tmp_path)
+    await rig.start()
+    rig.host.start_process(3001, 1001, "python3", gpu=True)
+    m = mine(rig.host, rig.nvml, seed=4)
+    await until(lambda: m.name in rig.metadata.guest["usage"], what="the next health round")
+    samples = []
+    for minute in range(3):  # what the cluster reads, once a minute
+        samples.append(Sample(60.0 * minute, Usage.from_json(rig.metadata.guest["usage"])))
+        await rig.clock.sleep(60.0)
+    assert samples[-1].usage == Usage((100,), ("python3", m.name), ("python3", m.name), (m.pool,))
+    verdict = judge(samples, [], "batch", AbuseConfig())
+    assert [(f.rule, f.process, f.connection) for f in verdict.findings] == [
+        ("miner_program", m.name, None), ("pool_connection", "", m.pool)]
     await rig.stop()
 
 
