@@ -94,11 +94,13 @@ def judge(samples: Sequence[Sample], touches: Sequence[float], kind: Kind, cfg: 
 
 
 def _miner_program(samples: Sequence[Sample], cfg: AbuseConfig) -> Finding | None:
+    first_seen: dict[str, float] = {}  # each name once: reports repeat the same few
     for s in samples:
         for name in (*s.usage.gpu_processes, *s.usage.processes):
-            if known := matches(name, cfg.miner_programs):
-                return Finding("miner_program", f"process {name!r} is the miner {known}", s.at, s.at, 1,
-                               process=name)
+            first_seen.setdefault(name, s.at)
+    for name, at in first_seen.items():
+        if known := matches(name, cfg.miner_programs):
+            return Finding("miner_program", f"process {name!r} is the miner {known}", at, at, 1, process=name)
     return None
 
 
