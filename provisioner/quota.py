@@ -49,6 +49,7 @@ class Usage:
     limit_s: float
     reset_time: float
     active: dict[str, int]  # live sessions by kind
+    running_gpus: float = 0.0  # weighted GPUs of the sessions running now: GPU-seconds per second
 
     @property
     def left_s(self) -> float:
@@ -63,7 +64,22 @@ def usage(sessions: list[tuple[Metered, str, bool]], now: float, limit_s: float,
         if live:
             active[kind] = active.get(kind, 0) + 1
     used = sum(gpu_seconds(m, window, now) for m, _, _ in sessions)
-    return Usage(used_s=used, limit_s=limit_s, reset_time=window[1], active=active)
+    running = sum(m.gpus for m, _, _ in sessions if m.ready_at is not None and m.ended_at is None)
+    return Usage(used_s=used, limit_s=limit_s, reset_time=window[1], active=active, running_gpus=running)
+
+
+def exhaustion_time(u: Usage, now: float) -> float | None:
+    """When the budget runs out if the sessions running now keep running (None if none runs, or
+    if they cannot use up a week's budget): `now` plus what is left over their GPU rate, or, when
+    the week resets first, the reset plus the fresh budget over that rate. Running-session
+    enforcement would stop them then."""
+    if u.running_gpus <= 0:
+        return None
+    at = now + u.left_s / u.running_gpus
+    if at < u.reset_time:
+        return at
+    at = u.reset_time + u.limit_s / u.running_gpus
+    return at if at < u.reset_time + WEEK_S else None
 
 
 @dataclass(frozen=True)

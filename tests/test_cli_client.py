@@ -664,7 +664,7 @@ def test_vm_pool_cluster_quota_json():
     quota = render.quota_to_json(types_pb2.Quota(user_id="ada", gpu_hours_limit=30))
     assert quota == {"user": "ada", "gpu_hours_limit": 30.0, "gpu_hours_used": 0.0, "gpu_hours_left": 0.0,
                      "reset_time": None, "max_active_sessions": 0, "active_sessions": 0,
-                     "max_active_batch_sessions": 0, "active_batch_sessions": 0}
+                     "max_active_batch_sessions": 0, "active_batch_sessions": 0, "exhaustion_time": None}
 
 
 def test_front_flag_beats_env_at_any_level(front, capsys, monkeypatch):

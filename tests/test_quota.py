@@ -17,10 +17,12 @@ from opentelemetry import trace
 from opentelemetry.util._once import Once
 
 from provisioner import cli
+from provisioner.cli import render
 from provisioner import client as api
 from provisioner.clock import RealClock
 from provisioner.config import ConfigError, QuotaConfig, load_fleet
-from provisioner.quota import WEEK_S, Metered, Usage, check_create, gpu_seconds, usage, week_window
+from provisioner.quota import (WEEK_S, Metered, Usage, check_create, exhaustion_time, gpu_seconds, usage,
+                               week_window)
 from provisioner.client.credentials import local_ca
 from provisioner.serve import start_front
 from provisioner.v1 import admin_service_pb2 as admin_pb
@@ -131,6 +133,26 @@ def test_a_create_needs_the_minimum_budget_left_and_is_told_the_reset():
     assert refused.field == "gpu_hours_per_week" and refused.reset_time == WEEK[1]
     assert check_create(u(5000), "interactive", 4, 60).reset_time == WEEK[1]  # over, not below zero
     assert u(5000).left_s == 0
+
+
+def test_the_budget_runs_out_at_the_running_sessions_rate():
+    week = dict(limit_s=3600.0, reset_time=WEEK[1], active={})
+    assert exhaustion_time(Usage(used_s=600, running_gpus=0.0, **week), NOW) is None  # nothing runs
+    assert exhaustion_time(Usage(used_s=600, running_gpus=2.0, **week), NOW) == NOW + 1500  # 3000 s left, 2 GPUs
+    assert exhaustion_time(Usage(used_s=5000, running_gpus=1.0, **week), NOW) == NOW  # already over
+    # The reset comes first: the new week's budget then runs out after limit / rate.
+    late = WEEK[1] - 100
+    assert exhaustion_time(Usage(used_s=0, running_gpus=1.0, **week), late) == WEEK[1] + 3600
+    # Too little running to use up a week's budget in a week: never.
+    huge = dict(week, limit_s=WEEK_S * 2)
+    assert exhaustion_time(Usage(used_s=0, running_gpus=1.0, **huge), late) is None
+
+
+def test_only_sessions_running_now_set_the_rate():
+    rows = [(Metered(2.0, NOW - 60, None), "interactive", True),  # running
+            (Metered(4.0, NOW - 600, NOW - 60), "interactive", False),  # ended
+            (Metered(8.0, None, None), "batch", True)]  # queued
+    assert usage(rows, NOW, 3600, WEEK).running_gpus == 2.0
 
 
 def test_quota_config_caps_per_kind_stay_backwards_compatible():
@@ -253,8 +275,15 @@ async def test_get_quota_agrees_with_the_sessions(tmp_path):
         made = [await fleet.create(user_id="meter", accelerator=a) for a in ("gpu-p100", "gpu-t4x2")]
         for s in made:
             await fleet.watch_until(s.id, pb.SESSION_STATE_RUNNING)
+        clock = fleet.fleet.clusters[0].runtime.clock
+        before = clock.now()
         running = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="meter"))).quota
+        after = clock.now()
         assert running.active_sessions == 2 and running.gpu_hours_used > 0
+        # Projected from the moment it was asked: what is left over the two sessions' GPUs.
+        rate = sum(gpus[(s.cluster, s.pool)] for s in made)
+        runs_out = running.exhaustion_time.ToNanoseconds() / 1e9 - running.gpu_hours_left * 3600 / rate
+        assert before - 1e-3 <= runs_out <= after + 1e-3
         for s in made:
             await fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=s.id))
             await fleet.watch_until(s.id, pb.SESSION_STATE_STOPPED)
@@ -266,7 +295,7 @@ async def test_get_quota_agrees_with_the_sessions(tmp_path):
         assert quota.gpu_hours_used == pytest.approx(expected_s / 3600)
         assert quota.gpu_hours_used >= running.gpu_hours_used
         assert quota.gpu_hours_left == pytest.approx(quota.gpu_hours_limit - quota.gpu_hours_used)
-        assert quota.active_sessions == 0
+        assert quota.active_sessions == 0 and not quota.HasField("exhaustion_time")
         # Ended sessions stop metering: asked again later, the same number.
         again = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="meter"))).quota
         assert again.gpu_hours_used == quota.gpu_hours_used
@@ -345,3 +374,11 @@ async def test_quota_limits_out_of_bounds_are_refused(local_fleet):
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await local_fleet.admin.SetUserQuota(request)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+
+
+def test_the_cli_shows_when_the_budget_runs_out():
+    q = pb.Quota(user_id="u", gpu_hours_limit=30, gpu_hours_left=0.5)
+    q.exhaustion_time.FromSeconds(int(NOW + 1800))
+    assert "runs out:        2026-11-25T12:30:00Z (in 30m, at the running sessions' rate)" in render.quota_detail(q, NOW)
+    assert render.quota_to_json(q)["exhaustion_time"] == "2026-11-25T12:30:00Z"
+    assert "runs out" not in render.quota_detail(pb.Quota(user_id="u"), NOW)

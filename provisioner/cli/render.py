@@ -226,6 +226,7 @@ def quota_to_json(q: types_pb2.Quota) -> dict[str, Any]:
         "active_sessions": q.active_sessions,
         "max_active_batch_sessions": q.max_active_batch_sessions,
         "active_batch_sessions": q.active_batch_sessions,
+        "exhaustion_time": _ts(q, "exhaustion_time"),
     }
 
 
@@ -520,11 +521,13 @@ def quota_detail(q: types_pb2.Quota, now: float) -> str:
 
 def _quota_pairs(q: types_pb2.Quota, now: float) -> list[tuple[str, Any]]:
     pct = f" ({100 * q.gpu_hours_used / q.gpu_hours_limit:.0f}%)" if q.gpu_hours_limit else ""
-    reset = _epoch(q, "reset_time")
+    reset, runs_out = _epoch(q, "reset_time"), _epoch(q, "exhaustion_time")
     return [
         ("user", q.user_id),
         ("gpu hours", f"{q.gpu_hours_used:.1f} / {q.gpu_hours_limit:.1f}{pct}"),
         ("gpu hours left", f"{q.gpu_hours_left:.1f}"),
+        ("runs out", None if runs_out is None
+         else f"{_ts(q, 'exhaustion_time')} (in {format_duration(runs_out - now)}, at the running sessions' rate)"),
         ("active sessions", f"{q.active_sessions} / {q.max_active_sessions} interactive, "
                             f"{q.active_batch_sessions} / {q.max_active_batch_sessions} batch"),
         ("resets", None if reset is None

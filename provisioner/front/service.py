@@ -296,12 +296,16 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         """The user's limits in force (overrides applied) and this week's usage."""
         sessions = await self._user_sessions(user_id, [])
         q = self.quotas(user_id)
-        u = self._usage(sessions, self.clock.now(), q)
-        return pb.Quota(
+        now = self.clock.now()
+        u = self._usage(sessions, now, q)
+        out = pb.Quota(
             user_id=user_id, gpu_hours_limit=q.gpu_hours_per_week, gpu_hours_used=u.used_s / 3600,
             gpu_hours_left=u.left_s / 3600, reset_time=convert.timestamp(u.reset_time),
             max_active_sessions=q.max_active("interactive"), active_sessions=u.active.get("interactive", 0),
             max_active_batch_sessions=q.max_active("batch"), active_batch_sessions=u.active.get("batch", 0))
+        if (runs_out := quota.exhaustion_time(u, now)) is not None:
+            out.exhaustion_time.CopyFrom(convert.timestamp(runs_out))
+        return out
 
 
 class FrontAdminServicer(admin_grpc.AdminServiceServicer):

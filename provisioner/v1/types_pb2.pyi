@@ -160,7 +160,7 @@ class Session(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., reason: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., vm_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., image: _Optional[str] = ..., start: _Optional[_Union[StartKind, str]] = ..., queue_position: _Optional[int] = ..., estimated_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pull: _Optional[_Union[PullProgress, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., revision: _Optional[int] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Quota(_message.Message):
-    __slots__ = ("user_id", "gpu_hours_limit", "gpu_hours_used", "reset_time", "max_active_sessions", "active_sessions", "gpu_hours_left", "max_active_batch_sessions", "active_batch_sessions")
+    __slots__ = ("user_id", "gpu_hours_limit", "gpu_hours_used", "reset_time", "max_active_sessions", "active_sessions", "gpu_hours_left", "max_active_batch_sessions", "active_batch_sessions", "exhaustion_time")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_HOURS_LIMIT_FIELD_NUMBER: _ClassVar[int]
     GPU_HOURS_USED_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,7 @@ class Quota(_message.Message):
     GPU_HOURS_LEFT_FIELD_NUMBER: _ClassVar[int]
     MAX_ACTIVE_BATCH_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_BATCH_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    EXHAUSTION_TIME_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     gpu_hours_limit: float
     gpu_hours_used: float
@@ -179,7 +180,8 @@ class Quota(_message.Message):
     gpu_hours_left: float
     max_active_batch_sessions: int
     active_batch_sessions: int
-    def __init__(self, user_id: _Optional[str] = ..., gpu_hours_limit: _Optional[float] = ..., gpu_hours_used: _Optional[float] = ..., reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_active_sessions: _Optional[int] = ..., active_sessions: _Optional[int] = ..., gpu_hours_left: _Optional[float] = ..., max_active_batch_sessions: _Optional[int] = ..., active_batch_sessions: _Optional[int] = ...) -> None: ...
+    exhaustion_time: _timestamp_pb2.Timestamp
+    def __init__(self, user_id: _Optional[str] = ..., gpu_hours_limit: _Optional[float] = ..., gpu_hours_used: _Optional[float] = ..., reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_active_sessions: _Optional[int] = ..., active_sessions: _Optional[int] = ..., gpu_hours_left: _Optional[float] = ..., max_active_batch_sessions: _Optional[int] = ..., active_batch_sessions: _Optional[int] = ..., exhaustion_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ImageCount(_message.Message):
     __slots__ = ("image", "count")
