@@ -9,13 +9,15 @@ written once, in the SQL both databases accept; only the placeholder style diffe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from provisioner.group_commit import GroupCommit, WriterClosed
 from provisioner.model import Session, Vm
 
 # Append only: each entry upgrades the schema by one version.
@@ -107,6 +109,8 @@ PENDING, MADE, NONE, UNRESOLVED = "pending", "made", "none", "unresolved"
 # Serializes schema upgrades between replicas starting at once (PostgreSQL advisory lock key).
 MIGRATION_LOCK = 0x70726F76
 
+T = TypeVar("T")
+
 
 class StoreError(Exception):
     pass
@@ -119,12 +123,20 @@ class Store:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._batch = threading.local()  # the writer thread's cursor while it runs a batch
+        self._writer: GroupCommit | None = None
+        self._writer_closed = False
 
     # ---- what subclasses provide ----------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def _transaction(self) -> Iterator[Any]:
         """A cursor in one transaction, committed on exit, rolled back on error."""
+        raise NotImplementedError
+
+    def _writer_transaction(self) -> Callable[[], Any]:
+        """What group commit writes through: `_transaction` on a connection of its own, so the
+        event loop's reads never wait for a commit."""
         raise NotImplementedError
 
     @contextmanager
@@ -134,6 +146,54 @@ class Store:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    # ---- transactions, alone or grouped -----------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A cursor in one transaction, committed on exit, rolled back on error. Within a write
+        given to `commit`, the cursor of its group's transaction."""
+        batch = getattr(self._batch, "cursor", None)
+        if batch is not None:
+            yield batch
+            return
+        with self._transaction() as cur:
+            yield cur
+
+    @property
+    def writer(self) -> GroupCommit:
+        """The group committer, made with the first grouped write."""
+        with self._lock:
+            if self._writer_closed:
+                raise WriterClosed("the store is closed")
+            if self._writer is None:
+                self._writer = GroupCommit(self._grouped(self._writer_transaction()))
+            return self._writer
+
+    def _grouped(self, transaction: Callable[[], Any]) -> Callable[[], Any]:
+        @contextmanager
+        def grouped():
+            with transaction() as cur:
+                self._batch.cursor = cur
+                try:
+                    yield cur
+                finally:
+                    self._batch.cursor = None
+        return grouped
+
+    async def commit(self, write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Runs `write(*args, **kwargs)` (one of this store's write methods, e.g. `save`) in the
+        writer thread, in one transaction with other callers' writes, and returns its result
+        once that transaction is durable. A write that fails fails alone (see group_commit)."""
+        return await asyncio.wrap_future(self.writer.submit(lambda _cur: write(*args, **kwargs)))
+
+    def _close_writer(self) -> None:
+        """Commits the grouped writes still queued; a write after this raises WriterClosed."""
+        with self._lock:
+            self._writer_closed = True
+            writer = self._writer
+        if writer is not None:
+            writer.close()
 
     def _sql(self, statement: str) -> str:
         return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
@@ -344,16 +404,22 @@ class SqliteStore(Store):
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db = self._connect()
+        self._writer_db: sqlite3.Connection | None = None
         self._migrate()
 
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=5000")
+        return db
+
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Cursor]:
-        with self._lock:
-            cur = self._db.cursor()
+    def _transaction(self, db: sqlite3.Connection | None = None,
+                     lock: threading.Lock | None = None) -> Iterator[sqlite3.Cursor]:
+        with lock or self._lock:
+            cur = (db or self._db).cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
                 yield cur
@@ -362,14 +428,24 @@ class SqliteStore(Store):
                 cur.execute("ROLLBACK")
                 raise
 
+    def _writer_transaction(self):
+        if self.path == ":memory:":  # a second connection would open another database
+            return self._transaction
+        db, lock = self._connect(), threading.Lock()
+        self._writer_db = db
+        return lambda: self._transaction(db, lock)
+
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Cursor]:
         with self._lock:
             yield self._db.cursor()  # autocommit: the statement reads one snapshot
 
     def close(self) -> None:
+        self._close_writer()
         with self._lock:
             self._db.close()
+            if self._writer_db is not None:
+                self._writer_db.close()
 
 
 class PostgresStore(Store):
@@ -379,6 +455,7 @@ class PostgresStore(Store):
         super().__init__()
         self.url = url
         self._db = self._connect()
+        self._writer_db: list = []  # the writer's connection, once it has one
         self._migrate()
 
     def _connect(self):
@@ -390,10 +467,21 @@ class PostgresStore(Store):
             raise StoreError(f"cannot connect to {redact(self.url)}: {e}") from None
 
     @contextmanager
-    def transaction(self):
+    def _transaction(self):
         with self._lock:
             with self._connection().transaction(), self._db.cursor() as cur:
                 yield cur
+
+    def _writer_transaction(self):
+        db = self._writer_db
+
+        @contextmanager
+        def transaction():
+            if not db or db[0].closed:  # as _connection: the next batch reconnects
+                db[:] = [self._connect()]
+            with db[0].transaction(), db[0].cursor() as cur:
+                yield cur
+        return transaction
 
     @contextmanager
     def reading(self):
@@ -410,8 +498,11 @@ class PostgresStore(Store):
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
 
     def close(self) -> None:
+        self._close_writer()
         with self._lock:
             self._db.close()
+            for db in self._writer_db:
+                db.close()
 
 
 def redact(url: str) -> str:

@@ -1,0 +1,125 @@
+"""Group commit: durable writes from concurrent requests, many to one transaction.
+
+A writer thread takes the writes queued while its last transaction was committing (up to
+`max_batch`, after waiting at most `max_wait_s` for more), runs them in one transaction and only
+then answers each caller, so one disk sync (or one PostgreSQL commit) acknowledges them all and
+none waits on the event loop. If the batch fails, its writes are run again one transaction each,
+so every caller gets its own outcome: one bad write fails alone. A write must therefore be safe to
+run again after a rollback (the store's writes are: upserts and guarded updates).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+DEFAULT_MAX_BATCH = 256
+DEFAULT_MAX_WAIT_S = 0.0  # the queue fills while the previous batch commits; no extra wait
+
+
+class WriterClosed(RuntimeError):
+    pass
+
+
+@dataclass
+class _Write:
+    run: Callable[[Any], Any]  # given the batch's cursor
+    future: Future
+
+
+class GroupCommit:
+    """One writer thread over `transaction` (a cursor in one transaction: committed on exit,
+    rolled back on an error), started with the first write."""
+
+    def __init__(self, transaction: Callable[[], AbstractContextManager[Any]], *, max_batch: int = DEFAULT_MAX_BATCH,
+                 max_wait_s: float = DEFAULT_MAX_WAIT_S, name: str = "group-commit"):
+        self._transaction = transaction
+        self.max_batch, self.max_wait_s, self._name = max_batch, max_wait_s, name
+        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.batches = self.writes = 0  # transactions committed, and the writes they carried
+
+    def submit(self, run: Callable[[Any], Any]) -> Future:
+        """Queues `run(cursor)`; the future holds its result once its transaction is durable."""
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise WriterClosed("the store is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._queue.put(_Write(run, future))
+        return future
+
+    def close(self) -> None:
+        """Commits what is queued, then stops the thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+            self._queue.put(None)
+        if thread is not None:
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            batch, stop = self._take()
+            if batch:
+                self._commit(batch)
+            if stop:
+                return
+
+    def _take(self) -> tuple[list[_Write], bool]:
+        """The next batch: a first write (waiting for it), then what else is queued, waiting up
+        to max_wait_s for more while the batch has room. True if the writer is to stop after it."""
+        first = self._queue.get()
+        if first is None:
+            return [], True
+        batch = [first]
+        deadline = time.monotonic() + self.max_wait_s
+        while len(batch) < self.max_batch:
+            try:
+                remaining = deadline - time.monotonic()
+                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _commit(self, batch: list[_Write]) -> None:
+        live = [w for w in batch if w.future.set_running_or_notify_cancel()]
+        try:
+            with self._transaction() as cur:
+                results = [w.run(cur) for w in live]
+        except BaseException as e:  # noqa: BLE001 - each write is retried alone below
+            if len(live) == 1:
+                live[0].future.set_exception(e)
+            else:
+                self._one_by_one(live)
+            return
+        self.batches += 1
+        self.writes += len(live)
+        for w, result in zip(live, results):
+            w.future.set_result(result)
+
+    def _one_by_one(self, batch: list[_Write]) -> None:
+        for w in batch:
+            try:
+                with self._transaction() as cur:
+                    result = w.run(cur)
+            except BaseException as e:  # noqa: BLE001 - the caller's to handle
+                w.future.set_exception(e)
+            else:
+                self.batches += 1
+                self.writes += 1
+                w.future.set_result(result)

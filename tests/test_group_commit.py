@@ -1,0 +1,128 @@
+"""Group commit, against SQLite and a real PostgreSQL server: concurrent writes share a
+transaction, each caller is answered after its transaction is durable, one bad write fails alone,
+and what was acknowledged survives a SIGKILL of the writing process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from provisioner.group_commit import WriterClosed
+from provisioner.store import open_store
+
+CLUSTER = "c"
+
+
+@pytest.fixture
+def store(store_url, tmp_path):
+    s = open_store(store_url, tmp_path / "unused.db")
+    yield s
+    s.close()
+
+
+def _hold(store) -> threading.Event:
+    """Keeps the writer busy in a transaction until the event is set: what is submitted
+    meanwhile queues, as it does behind a commit in progress."""
+    gate, holding = threading.Event(), threading.Event()
+
+    def wait(_cur):
+        holding.set()
+        gate.wait(10)
+
+    store.writer.submit(wait)
+    assert holding.wait(10)
+    return gate
+
+
+async def _submitted(*coros) -> list[asyncio.Task]:
+    """Tasks of `coros`, each run up to where it waits for its write."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    await asyncio.sleep(0)
+    return tasks
+
+
+async def test_writes_queued_behind_a_commit_share_the_next_transaction(store_url, tmp_path):
+    store = open_store(store_url, tmp_path / "unused.db")
+    gate = _hold(store)
+    tasks = await _submitted(*(store.commit(store.save_operator_state, CLUSTER, f"p{i}", {"i": i}, 0.0)
+                               for i in range(20)))
+    assert not any(t.done() for t in tasks)  # none answered before its transaction commits
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert (store.writer.batches, store.writer.writes) == (2, 21)  # the held one, then all 20 at once
+    store.close()
+    again = open_store(store_url, tmp_path / "unused.db")
+    assert again.load_operator_state(CLUSTER) == {f"p{i}": {"i": i} for i in range(20)}
+    again.close()
+
+
+async def test_a_write_that_fails_fails_alone(store):
+    def half_then_fail():
+        with store.transaction() as cur:  # the group's transaction
+            cur.execute(store._sql("INSERT INTO operator_state VALUES (?, ?, ?, ?)"), (CLUSTER, "bad", "{}", 0.0))
+        raise ValueError("refused")
+
+    gate = _hold(store)
+    good1, bad, good2 = await _submitted(store.commit(store.save_operator_state, CLUSTER, "a", {"x": 1}, 0.0),
+                                         store.commit(half_then_fail),
+                                         store.commit(store.save_operator_state, CLUSTER, "b", {"x": 2}, 0.0))
+    gate.set()
+    await good1
+    await good2
+    with pytest.raises(ValueError, match="refused"):
+        await bad
+    assert store.load_operator_state(CLUSTER) == {"a": {"x": 1}, "b": {"x": 2}}  # nothing of the bad one
+
+
+async def test_results_come_back_and_a_closed_store_takes_no_writes(store):
+    assert await store.commit(store.remember_request, "alice/r1", "s-1", CLUSTER, 1.0) == "s-1"
+    assert await store.commit(store.remember_request, "alice/r1", "s-2", CLUSTER, 2.0) == "s-1"
+    store.close()
+    with pytest.raises(WriterClosed):
+        await store.commit(store.save_operator_state, CLUSTER, "late", {"x": 1}, 0.0)
+
+
+WRITER = textwrap.dedent("""
+    import asyncio, sys
+    from provisioner.store import open_store
+
+    async def main(url):
+        store = open_store(url, "unused.db")
+        async def writer(k):
+            for i in range(10**6):
+                pool = f"w{k}-{i}"
+                await store.commit(store.save_operator_state, "c", pool, {"i": i}, 0.0)
+                print(pool, flush=True)
+        await asyncio.gather(*(writer(k) for k in range(8)))
+
+    asyncio.run(main(sys.argv[1]))
+""")
+
+
+def test_acknowledged_writes_survive_a_sigkill(store_url, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, store_url], stdout=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    acked = []
+    try:
+        for line in proc.stdout:
+            acked.append(line.strip())
+            if len(acked) == 300:
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(acked) == 300, "the writer died before it was killed"
+    store = open_store(store_url, tmp_path / "unused.db")
+    try:
+        stored = store.load_operator_state("c")
+    finally:
+        store.close()
+    assert set(acked) <= set(stored)
