@@ -7,6 +7,7 @@ builds cloud backends.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from dataclasses import dataclass, field
@@ -45,6 +46,14 @@ CLUSTER_POLICY = auth.with_cluster_service(
     auth.with_admin_service(auth.CLUSTER_POLICY, auth.Rule.FRONT, ADMIN_METHODS), CLUSTER_METHODS)
 
 log = logging.getLogger(__name__)
+
+
+def freeze_startup_heap() -> None:
+    """Called once a process has started (config, catalog, restored sessions and VMs, servers):
+    what is alive now lives as long as the process, so it leaves the collector's generations
+    and full collections stop walking it again and again."""
+    gc.collect()
+    gc.freeze()
 
 
 def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None,

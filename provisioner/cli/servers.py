@@ -234,7 +234,7 @@ def cmd_up(args) -> int:
     fleet, data_dir, clock, provider, exporter = _setup(args, "provisioner")
 
     async def start():
-        from provisioner.serve import start_local_fleet
+        from provisioner.serve import freeze_startup_heap, start_local_fleet
         from provisioner.store import redact
 
         edge = await _Edge.start(args)
@@ -253,6 +253,7 @@ def cmd_up(args) -> int:
         if exporter == "file":
             print(f"traces    {data_dir}/traces.jsonl   (provisioner trace SESSION_ID)")
         print(f"time      x{args.time_scale:g} (model seconds per wall second)")
+        freeze_startup_heap()
         # In the background, so that a signal during warm-up stops the fleet at once.
         asyncio.get_running_loop().create_task(_wait_warm(local))
 
@@ -304,13 +305,14 @@ def cmd_serve_cluster(args) -> int:
         raise SystemExit(f"error: no cluster {args.name!r} in the fleet; clusters: {', '.join(fleet.cluster_names)}")
 
     async def start():
-        from provisioner.serve import start_cluster
+        from provisioner.serve import freeze_startup_heap, start_cluster
 
         edge = await _Edge.start(args)
         proc = await start_cluster(fleet, args.name, clock, data_dir, address=args.address, tracer_provider=provider,
                                    database_url=args.database_url, tls_files=tls_files, metrics=edge.metrics,
                                    health_port=edge.health_port)
         print(f"cluster {args.name} listening on {proc.address}", flush=True)
+        freeze_startup_heap()
 
         async def stop() -> None:
             await proc.stop()
@@ -333,7 +335,7 @@ def cmd_serve_front(args) -> int:
         overrides[name] = address
 
     async def start():
-        from provisioner.serve import start_front
+        from provisioner.serve import freeze_startup_heap, start_front
 
         edge = await _Edge.start(args)
         proc = await start_front(fleet, clock, data_dir, address=args.address, cluster_addresses=overrides,
@@ -341,6 +343,7 @@ def cmd_serve_front(args) -> int:
                                  plaintext=args.plaintext, plaintext_anywhere=args.plaintext_anywhere,
                                  metrics=edge.metrics, health_port=edge.health_port)
         print(f"front listening on {proc.address}", flush=True)
+        freeze_startup_heap()
 
         async def stop() -> None:
             await proc.stop()
