@@ -84,6 +84,8 @@ def matches(name: str, programs: Iterable[str]) -> str:
 
 
 def judge(samples: Sequence[Sample], touches: Sequence[float], kind: Kind, cfg: AbuseConfig) -> Verdict:
+    """One session's verdict from its usage reports (in any order), the times of its touches
+    (on the same clock as the reports' `at`) and its kind."""
     samples = sorted(samples, key=lambda s: s.at)
     found = [_miner_program(samples, cfg), _pool_connection(samples, cfg)]
     if kind == "interactive":

@@ -3,6 +3,7 @@ machine's /proc with real sockets, and the report's bounds."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -52,6 +53,22 @@ def test_the_ipv6_table_parses_and_mapped_addresses_read_as_ipv4():
     assert [s.remote for s in sockets] == [Connection("::", 0), Connection("2001:db8::1", 443),
                                            Connection("1.2.3.4", 4444)]
     assert str(sockets[1].remote) == "[2001:db8::1]:443" and str(sockets[2].remote) == "1.2.3.4:4444"
+
+
+def _kernel_hex(address: str, byteorder: str) -> str:
+    """An address as /proc/net/tcp prints it (each 32-bit word in host order, %08X)."""
+    raw = ipaddress.ip_address(address).packed
+    return "".join(f"{int.from_bytes(raw[i:i + 4], byteorder):08X}" for i in range(0, len(raw), 4))
+
+
+@given(st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)), st.integers(0, 65535), st.integers(0, 2 ** 32),
+       st.sampled_from(["little", "big"]))
+def test_any_address_and_port_printed_as_the_kernel_does_parses_back(ip, port, inode, byteorder):
+    line = (f"   0: {_kernel_hex(str(ip), byteorder)}:1F90 {_kernel_hex(str(ip), byteorder)}:{port:04X} 01 "
+            f"00000000:00000000 00:00000000 00000000  1000        0 {inode} 1 0000000000000000 20 4 30 10 -1")
+    (sock,) = procnet.parse_tcp("header\n" + line, byteorder)
+    mapped = ip.ipv4_mapped if ip.version == 6 else None
+    assert sock.remote == Connection(str(mapped or ip), port) and sock.local.port == 8080 and sock.inode == inode
 
 
 def test_a_big_endian_host_prints_words_the_other_way():
