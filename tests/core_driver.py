@@ -90,9 +90,10 @@ class Driver(Engine):
         self.log.extend((self.now, cmd) for cmd in commands)
         raising = [c for c in commands if type(c) in self.raising]
         super().carry_out(core, [c for c in commands if type(c) not in self.raising])
-        for cmd in raising:
-            self.at(self.now, self.deliver, core, ev.CommandFailed(
-                self.now, cmd.id, CloudFailure("internal", f"RuntimeError: injected {type(cmd).__name__} crash")))
+        for cmd in raising:  # after a create's time: an executor fails once it has tried
+            at = self.now + self.create_s
+            self.at(at, self.deliver, core, ev.CommandFailed(
+                at, cmd.id, CloudFailure("internal", f"RuntimeError: injected {type(cmd).__name__} crash")))
 
     def deliver(self, core: ClusterCore, event: ev.Event, now: float) -> None:
         if type(event) in self.lost:

@@ -118,3 +118,24 @@ def test_core_finishes_deletes_and_retries_failed_ones():
     assert d.core.vms.get(a.id) is None or d.core.vms[a.id].state is V.DELETED
     assert d.core.vms[b.id].state is V.DELETING
     assert [c.vm_id for c in step.commands] == [b.id]
+
+
+def test_starting_records_are_covered_a_create_after_its_grace():
+    records = [record("booting-gone", V.BOOTING), record("booting-terminated", V.BOOTING),
+               record("creating-young", V.CREATING), record("creating-old", V.CREATING)]
+    records[2].created_at = 250.0  # entered creating 50 s ago: its insert may still be on the way
+    plan = reconcile(records, [cloud("booting-terminated", "terminated")], now=300.0, create_grace_s=100.0)
+    assert plan.lost == ["booting-gone", "creating-old"] and plan.terminated == ["booting-terminated"]
+    assert plan.adopted == [] and "creating-young" not in plan.lost
+
+
+def test_a_session_whose_vm_vanished_while_booting_gets_another():
+    d = Driver(make_core(min_vms=0, headroom_fraction=0.0))
+    s = d.allocate(user="ada")
+    d.advance(d.create_s + 1)  # its VM is booting
+    first = d.core.vms[s.vm_id]
+    assert first.state is V.BOOTING and s.state is SessionState.PROVISIONING
+    d.reconciled(reconcile(d.core.vms.values(), [], d.now))
+    assert first.state is V.DELETED and first.id not in d.core.vms
+    assert s.state is SessionState.PROVISIONING and s.vm_id != first.id  # a new VM is made for it
+    d.run_until(lambda: s.state is SessionState.RUNNING, 1200)  # the lost VM's late answers change nothing

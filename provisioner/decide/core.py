@@ -52,6 +52,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
         self.dropped = 0  # answers to commands no longer in flight
         # (time, session id) when a running session may need culling; checked lazily by the tick.
         self._cull_due: list[tuple[float, str]] = []
+        self._failed_tries: dict[str, int] = {}  # session id -> its VMs that failed before it ran
         self._age = {v: i for i, v in enumerate(catalog.newest(len(catalog)))}
         # vm id -> (ranking_gen, position in the ranking up to which the VM holds every image).
         self._filled: dict[str, tuple[int, int]] = {}

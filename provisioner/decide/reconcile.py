@@ -8,8 +8,10 @@ should have a record, and every live record a VM:
   session on it; if the VM is there but terminated (it still bills for its disk, and may be
   restarted), the same, and the core deletes it;
 - a deleting or failed record whose VM is gone: the delete is done;
-- creating and booting records are left to their launch, which creates idempotently by id and
-  fails the VM itself if it vanished;
+- a booting record whose VM is gone (or terminated): lost like a live one; the session waiting
+  for it gets another VM;
+- a creating record whose VM is not there after `create_grace_s` in that state: lost too (its
+  create left nothing); before that, its launch may still be on the way;
 - a VM carrying our labels that no live record claims: leaked, deleted once it has been seen
   unclaimed for `grace_s` (in case a record and the inventory were read a moment apart);
 - a failed record whose VM is still there: its delete is retried.
@@ -25,9 +27,11 @@ from provisioner.model import Vm
 from provisioner.decide.states import VmState
 
 V = VmState
-LIVE = frozenset({V.WARM, V.ASSIGNED, V.RECYCLING})
+LIVE = frozenset({V.BOOTING, V.WARM, V.ASSIGNED, V.RECYCLING})
 ENDING = frozenset({V.DELETING, V.FAILED})
 GRACE_S = 60.0
+# A create's VM is in the cloud's inventory within seconds of the insert being accepted.
+CREATE_GRACE_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,8 @@ class Plan:
 
 
 def reconcile(records: Iterable[Vm], cloud: Iterable[CloudVm], now: float,
-              unclaimed_since: dict[str, float] | None = None, grace_s: float = GRACE_S) -> Plan:
+              unclaimed_since: dict[str, float] | None = None, grace_s: float = GRACE_S,
+              create_grace_s: float = CREATE_GRACE_S) -> Plan:
     cloud = list(cloud)
     present = {c.vm_id for c in cloud if c.status != "terminated"}
     terminated = {c.vm_id for c in cloud if c.status == "terminated"}
@@ -66,6 +71,8 @@ def reconcile(records: Iterable[Vm], cloud: Iterable[CloudVm], now: float,
             plan.retry_delete.append(vm.id)
         elif there:
             plan.adopted.append(vm.id)
+        elif vm.state is V.CREATING and now - _since(vm) >= create_grace_s:
+            (plan.terminated if vm.id in terminated else plan.lost).append(vm.id)
     seen = unclaimed_since or {}
     for c in cloud:
         if c.vm_id in claimed:
@@ -76,3 +83,8 @@ def reconcile(records: Iterable[Vm], cloud: Iterable[CloudVm], now: float,
         else:
             plan.unclaimed_since[c.vm_id] = since
     return plan
+
+
+def _since(vm: Vm) -> float:
+    """When the record entered its state."""
+    return vm.history[-1].time if vm.history else vm.created_at

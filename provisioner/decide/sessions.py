@@ -18,6 +18,10 @@ from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.validation import validate_spec
 
 S, V = SessionState, VmState
+# A session whose VM failed this many times before it ran (a create, boot or pull failed, or
+# never answered; a stockout does not count: the session waits for capacity) fails, with the last
+# failure as its reason, instead of trying for ever.
+PLACEMENT_ATTEMPTS = 3
 
 
 class Sessions:
@@ -125,6 +129,7 @@ class Sessions:
 
     def _end(self, s: Session, state: SessionState, reason: str, now: float) -> None:
         s.ended_at = now
+        self._failed_tries.pop(s.id, None)
         self._set_session(s, state, reason, now)
 
     # ---- placement -----------------------------------------------------------------------
@@ -168,6 +173,7 @@ class Sessions:
             self._running(s, vm, now)
 
     def _running(self, s: Session, vm: Vm, now: float) -> None:
+        self._failed_tries.pop(s.id, None)
         s.ready_at = s.last_activity_at = s.estimated_ready_at = now
         s.endpoint = vm.endpoint
         self._watch_cull(s)
@@ -175,9 +181,15 @@ class Sessions:
                StartKind.COLD: "new VM"}[s.start or StartKind.COLD]
         self._set_session(s, S.RUNNING, f"running on {how} {vm.id}", now)
 
-    def _replace(self, s: Session, why: str, now: float) -> None:
-        """The session's VM will not serve it (its create, boot or pull failed): another, or the queue."""
+    def _replace(self, s: Session, why: str, now: float, failure: str = "") -> None:
+        """The session's VM will not serve it (its create, boot or pull failed): another, or the
+        queue. A `failure` counts against the session: after PLACEMENT_ATTEMPTS it fails with it."""
         s.pull_bytes_total = s.pull_bytes_done = 0
+        if failure:
+            tries = self._failed_tries[s.id] = self._failed_tries.get(s.id, 0) + 1
+            if tries >= PLACEMENT_ATTEMPTS:
+                self._end(s, S.FAILED, f"no VM could be made ready for it in {tries} tries; the last: {failure}", now)
+                return
         if not self._place(s, now):
             self._enqueue(s, why, now)
 

@@ -106,13 +106,14 @@ class VmLifecycle:
             self._delete(vm, "clean up after a failed boot", now)
         else:
             self._set_vm(vm, V.DELETED, "nothing was created", now)
-        self._replace_for(vm, f"VM creation failed in {vm.zone} ({failure.code}); waiting for capacity", now)
+        self._replace_for(vm, f"VM creation failed in {vm.zone} ({failure.code}); waiting for capacity", now,
+                          "" if failure.zone_exhausted else f"{failure.code}: {failure.message}")
 
-    def _replace_for(self, vm: Vm, why: str, now: float) -> None:
+    def _replace_for(self, vm: Vm, why: str, now: float, failure: str) -> None:
         """The session waiting for the VM's boot gets another."""
         s = self.sessions.get(vm.reserved_for)
         if s is not None and s.state is S.PROVISIONING and s.vm_id == vm.id:
-            self._replace(s, why, now)
+            self._replace(s, why, now, failure)
 
     def _pull_progress(self, cmd: Pull, bytes_done: int, now: float) -> None:
         vm = self.vms[cmd.vm_id]
@@ -147,11 +148,15 @@ class VmLifecycle:
             return  # a superseded prewarm: nothing waits for it
         vm.pulling = ""
         s = self.sessions.get(vm.session_id)
-        if vm.state in (V.WARM, V.ASSIGNED):
+        waiting = s is not None and s.state is S.PULLING_IMAGE
+        if vm.state is V.WARM or (vm.state is V.ASSIGNED and waiting):
             vm.session_id = ""
             self._delete(vm, f"pull failed: {failure.code}: {failure.message}", now)
-        if s is not None and s.state is S.PULLING_IMAGE:
-            self._replace(s, "the image pull failed; waiting for another VM", now)
+        else:  # a prewarm under a session already running on the VM: the session keeps it
+            self._vm_changed(vm)
+        if waiting:
+            self._replace(s, "the image pull failed; waiting for another VM", now,
+                          f"pull failed: {failure.code}: {failure.message}")
 
     def _wipe_done(self, cmd: Wipe, now: float) -> None:
         vm = self.vms[cmd.vm_id]
@@ -224,7 +229,8 @@ class VmLifecycle:
             self._delete(vm, "terminated: nothing runs on it any more", now)
         else:
             self._set_vm(vm, V.DELETED, "nothing was left in the cloud", now)
-        self._replace_for(vm, "the VM being made for it is gone from the cloud; waiting for capacity", now)
+        self._replace_for(vm, "the VM being made for it is gone from the cloud; waiting for capacity", now,
+                          "the VM being made for it is gone from the cloud")
 
     def _vm_health(self, vm_id: str, report: HealthReport, now: float) -> None:
         """An unhealthy warm VM leaves the warm set; a session on one is told and ends."""

@@ -1,0 +1,113 @@
+"""No VM or session stays in flight past its deadline, whatever the cloud or the executors do.
+
+Each kind of executor failure (a launch, pull, wipe or delete raising) and each lost answer
+(created, ready, pull done, wipe done, deleted, or a failure report) is injected into a busy
+pool; after every step, nothing has been in creating, booting, recycling, deleting, provisioning,
+pulling_image or stopping longer than the deadline the core derives from the config (plus the
+tick that notices it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from core_driver import Driver, make_core
+
+from provisioner.clock import ManualClock
+from provisioner.cloud.sim import SimCloud
+from provisioner.cluster.runtime import ClusterRuntime
+from provisioner.decide import events as ev
+from provisioner.decide.commands import Delete, Launch, Pull, Wipe
+from provisioner.decide.states import SessionState as S
+from provisioner.decide.states import VmState as V
+
+CASES = [
+    *[pytest.param({"raising": {kind}}, id=f"{kind.__name__.lower()}-raises") for kind in (Launch, Pull, Wipe, Delete)],
+    *[pytest.param({"lost": {kind}}, id=f"{kind.__name__}-lost")
+      for kind in (ev.VmCreated, ev.VmReady, ev.PullDone, ev.WipeDone, ev.VmDeleted)],
+    pytest.param({"lost": {ev.CommandFailed}, "fail_pulls": True, "fail_wipes": True}, id="failure-reports-lost"),
+    pytest.param({"duplicate": True}, id="every-answer-twice"),
+]
+
+
+def limit_of(d: Driver, state, obj) -> float:
+    limits = d.core.limits
+    return {V.CREATING: limits.launch_s, V.BOOTING: limits.launch_s, V.RECYCLING: limits.wipe_s,
+            V.DELETING: limits.delete_s, S.PROVISIONING: limits.launch_s,
+            S.PULLING_IMAGE: limits.pull_s(getattr(obj, "pull_bytes_total", 0)),
+            S.STOPPING: limits.wipe_s + limits.delete_s}[state]
+
+
+def nothing_overdue(d: Driver) -> None:
+    for obj in [*d.core.vms.values(), *d.core.sessions.values()]:
+        if obj.state in (V.CREATING, V.BOOTING, V.RECYCLING, V.DELETING, S.PROVISIONING, S.PULLING_IMAGE, S.STOPPING):
+            entered = obj.history[-1].time  # a session placed again has a new VM, with its own deadline
+            assert d.now - entered <= limit_of(d, obj.state, obj) + d.tick_s, \
+                f"{obj.id} {obj.state} since {entered}, now {d.now}: {obj.history}"
+
+
+@pytest.mark.parametrize("knobs", CASES)
+def test_nothing_stays_in_flight_past_its_deadline(knobs):
+    d = Driver(make_core(min_vms=2, max_vms=6))
+    for name, value in knobs.items():
+        setattr(d, name, value)
+    for _ in range(3):  # VMs to pull, wipe and delete, even when no launch succeeds
+        d.add_warm("gpu:v160")
+    d.checks.append(nothing_overdue)
+    images = ["gpu:latest", "gpu:v150", "gpu:v141", "gpu:v159"]
+    sessions = []
+    for i in range(12):
+        sessions.append(d.allocate(user=f"u{i % 4}", image=images[i % len(images)]))
+        d.advance(400)
+        if i % 3 == 2:
+            for s in sessions:
+                if not s.terminal and s.state is not S.STOPPING:
+                    d.stop(s)
+        if i % 4 == 3 and (warm := [vm for vm in d.core.vms.values() if vm.state is V.WARM]):
+            d.evict(warm[0].id, "a test")
+    d.advance(3 * max(d.core.limits.launch_s, d.core.limits.pull_s(25 * 10**9)))
+    # Every kind of command was issued, and whatever was lost or failed, nothing is left in flight.
+    assert {type(c) for c in d.commands()} == {Launch, Pull, Wipe, Delete}
+    assert not [s.id for s in sessions if s.state in (S.PROVISIONING, S.PULLING_IMAGE, S.STOPPING)]
+    if "duplicate" in knobs:
+        assert d.core.dropped > 0 and all(s.state in (S.STOPPED, S.RUNNING, S.QUEUED) for s in sessions)
+
+
+def test_an_expired_launch_fails_its_vm_deletes_what_may_be_left_and_places_the_session_again():
+    d = Driver(make_core(min_vms=0, headroom_fraction=0.0))
+    d.lost = {ev.VmReady}
+    s = d.allocate()
+    first = d.core.vms[s.vm_id]
+    d.run_until(lambda: first.state is V.DELETING, d.core.limits.launch_s + 2 * d.tick_s)
+    assert [h.state for h in first.history] == ["creating", "booting", "failed", "deleting"]
+    assert "deadline_exceeded" in first.history[2].reason
+    assert s.state is S.PROVISIONING and s.vm_id != first.id
+    d.lost = set()
+    d.run_until(lambda: s.state is S.RUNNING, 1200)
+
+
+def test_an_executor_exception_in_the_live_runtime_reaches_the_core_as_a_command_failure():
+    """Not logged and dropped: the VM of a launch whose executor raised fails at once."""
+
+    class Crashing(SimCloud):
+        async def create(self, spec):
+            raise RuntimeError("the cloud client broke")
+
+    async def run():
+        core = make_core(min_vms=1, headroom_fraction=0.0)
+        clock = ManualClock(start=0.0)
+        runtime = ClusterRuntime(core, Crashing(core.config.sim, clock, tracer=None, record_calls=False), clock)
+        await runtime.start()
+        try:
+            await clock.advance(core.config.tick_s)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            failed = [e for e in core.event_log.events if isinstance(e, ev.CommandFailed)]
+            assert failed and "RuntimeError: the cloud client broke" in failed[0].failure.message
+            # The VM is failed at once (no tick has passed since to launch another).
+            assert core.in_flight() == [] and not [vm for vm in core.vms.values() if vm.state is V.CREATING]
+        finally:
+            await runtime.close()
+
+    asyncio.run(run())
