@@ -1,6 +1,7 @@
 """The fleet, declared in clusters/: one validated model per file, errors naming file and field.
 
-clusters/fleet.yaml    FleetSettings: front address, session limits, quotas, routing, abuse detection
+clusters/fleet.yaml    FleetSettings: front address, session limits, quotas, routing, abuse detection,
+                       priority and preemption
 clusters/images.yaml   ImageCatalogConfig: layers and versions (oldest first)
 clusters/<name>.yaml   ClusterConfig: one regional cluster, its cloud backend and pools
 """
@@ -357,6 +358,45 @@ class AbuseConfig(_Model):
         return self
 
 
+class PriorityClassConfig(_Model):
+    rank: NonNegativeInt  # higher is more important: lower ranks are preempted first
+    preemptible: bool = False  # may be stopped, after the grace period, for a session within its owner's share
+
+
+class PriorityConfig(_Model):
+    """Priority classes and preemption (`provisioner/decide/preempt.py`). A user's sessions in a pool
+    are guaranteed `share_gpus_per_user` GPUs; beyond it a session borrows idle GPUs, and a
+    preemptible one may be stopped for a session within its owner's share. The defaults guarantee
+    nothing, so nothing is preempted until a share is set."""
+
+    classes: dict[Name, PriorityClassConfig] = {"interactive": PriorityClassConfig(rank=100),
+                                                "batch": PriorityClassConfig(rank=10, preemptible=True)}
+    # The class of each session kind; a kind left out gets the class of its own name.
+    kinds: dict[SessionKindName, str] = {"interactive": "interactive", "batch": "batch"}
+    grace_period_s: NonNegativeFloat = 120.0  # from the warning to the stop: the notebook may checkpoint
+    share_gpus_per_user: NonNegativeInt = 0  # in every pool, unless set for the pool below
+    pool_share_gpus_per_user: dict[Name, NonNegativeInt] = {}  # pool name -> its own share
+
+    @model_validator(mode="after")
+    def _check(self) -> PriorityConfig:
+        if not self.classes:
+            raise _At("classes", "at least one class is needed")
+        for kind in get_args(SessionKindName):
+            name = self.class_of(kind)
+            if name not in self.classes:
+                raise _At(f"kinds.{kind}", f"no class {name!r}; classes: {', '.join(sorted(self.classes))}")
+        if self.classes[self.class_of("interactive")].preemptible:
+            raise _At(f"classes.{self.class_of('interactive')}.preemptible",
+                      "interactive sessions are never preempted: their class cannot be preemptible")
+        return self
+
+    def class_of(self, kind: str) -> str:
+        return self.kinds.get(kind, kind)
+
+    def share_gpus(self, pool: str) -> int:
+        return self.pool_share_gpus_per_user.get(pool, self.share_gpus_per_user)
+
+
 class TracingConfig(_Model):
     # The share of traces started in a process that are recorded (a call that arrives in a trace
     # keeps its caller's choice). Every one by default, so `provisioner trace` finds any session.
@@ -371,6 +411,7 @@ class FleetSettings(_Model):
     regions: RegionsConfig = RegionsConfig()
     security: SecurityConfig = SecurityConfig()
     abuse: AbuseConfig = AbuseConfig()
+    priority: PriorityConfig = PriorityConfig()
     tracing: TracingConfig = TracingConfig()
 
     @model_validator(mode="after")
@@ -439,6 +480,15 @@ class FleetConfig(_Model):
                 if p.disk_cache_bytes < biggest:
                     raise _At(f"clusters[{i}].pools[{j}].disk_cache_gb",
                               f"{p.disk_cache_gb} GB cannot hold the largest image ({biggest / GB:.1f} GB)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_priority_pools(self) -> FleetConfig:
+        pools = {p.name for c in self.clusters for p in c.pools}
+        for name in self.settings.priority.pool_share_gpus_per_user:
+            if name not in pools:
+                raise _At(f"settings.priority.pool_share_gpus_per_user.{name}",
+                          f"no cluster has a pool {name!r}; pools: {', '.join(sorted(pools))}")
         return self
 
     def cluster(self, name: str) -> ClusterConfig:
