@@ -20,7 +20,7 @@ from provisioner.decide.core import ClusterCore
 from provisioner.decide.eventlog import EventLog
 from provisioner.decide.ids import IdSource
 from provisioner.decide.images import LayerCache
-from provisioner.decide.states import VmState
+from provisioner.decide.states import SessionState, VmState
 from provisioner.model import Session, SessionKind, SessionSpec, Vm
 from provisioner.sim.engine import Engine
 
@@ -184,3 +184,22 @@ class Driver(Engine):
 
     def commands(self, kind: type | None = None, since: float = -math.inf) -> list[Command]:
         return [c for t, c in self.log if t >= since and (kind is None or isinstance(c, kind))]
+
+
+def busy(d: Driver) -> list[Session]:
+    """A pool at work for 80 minutes: cold, partial and warm starts, stops, evictions, with warm
+    VMs to pull, wipe and delete even when no launch succeeds. Returns its sessions."""
+    for _ in range(3):
+        d.add_warm("gpu:v160")
+    images = ["gpu:latest", "gpu:v150", "gpu:v141", "gpu:v159"]
+    sessions = []
+    for i in range(12):
+        sessions.append(d.allocate(user=f"u{i % 4}", image=images[i % len(images)]))
+        d.advance(400)
+        if i % 3 == 2:
+            for s in sessions:
+                if not s.terminal and s.state is not SessionState.STOPPING:
+                    d.stop(s)
+        if i % 4 == 3 and (warm := [vm for vm in d.core.vms.values() if vm.state is VmState.WARM]):
+            d.evict(warm[0].id, "a test")
+    return sessions

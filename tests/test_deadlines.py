@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from core_driver import Driver, make_core
+from core_driver import Driver, busy, make_core
 
 from provisioner.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
@@ -52,20 +52,8 @@ def test_nothing_stays_in_flight_past_its_deadline(knobs):
     d = Driver(make_core(min_vms=2, max_vms=6))
     for name, value in knobs.items():
         setattr(d, name, value)
-    for _ in range(3):  # VMs to pull, wipe and delete, even when no launch succeeds
-        d.add_warm("gpu:v160")
     d.checks.append(nothing_overdue)
-    images = ["gpu:latest", "gpu:v150", "gpu:v141", "gpu:v159"]
-    sessions = []
-    for i in range(12):
-        sessions.append(d.allocate(user=f"u{i % 4}", image=images[i % len(images)]))
-        d.advance(400)
-        if i % 3 == 2:
-            for s in sessions:
-                if not s.terminal and s.state is not S.STOPPING:
-                    d.stop(s)
-        if i % 4 == 3 and (warm := [vm for vm in d.core.vms.values() if vm.state is V.WARM]):
-            d.evict(warm[0].id, "a test")
+    sessions = busy(d)
     d.advance(3 * max(d.core.limits.launch_s, d.core.limits.pull_s(25 * 10**9)))
     # Every kind of command was issued, and whatever was lost or failed, nothing is left in flight.
     assert {type(c) for c in d.commands()} == {Launch, Pull, Wipe, Delete}

@@ -50,9 +50,10 @@ def test_terminal_states_have_no_way_out():
 
 @pytest.mark.parametrize("table, states", TABLES)
 def test_every_live_state_can_fail(table, states):
-    # "any -> failed": whatever is under way can go wrong.
+    # "any -> failed": whatever is under way can go wrong. Except waiting in the queue (there is no
+    # queue timeout) and stopping (a stop ends stopped, whatever its VM's wipe or delete does).
     for old, edges in table.items():
-        if old is not None and edges and old != "failed":
+        if old is not None and edges and old not in ("failed", SessionState.QUEUED, SessionState.STOPPING):
             assert "failed" in edges, old
 
 
@@ -89,11 +90,12 @@ def test_check_transition_refuses_every_missing_edge(table, states):
 
 def test_illegal_vm_transition_names_both_states_and_changes_nothing():
     vm = make_vm()
-    vm.to(VmState.WARM, "adopted", 1.0)
+    for state in (VmState.CREATING, VmState.BOOTING, VmState.WARM):
+        vm.to(state, state.value, 1.0)
     with pytest.raises(IllegalTransition, match=r"vm vm-1: warm -> booting") as info:
         vm.to(VmState.BOOTING, "nope", 2.0)
     assert info.value.grpc_code == "INTERNAL"
-    assert vm.state is VmState.WARM and len(vm.history) == 1
+    assert vm.state is VmState.WARM and len(vm.history) == 3
 
 
 def test_illegal_session_transition_names_both_states():

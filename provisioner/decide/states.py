@@ -1,7 +1,9 @@
 """The VM and session state machines: every allowed edge in one table, with why it exists.
 
-An edge missing from a table is a bug, and taking it raises IllegalTransition. Objects keep their
-status history (state, reason, time), which the API returns and operators read.
+An edge missing from a table is a bug, and taking it raises IllegalTransition (checked on every
+change, in production too). Every edge is taken by some scenario (tests/test_state_edges.py), so
+the tables list what the code does, no more. Objects keep their status history (state, reason,
+time), which the API returns and operators read.
 """
 
 from __future__ import annotations
@@ -37,17 +39,14 @@ V = VmState
 VM_TRANSITIONS: dict[VmState | None, dict[VmState, str]] = {
     None: {
         V.CREATING: "record written before the cloud is asked for the VM",
-        V.WARM: "a VM found in the cloud that carries our labels was adopted",
     },
     V.CREATING: {
         V.BOOTING: "the cloud accepted the create; the VM is starting",
-        V.DELETING: "the pool no longer wants the VM it asked for",
-        V.FAILED: "the create failed (stockout, quota, error)",
+        V.FAILED: "the create failed (stockout, quota, error), never answered, or left nothing in the cloud",
     },
     V.BOOTING: {
         V.WARM: "booted and its agent answers",
-        V.DELETING: "shrinking, or it never became healthy",
-        V.FAILED: "the VM vanished or did not boot",
+        V.FAILED: "the VM vanished, did not boot, or did not report ready by its deadline",
     },
     V.WARM: {
         V.ASSIGNED: "given to a session",
@@ -66,7 +65,7 @@ VM_TRANSITIONS: dict[VmState | None, dict[VmState, str]] = {
     },
     V.DELETING: {
         V.DELETED: "the cloud no longer has it",
-        V.FAILED: "the delete failed for good; the reconciler retries",
+        V.FAILED: "the delete failed for good, or never answered; the reconciler retries",
     },
     V.DELETED: {},
     V.FAILED: {
@@ -88,31 +87,29 @@ SESSION_TRANSITIONS: dict[SessionState | None, dict[SessionState, str]] = {
         S.PULLING_IMAGE: "a VM freed up and lacks some layers",
         S.RUNNING: "a VM with the exact image freed up",
         S.STOPPED: "stopped before it got a VM",
-        S.FAILED: "waited longer than the queue allows",
     },
     S.PROVISIONING: {
         S.PROVISIONING: "the VM could not be created; another is being created (e.g. in another zone)",
-        S.PULLING_IMAGE: "the VM booted and pulls the image",
-        S.RUNNING: "the VM booted with the image already on disk",
+        S.PULLING_IMAGE: "the VM booted and pulls the image (or its launch failed and a warm VM was free)",
+        S.RUNNING: "its launch failed and a warm VM holding the image was free",
         S.QUEUED: "the VM could not be created; wait for capacity",
         S.STOPPED: "stopped before the VM was ready; the VM joins the pool",
-        S.FAILED: "no VM could be made for it",
+        S.FAILED: "its VMs failed too many times (decide.sessions.PLACEMENT_ATTEMPTS)",
     },
     S.PULLING_IMAGE: {
         S.RUNNING: "every layer is on disk",
         S.PULLING_IMAGE: "the pull failed; another warm VM pulls the image instead",
         S.PROVISIONING: "the pull failed and no warm VM is left: a new VM is being created",
-        S.QUEUED: "the VM died mid-pull; wait for another",
+        S.QUEUED: "the pull failed and nothing is free or can be launched: wait for capacity",
         S.STOPPING: "stopped during the pull",
-        S.FAILED: "the pull failed for good",
+        S.FAILED: "its VMs failed too many times, or the VM died or was evicted mid-pull",
     },
     S.RUNNING: {
         S.STOPPING: "stopped by the user, idle timeout or max runtime",
         S.FAILED: "the VM died or turned unhealthy under the session",
     },
     S.STOPPING: {
-        S.STOPPED: "the VM is wiped or deleted",
-        S.FAILED: "the VM could not be released cleanly",
+        S.STOPPED: "the VM is wiped or deleted (or its wipe or delete failed: the session is over all the same)",
     },
     S.STOPPED: {},
     S.FAILED: {},
