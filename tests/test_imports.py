@@ -51,3 +51,20 @@ def test_the_import_reader_sees_every_form_of_import():
         assert any(within(m, "provisioner.cluster") for m in imported_modules(source, "provisioner.front")), source
     assert not any(within(m, "provisioner.cluster") for m in imported_modules(
         "from provisioner import clock\nimport provisioner.clusters_of_other_name", "provisioner.front"))
+
+
+# The cluster's brain is pure: no I/O, no network, no wall clock, no event loop, no tracing.
+DECIDE_FORBIDDEN = ("grpc", "google.cloud", "provisioner.store", "asyncio", "time", "datetime", "opentelemetry")
+
+
+def test_the_decision_package_imports_no_io_clock_or_event_loop():
+    files = sorted((PACKAGE / "decide").rglob("*.py"))
+    assert len(files) > 10
+    found = {f"{path.relative_to(PACKAGE)}: {m}" for path in files
+             for m in imported_modules(path.read_text(), package_of(path))
+             if any(within(m, forbidden) for forbidden in DECIDE_FORBIDDEN)}
+    assert found == set()
+    # What the rule would catch, in the forms a decision module might use.
+    caught = imported_modules("import time\nfrom datetime import datetime\nfrom provisioner import store\n"
+                              "from google.cloud import compute_v1", "provisioner.decide")
+    assert all(any(within(m, f) for m in caught) for f in ("time", "datetime", "provisioner.store", "google.cloud"))
