@@ -4,7 +4,9 @@ laptop, PostgreSQL in production, behind one class and one schema.
 Every batch of changes is written in one transaction before the shell acts on it, so a session
 is durable before its creation is acknowledged and a VM's record exists before the cloud call
 that makes it. Rows keep a few indexed columns plus the full object as JSON. The statements are
-written once, in the SQL both databases accept; only the placeholder style differs.
+written once, in the SQL both databases accept; only the placeholder style differs. A VM's
+disk cache and history are rows of their own, so a write carries the layers and state changes
+that changed instead of the whole VM each time.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import json
 import sqlite3
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from provisioner.group_commit import GroupCommit, WriterClosed
+from provisioner.decide.states import VmState
 from provisioner.model import Session, Vm
 
 # Append only: each entry upgrades the schema by one version.
@@ -101,6 +105,26 @@ MIGRATIONS: list[str] = [
         updated_at DOUBLE PRECISION NOT NULL
     );
     """,
+    # A VM's cached layers and its state changes, apart from its body: an assignment changes the
+    # last-use time of a few layers and adds a state change, not the ~40 images a disk holds.
+    # Bodies written before keep theirs inline until the VM is next written.
+    """
+    CREATE TABLE vm_layers (
+        vm_id TEXT NOT NULL,
+        layer_id TEXT NOT NULL,
+        size_bytes BIGINT NOT NULL,
+        used_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (vm_id, layer_id)
+    );
+    CREATE TABLE vm_history (
+        vm_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (vm_id, seq)
+    );
+    """,
 ]
 
 # Attempt outcomes: sent and not yet answered; answered with a session; answered "not made";
@@ -110,6 +134,18 @@ PENDING, MADE, NONE, UNRESOLVED = "pending", "made", "none", "unresolved"
 MIGRATION_LOCK = 0x70726F76
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _VmRows:
+    """What the database holds of one VM's layers and history, as of the last commit."""
+
+    layers: dict[str, tuple[int, float]]  # layer id -> (size, last use)
+    history: int  # state changes written
+    last: tuple | None  # the last one written: a history rewritten since no longer ends with it
+
+
+_NO_ROWS = _VmRows({}, 0, None)
 
 
 class StoreError(Exception):
@@ -126,6 +162,8 @@ class Store:
         self._batch = threading.local()  # the writer thread's cursor while it runs a batch
         self._writer: GroupCommit | None = None
         self._writer_closed = False
+        self._tx = threading.local()  # this thread's transaction: its after-commit actions
+        self._vm_rows: dict[str, _VmRows] = {}
 
     # ---- what subclasses provide ----------------------------------------------------------
 
@@ -157,8 +195,25 @@ class Store:
         if batch is not None:
             yield batch
             return
-        with self._transaction() as cur:
-            yield cur
+        with self._after_commit() as after:
+            with self._transaction() as cur:
+                self._tx.after = after
+                yield cur
+
+    @contextmanager
+    def _after_commit(self) -> Iterator[list[Callable[[], None]]]:
+        """Collects what `_on_commit` asks within a transaction and runs it once the transaction
+        has committed (not if it rolled back)."""
+        after: list[Callable[[], None]] = []
+        try:
+            yield after
+        finally:
+            self._tx.after = None
+        for action in after:
+            action()
+
+    def _on_commit(self, action: Callable[[], None]) -> None:
+        self._tx.after.append(action)
 
     @property
     def writer(self) -> GroupCommit:
@@ -173,18 +228,20 @@ class Store:
     def _grouped(self, transaction: Callable[[], Any]) -> Callable[[], Any]:
         @contextmanager
         def grouped():
-            with transaction() as cur:
-                self._batch.cursor = cur
-                try:
-                    yield cur
-                finally:
-                    self._batch.cursor = None
+            with self._after_commit() as after:
+                with transaction() as cur:
+                    self._batch.cursor, self._tx.after = cur, after
+                    try:
+                        yield cur
+                    finally:
+                        self._batch.cursor = None
         return grouped
 
     async def commit(self, write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Runs `write(*args, **kwargs)` (one of this store's write methods, e.g. `save`) in the
-        writer thread, in one transaction with other callers' writes, and returns its result
-        once that transaction is durable. A write that fails fails alone (see group_commit)."""
+        """Runs `write(*args, **kwargs)` (one of this store's write methods) in the writer thread,
+        in one transaction with other callers' writes, and returns its result once that
+        transaction is durable. A write that fails fails alone (see group_commit). The writer
+        reads `args` when it runs: pass values, and sessions and VMs through `commit_save`."""
         return await asyncio.wrap_future(self.writer.submit(lambda _cur: write(*args, **kwargs)))
 
     def _close_writer(self) -> None:
@@ -231,13 +288,47 @@ class Store:
     def save(self, sessions: Iterable[Session], vms: Iterable[Vm]) -> None:
         """Writes a batch of changed objects in one transaction. Sessions are never erased: an
         ended one keeps its reason and GPU time for billing and quotas."""
+        self._save_rows(sessions, vms)()
+
+    async def commit_save(self, sessions: Iterable[Session], vms: Iterable[Vm]) -> None:
+        """`save`, group-committed. The objects are read now, on the caller's thread (the
+        writer thread must not read objects the event loop goes on changing)."""
+        await self.commit(self._save_rows(sessions, vms))
+
+    def _save_rows(self, sessions: Iterable[Session], vms: Iterable[Vm]) -> Callable[[], None]:
+        """The rows of a save, made now; the returned function writes them."""
         # The request_id column holds the user-scoped request key, unique within the cluster.
         s_rows = [(s.id, s.cluster, s.spec.key, s.spec.user_id, s.state.value, s.revision,
                    json.dumps(s.to_dict())) for s in sessions]
-        v_rows = [(v.id, v.cluster, v.pool, v.state.value, v.revision, json.dumps(v.to_dict())) for v in vms]
+        v_rows, layers, gone, history, rewritten, written = [], [], [], [], [], {}
+        for v in vms:
+            body = v.to_dict()
+            before = self._vm_rows.get(v.id, _NO_ROWS)
+            now = self._vm_layer_and_history_rows(v.id, body, before, layers, gone, history, rewritten)
+            if v.state is VmState.DELETED:  # its disk is gone: its history stays, nothing to remember
+                gone += [(v.id, lid) for lid in now.layers]
+                now = None
+            written[v.id] = now
+            v_rows.append((v.id, v.cluster, v.pool, v.state.value, v.revision, json.dumps(body)))
+        return lambda: self._write_rows(s_rows, v_rows, layers, gone, history, rewritten, written)
+
+    def _write_rows(self, s_rows, v_rows, layers, gone, history, rewritten, written) -> None:
         if not s_rows and not v_rows:
             return
         with self.transaction() as cur:
+            self._on_commit(lambda: self._remember_vm_rows(written))
+            if rewritten:
+                cur.executemany(self._sql("DELETE FROM vm_history WHERE vm_id = ?"), rewritten)
+            if history:
+                cur.executemany(self._sql("INSERT INTO vm_history (vm_id, seq, state, reason, at) "
+                                          "VALUES (?, ?, ?, ?, ?) ON CONFLICT (vm_id, seq) DO NOTHING"), history)
+            if gone:
+                cur.executemany(self._sql("DELETE FROM vm_layers WHERE vm_id = ? AND layer_id = ?"), gone)
+            if layers:
+                cur.executemany(self._sql(
+                    "INSERT INTO vm_layers (vm_id, layer_id, size_bytes, used_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (vm_id, layer_id) DO UPDATE SET size_bytes = excluded.size_bytes, "
+                    "used_at = excluded.used_at"), layers)
             if s_rows:
                 cur.executemany(self._sql(
                     "INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, body) "
@@ -253,9 +344,55 @@ class Store:
         rows = self._rows("SELECT body FROM sessions WHERE cluster = ?", (cluster,))
         return sorted((Session.from_dict(json.loads(body)) for (body,) in rows), key=lambda s: (s.created_at, s.id))
 
+    def _remember_vm_rows(self, written: dict[str, _VmRows | None]) -> None:
+        for vm_id, rows in written.items():
+            if rows is None:
+                self._vm_rows.pop(vm_id, None)
+            else:
+                self._vm_rows[vm_id] = rows
+
+    @staticmethod
+    def _vm_layer_and_history_rows(vm_id: str, body: dict, before: _VmRows, layers: list, gone: list,
+                                   history: list, rewritten: list) -> _VmRows:
+        """Takes the layers and history out of a VM's body, adds the rows that differ from what
+        the database holds (`before`) to the lists, and returns what it will hold after."""
+        cached = {lid: (size, used_at) for lid, size, used_at in body["cache"].pop("layers")}
+        layers += [(vm_id, lid, *row) for lid, row in cached.items() if before.layers.get(lid) != row]
+        gone += [(vm_id, lid) for lid in before.layers if lid not in cached]
+        changes = [tuple(h) for h in body.pop("history")]
+        start = before.history
+        if start > len(changes) or (start and changes[start - 1] != before.last):  # not an append
+            rewritten.append((vm_id,))
+            start = 0
+        history += [(vm_id, seq, *changes[seq]) for seq in range(start, len(changes))]
+        return _VmRows(cached, len(changes), changes[-1] if changes else None)
+
     def load_vms(self, cluster: str) -> list[Vm]:
-        rows = self._rows("SELECT body FROM vms WHERE cluster = ? AND state <> 'deleted'", (cluster,))
-        return sorted((Vm.from_dict(json.loads(body)) for (body,) in rows), key=lambda v: (v.created_at, v.id))
+        """The cluster's VMs that are not deleted, their layers and history from their rows (or
+        from their body, if it was written before those had rows of their own)."""
+        live = "SELECT id FROM vms WHERE cluster = ? AND state <> 'deleted'"
+        bodies = {vm_id: json.loads(body) for vm_id, body in self._rows(
+            "SELECT id, body FROM vms WHERE cluster = ? AND state <> 'deleted'", (cluster,))}
+        layers: dict[str, list] = {}
+        for vm_id, lid, size, used_at in self._rows(
+                f"SELECT vm_id, layer_id, size_bytes, used_at FROM vm_layers WHERE vm_id IN ({live})", (cluster,)):
+            layers.setdefault(vm_id, []).append([lid, size, used_at])
+        history: dict[str, list] = {}
+        for vm_id, state, reason, at in self._rows(
+                f"SELECT vm_id, state, reason, at FROM vm_history WHERE vm_id IN ({live}) ORDER BY vm_id, seq",
+                (cluster,)):
+            history.setdefault(vm_id, []).append([state, reason, at])
+        vms = []
+        for vm_id, body in bodies.items():
+            held = _VmRows({lid: (size, used_at) for lid, size, used_at in layers.get(vm_id, ())},
+                           len(history.get(vm_id, ())), tuple(history[vm_id][-1]) if vm_id in history else None)
+            self._vm_rows[vm_id] = held
+            if "layers" not in body["cache"]:
+                body["cache"]["layers"] = sorted(layers.get(vm_id, ()))
+            if "history" not in body:
+                body["history"] = history.get(vm_id, [])
+            vms.append(Vm.from_dict(body))
+        return sorted(vms, key=lambda v: (v.created_at, v.id))
 
     # ---- the front: request key -> the session it created ---------------------------------
     # The front_* tables' request_id columns hold request keys (model.request_key: user/request id).
