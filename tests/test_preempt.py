@@ -47,7 +47,11 @@ def ids(victims) -> list[str]:
 # ---- the rule, by example --------------------------------------------------------------------
 
 def test_the_readme_example_over_share_first_then_the_most_over_then_the_youngest():
-    assert ids(choose_victims(Request("dee", "interactive", 2), EXAMPLE, SHARES, CLASSES)) == ["s5", "s4"]
+    victims = choose_victims(Request("dee", "interactive", 2), EXAMPLE, SHARES, CLASSES)
+    assert ids(victims) == ["s5", "s4"]
+    assert victims[0].detail == ("batch session s5 started at 400, over its owner's share (ben holds 4 GPUs of a "
+                                 "2-GPU share): frees 1 GPU for dee's interactive session within their share "
+                                 "(0 + 2 of 2 GPUs)")
     # The whole order, for a user with room for 7 GPUs: over share (ben's before cho's, as ben is
     # further over; youngest first), then batch within its share (lower rank than interactive).
     roomy = SHARES | {"dee": Share(8, 0)}
@@ -75,6 +79,9 @@ def test_a_requester_over_its_own_share_preempts_nothing():
 
 def test_a_batch_within_its_share_takes_only_borrowed_gpus_never_another_batch_within_its_share():
     assert ids(choose_victims(Request("dee", "batch", 2), EXAMPLE, SHARES, CLASSES)) == ["s5", "s4"]
+    roomy = SHARES | {"dee": Share(8, 0)}
+    assert ids(choose_victims(Request("dee", "batch", 3), EXAMPLE, roomy, CLASSES)) == ["s5", "s4", "s8"]
+    assert choose_victims(Request("dee", "batch", 4), EXAMPLE, roomy, CLASSES) is None
     within = [s for s in EXAMPLE if not s.over_share]
     assert choose_victims(Request("dee", "batch", 1), within, SHARES, CLASSES) is None
     assert ids(choose_victims(Request("dee", "interactive", 1), within, SHARES, CLASSES)) == ["s3"]
