@@ -41,9 +41,12 @@ ADMIN_METHODS = [m.name for m in admin_pb.DESCRIPTOR.services_by_name["AdminServ
 CLUSTER_METHODS = [m.name for m in cluster_pb.DESCRIPTOR.services_by_name["ClusterService"].methods]
 # At the front: sessions for users and services, AdminService for admins.
 FRONT_POLICY = auth.with_admin_service(auth.FRONT_POLICY, auth.Rule.ADMIN, ADMIN_METHODS)
-# At a cluster: the front alone, for both of its services.
+# At a cluster: the front alone, for both of its services (but the AdminService RPCs only the
+# front serves, which no caller may call at a cluster).
 CLUSTER_POLICY = auth.with_cluster_service(
-    auth.with_admin_service(auth.CLUSTER_POLICY, auth.Rule.FRONT, ADMIN_METHODS), CLUSTER_METHODS)
+    auth.with_admin_service(auth.CLUSTER_POLICY, auth.Rule.FRONT,
+                            [m for m in ADMIN_METHODS if m not in front_service.FRONT_ONLY_ADMIN_RPCS]),
+    CLUSTER_METHODS)
 
 log = logging.getLogger(__name__)
 

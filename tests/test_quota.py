@@ -382,3 +382,12 @@ def test_the_cli_shows_when_the_budget_runs_out():
     assert "runs out:        2026-11-25T12:30:00Z (in 30m, at the running sessions' rate)" in render.quota_detail(q, NOW)
     assert render.quota_to_json(q)["exhaustion_time"] == "2026-11-25T12:30:00Z"
     assert "runs out" not in render.quota_detail(pb.Quota(user_id="u"), NOW)
+
+
+async def test_a_cluster_refuses_the_fronts_quota_rpcs(local_fleet):
+    async with local_fleet.cluster_channel("us-central1") as ch:  # as the front, the only caller it knows
+        for call, request in (("SetUserQuota", admin_pb.SetUserQuotaRequest(user_id="u", max_active_sessions=9)),
+                              ("GetUserQuota", admin_pb.GetUserQuotaRequest(user_id="u"))):
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await getattr(admin_grpc.AdminServiceStub(ch), call)(request)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, call

@@ -441,7 +441,7 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
         return out
 
 
-# AdminService RPCs a cluster does not serve (UNIMPLEMENTED there): quotas are the front's.
+# AdminService RPCs a cluster does not serve (its policy refuses them): quotas are the front's.
 FRONT_ONLY_ADMIN_RPCS = ("SetUserQuota", "GetUserQuota")
 
 SERVICE_NAMES = (

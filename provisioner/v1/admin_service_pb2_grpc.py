@@ -158,7 +158,7 @@ class AdminServiceServicer:
 
     def SetUserQuota(self, request, context):
         """One user's quota limits over the fleet config's, kept in the front's store and applied by
-        every front replica. The front's only: a cluster answers UNIMPLEMENTED.
+        every front replica. The front's only: a cluster refuses them (PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
