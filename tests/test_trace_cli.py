@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from conftest import fleet_config, start_fleet
 from provisioner.cli import main
-from provisioner.telemetry import JsonLinesSpanExporter
+from provisioner.telemetry import ATTR_SESSION_ID, JsonLinesSpanExporter
 from provisioner.v1 import types_pb2 as pb
 
 
@@ -46,3 +46,26 @@ async def test_trace_command_renders_the_session_tree(tmp_path, capsys):
 def test_trace_command_explains_a_missing_file(tmp_path, capsys):
     assert main(["trace", "us-central1.s-x", "--file", str(tmp_path / "none.jsonl")]) == 1
     assert "no span file" in capsys.readouterr().err
+
+
+def test_trace_command_finds_a_session_across_rotated_files(tmp_path, capsys):
+    """A session whose first spans went to a file since rotated, and whose last are in the current one."""
+    spans_file = tmp_path / "traces.jsonl"
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(spans_file, max_bytes=3000, backups=3)))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("CreateSession", attributes={ATTR_SESSION_ID: "s-1"}):
+        with tracer.start_as_current_span("Allocate"):
+            pass
+    for i in range(10):  # other sessions' spans push those into a rotated file
+        with tracer.start_as_current_span("GetSession", attributes={ATTR_SESSION_ID: f"other-{i}"}):
+            pass
+    with tracer.start_as_current_span("StopSession", attributes={ATTR_SESSION_ID: "s-1"}):
+        pass
+    provider.shutdown()
+    assert "CreateSession" not in spans_file.read_text() and "StopSession" in spans_file.read_text()
+
+    assert main(["trace", "s-1", "--file", str(spans_file)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("trace ") == 2 and "CreateSession" in out and "Allocate" in out and "StopSession" in out
+    assert out.index("CreateSession") < out.index("StopSession")
