@@ -306,12 +306,11 @@ class _FrontCollector(Collector):
                                        labels=["cluster", "outcome"])
         placements = CounterMetricFamily("provisioner_placements", "CreateSession placements by outcome.",
                                          labels=["outcome"])
-        now = time.monotonic()
         for client in self.fleet.clients.values():
             healthy.add_metric([client.name], 1 if client.healthy else 0)
             view = client.view()
             routable.add_metric([client.name], 1 if view.healthy and not view.draining else 0)
-            state = client.breaker.state(now)
+            state = client.breaker_state()
             for s in _BREAKER_STATES:
                 breaker.add_metric([client.name, s], 1 if s == state else 0)
         for (cluster, outcome), n in sorted(self.placement.attempt_outcomes.items()):

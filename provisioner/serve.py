@@ -17,7 +17,7 @@ from typing import Sequence
 from provisioner.api.guard import Guard, bearer_identity, certificate_identity, stream_caps
 from provisioner.api.server import HealthPort, Server
 from provisioner.audit import AuditLog
-from provisioner.clock import Clock
+from provisioner.clock import Clock, RealClock
 from provisioner.cloud.base import CloudBackend
 from provisioner.cluster import service as cluster_service
 from provisioner.decide.core import ClusterCore
@@ -218,8 +218,10 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     ca, chain, key = files.read()
     link = tls.channel_credentials(ca, chain, key)
     security = fleet_cfg.settings.security
+    # Network time (commit_by, call deadlines, the breaker) runs at wall speed, whatever `clock` does.
+    wall = RealClock()
     clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
-                             credentials=link, server_name=security.cluster_name(c.name))
+                             credentials=link, server_name=security.cluster_name(c.name), clock=wall)
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
     for c in clients:
@@ -228,7 +230,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     if metrics is not None:
         metrics.time_store(store, "front")
     address = address or fleet_cfg.settings.front.address
-    sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock)
+    sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock, wall)
     if metrics is not None:
         metrics.watch_front(fleet, sessions.placement)
     guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock),

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from provisioner.group_commit import GroupCommit, WriterClosed
 from provisioner.decide.states import VmState
+from provisioner.front.attempts import SETTLED, UNSETTLED, Attempt, Event, check_change, sources
 from provisioner.model import Session, Vm
 
 # Append only: each entry upgrades the schema by one version.
@@ -127,9 +128,9 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
-# Attempt outcomes: sent and not yet answered; answered with a session; answered "not made";
-# unanswered for good (the resolver asks again after commit_by).
-PENDING, MADE, NONE, UNRESOLVED = "pending", "made", "none", "unresolved"
+# The front's attempt states; their transitions are the table in front/attempts.py.
+PENDING, UNRESOLVED, REFUSED, MADE, NONE = (Attempt.PENDING, Attempt.UNRESOLVED, Attempt.REFUSED, Attempt.MADE,
+                                            Attempt.NONE)
 # Serializes schema upgrades between replicas starting at once (PostgreSQL advisory lock key).
 MIGRATION_LOCK = 0x70726F76
 
@@ -399,47 +400,69 @@ class Store:
 
     def remember_request(self, request_id: str, session_id: str, cluster: str, now: float) -> str:
         """Records the first session for a request key; returns whichever session id won. If this
-        one won, its attempt is settled as made in the same transaction."""
+        one won, its attempt takes the WON edge in the same transaction."""
         with self.transaction() as cur:
             cur.execute(self._sql("INSERT INTO front_requests VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"),
                         (request_id, session_id, cluster, now))
             cur.execute(self._sql("SELECT session_id FROM front_requests WHERE request_id = ?"), (request_id,))
             winner = cur.fetchone()[0]
             if winner == session_id:
-                cur.execute(self._sql("UPDATE front_attempts SET outcome = ? WHERE request_id = ? AND cluster = ?"),
-                            (MADE, request_id, cluster))
+                case, args = _edges(Event.WON)
+                cur.execute(self._sql(f"UPDATE front_attempts SET outcome = {case} WHERE request_id = ? AND cluster = ? "
+                                      f"AND outcome IN ({_marks(sources(Event.WON))})"),
+                            (*args, request_id, cluster, *_values(sources(Event.WON))))
             return winner
 
     def session_for_request(self, request_id: str) -> str | None:
         rows = self._rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
         return rows[0][0] if rows else None
 
-    def note_attempt(self, request_id: str, cluster: str, commit_by: float) -> None:
+    def note_attempt(self, request_id: str, cluster: str, commit_by: float) -> Attempt:
+        """The SENT edge: the attempt is pending, with the later commit_by of this one and any earlier
+        one there. A made one stays made. Returns the state after."""
+        edges = {b: a for b, a in sources(Event.SENT).items() if b is not None}
+        case, args = _edges(Event.SENT, "front_attempts.outcome", edges)
         with self.transaction() as cur:
             cur.execute(self._sql(
                 "INSERT INTO front_attempts VALUES (?, ?, ?, ?) ON CONFLICT (request_id, cluster) DO UPDATE "
                 "SET commit_by = CASE WHEN excluded.commit_by > front_attempts.commit_by "
-                "THEN excluded.commit_by ELSE front_attempts.commit_by END, outcome = excluded.outcome"),
-                (request_id, cluster, commit_by, PENDING))
+                f"THEN excluded.commit_by ELSE front_attempts.commit_by END, outcome = {case} "
+                f"WHERE front_attempts.outcome IN ({_marks(edges)})"),
+                (request_id, cluster, commit_by, sources(Event.SENT)[None].value, *args, *_values(edges)))
+            cur.execute(self._sql("SELECT outcome FROM front_attempts WHERE request_id = ? AND cluster = ?"),
+                        (request_id, cluster))
+            return Attempt(cur.fetchone()[0])
 
-    def settle_attempt(self, request_id: str, cluster: str, outcome: str) -> None:
+    def settle_attempt(self, request_id: str, cluster: str, to: Attempt, expected: Attempt = PENDING,
+                       commit_by: float | None = None) -> bool:
+        """Applies a change the front's state machine chose, if the attempt is still as it decided
+        on (`expected`, and `commit_by` when given); False if someone changed it first."""
+        check_change(expected, to)
+        where, args = "request_id = ? AND cluster = ? AND outcome = ?", [request_id, cluster, expected.value]
+        if commit_by is not None:
+            where += " AND commit_by = ?"
+            args.append(commit_by)
         with self.transaction() as cur:
-            cur.execute(self._sql("UPDATE front_attempts SET outcome = ? WHERE request_id = ? AND cluster = ?"),
-                        (outcome, request_id, cluster))
+            cur.execute(self._sql(f"UPDATE front_attempts SET outcome = ? WHERE {where}"), (to.value, *args))
+            return cur.rowcount == 1
 
     def prune_attempts(self, before: float) -> None:
         """Forgets settled attempts whose commit_by is older than `before`: their outcome is known."""
         with self.transaction() as cur:
-            cur.execute(self._sql("DELETE FROM front_attempts WHERE outcome IN (?, ?) AND commit_by < ?"),
-                        (MADE, NONE, before))
+            cur.execute(self._sql(f"DELETE FROM front_attempts WHERE outcome IN ({_marks(SETTLED)}) AND commit_by < ?"),
+                        (*_values(SETTLED), before))
 
     def open_attempts(self, request_id: str | None = None) -> list[tuple[str, str, float]]:
-        """(request id, cluster, commit_by) of attempts whose outcome is not known, oldest first."""
-        where = "outcome IN (?, ?)" + (" AND request_id = ?" if request_id else "")
-        args = (PENDING, UNRESOLVED, *((request_id,) if request_id else ()))
-        return [tuple(r) for r in self._rows(
-            f"SELECT request_id, cluster, commit_by FROM front_attempts WHERE {where} ORDER BY commit_by", args)]
+        """(request id, cluster, commit_by) of attempts not settled yet, oldest first."""
+        return [(r, c, by) for r, c, _, by in self.attempts_to_resolve(request_id)]
 
+    def attempts_to_resolve(self, request_id: str | None = None) -> list[tuple[str, str, Attempt, float]]:
+        """(request id, cluster, state, commit_by) of attempts not settled yet, oldest first."""
+        where = f"outcome IN ({_marks(UNSETTLED)})" + (" AND request_id = ?" if request_id else "")
+        args = (*_values(UNSETTLED), *((request_id,) if request_id else ()))
+        return [(r, c, Attempt(state), by) for r, c, state, by in self._rows(
+            f"SELECT request_id, cluster, outcome, commit_by FROM front_attempts WHERE {where} "
+            "ORDER BY commit_by, request_id, cluster", args)]
 
     # ---- operator state: drain and pool policy overrides, per cluster -----------------------
 
@@ -640,6 +663,22 @@ class PostgresStore(Store):
             self._db.close()
             for db in self._writer_db:
                 db.close()
+
+
+def _values(states) -> list[str]:
+    return sorted(s.value for s in states)
+
+
+def _marks(states) -> str:
+    return ", ".join("?" * len(states))
+
+
+def _edges(event: Event, column: str = "outcome", edges: dict | None = None) -> tuple[str, list[str]]:
+    """SQL for the state after `event` from the state in `column`, from the front's transition
+    table (never a second copy of it), and its arguments."""
+    edges = sources(event) if edges is None else edges
+    pairs = sorted((b.value, a.value) for b, a in edges.items() if b is not None)
+    return f"CASE {column} {' '.join('WHEN ? THEN ?' for _ in pairs)} END", [v for p in pairs for v in p]
 
 
 def redact(url: str) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Sequence
 
 import grpc
 
 from provisioner import telemetry
+from provisioner.clock import Clock
 from provisioner.front.breaker import CircuitBreaker
 from provisioner.front.router import ClusterView, PoolView
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -33,10 +33,12 @@ class ClusterClient:
 
     def __init__(self, name: str, region: str, address: str, tracer_provider=None,
                  interceptors: Sequence[grpc.aio.ClientInterceptor] = (), *,
-                 credentials: grpc.ChannelCredentials, server_name: str):
+                 credentials: grpc.ChannelCredentials, server_name: str, clock: Clock):
         """Mutual TLS: `credentials` carry the front's certificate, and the cluster must prove it
-        is `server_name` (whatever address it is reached at)."""
+        is `server_name` (whatever address it is reached at). `clock` runs at wall speed: the
+        breaker's waits and reconnects are network time."""
         self.name, self.region, self.address = name, region, address
+        self.clock = clock
         self.channel = grpc.aio.secure_channel(
             address, credentials, options=[*KEEPALIVE, ("grpc.ssl_target_name_override", server_name)],
             interceptors=[*telemetry.client_interceptors(tracer_provider), *interceptors])
@@ -71,7 +73,7 @@ class ClusterClient:
             except Exception:
                 log.exception("capacity stream of cluster %s failed", self.name)
             self.healthy = False
-            await asyncio.sleep(RECONNECT_S)  # network timing runs on the wall clock
+            await self.clock.sleep(RECONNECT_S)
 
     def view(self) -> ClusterView:
         cap = self.capacity
@@ -81,5 +83,8 @@ class ClusterClient:
                 pools[p.pool] = PoolView(
                     warm_by_image={ic.image: ic.count for ic in p.warm_by_image}, warm=p.warm, booting=p.booting,
                     assigned=p.assigned, queued=p.queued, max_vms=p.max_vms, cold_start_s=p.cold_start_s)
-        routable = self.healthy and cap is not None and self.breaker.allows(time.monotonic())
+        routable = self.healthy and cap is not None and self.breaker.allows(self.clock.now())
         return ClusterView(self.name, self.region, routable, bool(cap and cap.draining), pools)
+
+    def breaker_state(self) -> str:
+        return self.breaker.state(self.clock.now())

@@ -1,25 +1,18 @@
 """Placing a new session: one session per request key (a user's request id), however often the
 client or the front retries and whichever cluster fails in the middle of a call.
 
-For each candidate cluster, best first:
-  1. the attempt (request id, cluster, commit_by) is written down before anything is sent;
-  2. Allocate carries commit_by, after which the cluster makes nothing for an unknown request
-     id; an ambiguous failure (unreachable, timed out, reply lost) is retried with backoff at
-     the same cluster, which is safe because Allocate is idempotent by request id;
-  3. a session: the request's winner is recorded (first writer wins) and returned. A refusal
-     (no capacity, draining, too late): the next candidate. Still ambiguous after the retries:
-     the attempt stays unresolved and the next candidate is tried.
-Clusters holding an unresolved attempt of the same request come first on a retry, so asking
-again there cannot make a second session. A resolver looks at unresolved attempts once their
-commit_by has passed: a session made there for a request placed elsewhere is discarded (nobody
-was ever told about it); one for a request that failed everywhere becomes its answer.
+The protocol's decisions are the state machine in front/attempts.py; this is its shell: it carries
+each action out (the store, the cluster's gRPC services, the circuit breaker, the trace) and feeds
+the outcome back. Every time it reads comes from its clock, which runs at wall speed: commit_by
+is a deadline between processes, judged by the cluster's wall clock, and the caller's deadline
+and the breaker's waits are network time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import random
 from collections import Counter
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -31,21 +24,22 @@ from provisioner import telemetry
 from provisioner.api.status import RemoteError
 from provisioner.clock import Clock
 from provisioner.errors import Unavailable
+from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, Allocated, Ask, Discard, Discarded, Done, FetchWinner,
+                                        Fetched, Found, GiveUp, Invalid, Leave, NoReply, NotFound, PlacementRun,
+                                        Record, Recorded, Refused, Remember, Remembered, ResolveRun, Send, Settle,
+                                        Settled, Start, STICKY, sticky_first)
 from provisioner.front.clusters import ClusterClient
-from provisioner.front.retry import ambiguous, call, retrying
+from provisioner.front.retry import ambiguous, call
 from provisioner.front.router import Candidate
 from provisioner.model import cluster_of, request_key, split_request_key
-from provisioner.store import NONE, UNRESOLVED, SqliteStore
+from provisioner.store import SqliteStore
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
 
+__all__ = ["ATTEMPT_TIMEOUT_S", "Placement"]
+
 log = logging.getLogger(__name__)
 
-# Longest single attempt at one cluster, so a stuck cluster leaves time to try another.
-ATTEMPT_TIMEOUT_S = 5.0
-# commit_by is wall time (like a gRPC deadline, and unlike the clock, which a demo may speed up),
-# judged by the cluster's wall clock; this is how far apart the two may be.
-CLOCK_SKEW_S = 1.0
 RESOLVE_EVERY_S = 2.0
 # Settled attempts are kept this long after their commit_by (to look into), then forgotten.
 PRUNE_AFTER_S = 3600.0
@@ -55,10 +49,12 @@ REFUSALS = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.FAILED
 
 
 class Placement:
-    def __init__(self, clients: dict[str, ClusterClient], store: SqliteStore, clock: Clock):
+    def __init__(self, clients: dict[str, ClusterClient], store: SqliteStore, clock: Clock,
+                 rng: random.Random | None = None):
         self.clients = clients
         self.store = store
-        self.clock = clock
+        self.clock = clock  # wall speed: see the module's docstring
+        self.rng = rng or random.Random()  # backoff jitter
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: dict[str, int] = {}
         # What the resolver found: sessions adopted as a request's answer, duplicates discarded.
@@ -80,151 +76,139 @@ class Placement:
             if not self._waiters[request_id]:
                 del self._waiters[request_id], self._locks[request_id]
 
-    def sticky_first(self, request_id: str, candidates: list[Candidate]) -> list[Candidate]:
-        """Clusters where an earlier attempt's outcome is unknown come first: asking there again is
-        idempotent, asking elsewhere could make a second session."""
-        open_at = {cluster for _, cluster, _ in self.store.open_attempts(request_id)}
-        return sorted(candidates, key=lambda c: c.cluster not in open_at)  # stable: rank order within
-
     async def place(self, request: pb.SessionSpec, candidates: list[Candidate], deadline: float) -> pb.Session:
-        """Tries the candidates in order until one makes the session; `deadline` is loop time."""
+        """Tries the candidates in order until one makes the session; `deadline` is the clock's time."""
         span = trace.get_current_span()
-        rid = request_key(request.user_id, request.request_id)
-        last: Exception | None = None
-        for cand in self.sticky_first(rid, candidates):
-            client = self.clients[cand.cluster]
-            budget = min(ATTEMPT_TIMEOUT_S, deadline - _loop_now())
-            if budget <= 0.05:
-                break
-            try:
-                session = await self._attempt(client, request, budget, deadline, span)
-            except RemoteError as err:
-                if not (ambiguous(err) or err.code in REFUSALS):
-                    self.outcomes["invalid"] += 1
-                    raise  # the request itself is wrong: another cluster would say the same
-                last = err
-                continue
-            # Until this is recorded the attempt stays open, so a retry after a failure here asks the
-            # same cluster again (idempotent) instead of placing a second session elsewhere.
-            winner = self.store.remember_request(rid, session.id, cand.cluster, self.clock.now())
-            if winner != session.id:  # another front replica placed it first
-                self.attempt_outcomes[cand.cluster, "duplicate"] += 1
-                self.outcomes["duplicate"] += 1
-                try:
-                    await self._discard(client, rid, f"request placed as {winner}")
-                    self.store.settle_attempt(rid, cand.cluster, NONE)
-                    log.info("request %s: another front placed it as %s; discarded %s", rid, winner, session.id)
-                except grpc.aio.AioRpcError:
-                    self.store.settle_attempt(rid, cand.cluster, UNRESOLVED)  # the resolver discards it later
-                owner = self.clients[cluster_of(winner)]
-                return (await call(owner.sessions.Get, cluster_pb.GetRequest(session_id=winner),
-                                    ATTEMPT_TIMEOUT_S)).session
-            span.add_event("placed", {"cluster": cand.cluster, "session.id": session.id})
-            span.set_attributes({telemetry.ATTR_SESSION_ID: session.id, telemetry.ATTR_CLUSTER: cand.cluster,
-                                 telemetry.ATTR_START: pb.StartKind.Name(session.start)
-                                 .removeprefix("START_KIND_").lower()})
-            self.outcomes["placed"] += 1
-            return session
-        self.outcomes["failed"] += 1
-        if last is not None:
-            raise last
-        raise Unavailable("no candidate cluster could be tried before the deadline")
-
-    async def _attempt(self, client: ClusterClient, request: pb.SessionSpec, budget: float, deadline: float,
-                       span) -> pb.Session:
-        rid = request_key(request.user_id, request.request_id)
-        commit_by = time.time() + budget
-        self.store.note_attempt(rid, client.name, commit_by)
+        key = request_key(request.user_id, request.request_id)
+        open_at = {cluster for _, cluster, state, _ in self.store.attempts_to_resolve(key) if state in STICKY}
+        run = PlacementRun(sticky_first(open_at, [c.cluster for c in candidates]), deadline, self.rng)
         msg = cluster_pb.AllocateRequest(spec=request)
-        msg.commit_by.FromNanoseconds(int(commit_by * 1e9))
+        action = run.handle(Start(), self.clock.now())
+        while True:
+            match action:
+                case Done(session=session, outcome=outcome):
+                    self.outcomes[outcome] += 1
+                    if outcome == "placed":
+                        span.add_event("placed", {"cluster": run.cluster, "session.id": session.id})
+                        span.set_attributes({telemetry.ATTR_SESSION_ID: session.id,
+                                             telemetry.ATTR_CLUSTER: run.cluster,
+                                             telemetry.ATTR_START: pb.StartKind.Name(session.start)
+                                             .removeprefix("START_KIND_").lower()})
+                    return session
+                case GiveUp(error=error, outcome=outcome):
+                    self.outcomes[outcome] += 1
+                    raise error or Unavailable("no candidate cluster could be tried before the deadline")
+                case Send():
+                    event = await self._send(key, msg, action, run, span)
+                case Ask():
+                    self.clients[action.cluster].breaker.failure(self.clock.now())  # its tries all failed
+                    event = await self._ask(key, action, final=False)
+                    if isinstance(event, Found):
+                        self.clients[action.cluster].breaker.success()
+                        self.attempt_outcomes[action.cluster, "found"] += 1
+                        span.add_event("found", {"cluster": action.cluster, "session.id": event.session_id})
+                case Discard():
+                    self.attempt_outcomes[action.cluster, "duplicate"] += 1
+                    event = await self._carry_out(key, action)
+                case Settle():
+                    event = self._settle(key, action)
+                    if action.outcome in ("refused", "unresolved"):
+                        span.add_event(action.outcome, {"cluster": action.cluster,
+                                                        "code": getattr(run.last, "code", grpc.StatusCode.UNKNOWN).name})
+                case _:
+                    event = await self._carry_out(key, action)
+            action = run.handle(event, self.clock.now())
 
-        def on_retry(state) -> None:
-            err = state.outcome.exception()
-            span.add_event("retry", {"cluster": client.name, "code": err.code.name,
-                                     "wait_s": round(state.next_action.sleep, 3)})
-
+    async def _send(self, key: str, msg: cluster_pb.AllocateRequest, send: Send, run: PlacementRun, span):
+        client = self.clients[send.cluster]
+        if send.try_no > 1:
+            span.add_event("retry", {"cluster": send.cluster, "code": run.last.code.name, "wait_s": round(send.wait_s, 3)})
+            await self.clock.sleep(send.wait_s)
+        span.add_event("attempt", {"cluster": send.cluster, "try": send.try_no})
+        client.breaker.attempt(self.clock.now())
+        msg.commit_by.FromNanoseconds(int(send.commit_by * 1e9))
         try:
-            # Retries stay within this attempt's budget: past commit_by the cluster makes nothing new.
-            async for try_ in retrying(budget, on_retry=on_retry):
-                with try_:
-                    span.add_event("attempt", {"cluster": client.name, "try": try_.retry_state.attempt_number})
-                    client.breaker.attempt(time.monotonic())
-                    timeout = max(0.01, min(budget, deadline - _loop_now()))
-                    resp = await call(client.sessions.Allocate, msg, timeout, tries=1)  # retried by the loop above
+            resp = await call(client.sessions.Allocate, msg, send.timeout, tries=1)  # the machine retries
         except RemoteError as err:
             if ambiguous(err):
-                client.breaker.failure(time.monotonic())
-                # Ask before moving on: the cluster may have made it and only the reply was lost.
-                if (found := await self._ask(client, rid, deadline)) is not None:
-                    span.add_event("found", {"cluster": client.name, "session.id": found.id})
-                    client.breaker.success()
-                    self.attempt_outcomes[client.name, "found"] += 1
-                    return found  # settled as made once recorded as the request's answer
-                # "Not found" is final only after commit_by: the resolver asks again then.
-                self.store.settle_attempt(rid, client.name, UNRESOLVED)
-                self.attempt_outcomes[client.name, "unresolved"] += 1
-                span.add_event("unresolved", {"cluster": client.name, "code": err.code.name})
-            else:
-                client.breaker.success()  # it answered
-                self.store.settle_attempt(rid, client.name, NONE)
-                self.attempt_outcomes[client.name, "refused"] += 1
-                span.add_event("refused", {"cluster": client.name, "code": err.code.name})
-            raise
+                return NoReply(err)
+            client.breaker.success()  # it answered
+            return Refused(err) if err.code in REFUSALS else Invalid(err)
         client.breaker.success()
-        self.attempt_outcomes[client.name, "placed"] += 1
-        return resp.session
+        self.attempt_outcomes[send.cluster, "placed"] += 1
+        return Allocated(resp.session.id, resp.session)
 
-    async def _ask(self, client: ClusterClient, key: str, deadline: float) -> pb.Session | None:
-        timeout = min(ATTEMPT_TIMEOUT_S, deadline - _loop_now())
-        if timeout <= 0.01:
-            return None
+    async def _ask(self, key: str, ask: Ask, final: bool):
+        """Found, NotFound, or (`final`: only NOT_FOUND is an answer) NoReply."""
         try:
-            return (await client.sessions.Get(_get_by_key(key), timeout=timeout)).session
-        except grpc.aio.AioRpcError:
-            return None
+            resp = await self.clients[ask.cluster].sessions.Get(_get_by_key(key), timeout=ask.timeout)
+        except grpc.aio.AioRpcError as err:
+            return NoReply(RemoteError(err)) if final and err.code() is not grpc.StatusCode.NOT_FOUND else NotFound()
+        return Found(resp.session.id, resp.session)
 
-    async def _discard(self, client: ClusterClient, key: str, reason: str) -> None:
-        user_id, request_id = split_request_key(key)
-        await client.sessions.Discard(cluster_pb.DiscardRequest(request_id=request_id, user_id=user_id, reason=reason),
-                                      timeout=ATTEMPT_TIMEOUT_S)
+    def _settle(self, key: str, settle: Settle) -> Settled:
+        applied = self.store.settle_attempt(key, settle.cluster, settle.to, settle.expected, settle.commit_by)
+        if settle.outcome in ("refused", "unresolved"):
+            self.attempt_outcomes[settle.cluster, settle.outcome] += 1
+        return Settled(applied)
+
+    async def _carry_out(self, key: str, action):
+        match action:
+            case Record(cluster=cluster, commit_by=commit_by):
+                return Recorded(self.store.note_attempt(key, cluster, commit_by))
+            case Remember(cluster=cluster, session_id=sid):
+                return Remembered(self.store.remember_request(key, sid, cluster, self.clock.now()))
+            case Discard(cluster=cluster, winner=winner):
+                user_id, request_id = split_request_key(key)
+                try:
+                    await self.clients[cluster].sessions.Discard(cluster_pb.DiscardRequest(
+                        request_id=request_id, user_id=user_id, reason=f"request placed as {winner}"),
+                        timeout=ATTEMPT_TIMEOUT_S)
+                except grpc.aio.AioRpcError as err:
+                    log.info("request %s: could not discard its duplicate in %s yet: %s", key, cluster, err.code().name)
+                    return Discarded(False)
+                log.info("request %s: placed as %s; discarded its duplicate in %s", key, winner, cluster)
+                return Discarded(True)
+            case FetchWinner(session_id=sid):
+                sid = sid or self.store.session_for_request(key)
+                owner = self.clients[cluster_of(sid)]
+                return Fetched((await call(owner.sessions.Get, cluster_pb.GetRequest(session_id=sid),
+                                           ATTEMPT_TIMEOUT_S)).session)
+        raise TypeError(f"no way to carry out {action!r}")
 
     # ---- the resolver ----------------------------------------------------------------------
 
     async def resolve(self) -> int:
-        """Settles unresolved attempts whose commit_by has passed; returns how many it settled."""
+        """Settles open attempts whose commit_by has passed; returns how many it settled."""
         settled = 0
-        now = self.clock.now()
-        self.store.prune_attempts(time.time() - PRUNE_AFTER_S)
-        for rid, cluster, commit_by in self.store.open_attempts():
+        self.store.prune_attempts(self.clock.now() - PRUNE_AFTER_S)
+        for key, cluster, state, commit_by in self.store.attempts_to_resolve():
             client = self.clients.get(cluster)
-            if time.time() < commit_by + CLOCK_SKEW_S or rid in self._locks or client is None or not client.healthy:
-                continue
-            try:
-                resp = await client.sessions.Get(_get_by_key(rid), timeout=ATTEMPT_TIMEOUT_S)
-            except grpc.aio.AioRpcError as err:
-                if err.code() is grpc.StatusCode.NOT_FOUND:
-                    self.store.settle_attempt(rid, cluster, NONE)
-                    settled += 1
-                continue
-            winner = self.store.remember_request(rid, resp.session.id, cluster, now)
-            if winner == resp.session.id:
-                self.adopted += 1
-                log.info("request %s: adopted session %s found in %s", rid, winner, cluster)
-            else:
-                try:
-                    await self._discard(client, rid, f"request placed as {winner}")
-                except grpc.aio.AioRpcError:
-                    continue
-                self.store.settle_attempt(rid, cluster, NONE)
-                self.discarded += 1
-                log.warning("request %s: discarded duplicate %s in %s (placed as %s)",
-                            rid, resp.session.id, cluster, winner)
-            settled += 1
+            if key in self._locks or client is None or not client.healthy:
+                continue  # being placed here now, or the cluster cannot answer
+            run = ResolveRun(cluster, state, commit_by)
+            action = run.handle(Start(), self.clock.now())
+            while not isinstance(action, (Done, Leave)):
+                match action:
+                    case Ask():
+                        event = await self._ask(key, action, final=True)
+                    case Settle():
+                        event = self._settle(key, action)
+                    case _:
+                        event = await self._carry_out(key, action)
+                action = run.handle(event, self.clock.now())
+            if isinstance(action, Done):
+                settled += 1
+                if action.outcome == "adopted":
+                    self.adopted += 1
+                    log.info("request %s: adopted session %s found in %s", key, run.session_id, cluster)
+                elif action.outcome == "discarded":
+                    self.discarded += 1
         return settled
 
     async def run_resolver(self) -> None:
         while True:
-            await asyncio.sleep(RESOLVE_EVERY_S)  # wall time, like commit_by
+            await self.clock.sleep(RESOLVE_EVERY_S)
             try:
                 await self.resolve()
             except asyncio.CancelledError:
@@ -236,7 +220,3 @@ class Placement:
 def _get_by_key(key: str) -> cluster_pb.GetRequest:
     user_id, request_id = split_request_key(key)
     return cluster_pb.GetRequest(request_id=request_id, user_id=user_id)
-
-
-def _loop_now() -> float:
-    return asyncio.get_running_loop().time()

@@ -79,12 +79,13 @@ def _remaining(context) -> float:
 
 
 class SessionServicer(session_grpc.SessionServiceServicer):
-    def __init__(self, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock):
+    def __init__(self, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock, wall):
+        """`clock` is the fleet's (model) time; `wall` runs at wall speed, for network time."""
         self.config = config
         self.fleet = fleet
         self.store = store
         self.clock = clock
-        self.placement = Placement(fleet.clients, store, clock)
+        self.placement = Placement(fleet.clients, store, wall)
         self.pools = {p.name for c in config.clusters for p in c.pools}
         self.regions = {c.region for c in config.clusters}
         self.limits = config.settings
@@ -118,7 +119,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                                   f"{', '.join(sorted(self.regions))}", field="spec.region_hint")
         span.set_attributes({telemetry.ATTR_REQUEST_ID: spec.request_id, telemetry.ATTR_USER: spec.user_id,
                              telemetry.ATTR_IMAGE: image, telemetry.ATTR_POOL: spec.accelerator})
-        deadline = asyncio.get_running_loop().time() + _remaining(context)
+        deadline = self.placement.clock.now() + _remaining(context)
         # A user's creates are checked and placed one at a time, so two of them cannot both pass
         # the check for the last slot: in this front by a lock, across replicas by the user's
         # lease in the shared store (taken once this front's turn has come).
