@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
+import sys
 from collections import namedtuple
 
 import grpc
 import pytest
+import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -18,6 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otlp_receiver import OtlpReceiver, otlp_receiver  # noqa: F401  (fixture)
 
 from provisioner import telemetry
+from provisioner.config import ConfigError, default_clusters_dir, load_fleet
 from provisioner.telemetry import (
     ATTR_CLUSTER,
     ATTR_IMAGE,
@@ -330,3 +336,23 @@ def test_sample_ratio_from_argument_env_or_default(monkeypatch):
     with provider.get_tracer("t").start_as_current_span("dropped"):
         pass
     assert spans.get_finished_spans() == ()
+
+
+def test_servers_refuse_a_bad_sample_ratio_from_flag_env_or_config(tmp_path):
+    clusters = tmp_path / "clusters"
+    shutil.copytree(default_clusters_dir(), clusters)
+    fleet = yaml.safe_load((clusters / "fleet.yaml").read_text())
+    assert load_fleet(clusters).settings.tracing.sample_ratio == 1.0
+    for ratio, ok in ((0.25, True), (1.5, False)):
+        (clusters / "fleet.yaml").write_text(yaml.safe_dump({**fleet, "tracing": {"sample_ratio": ratio}}))
+        if ok:
+            assert load_fleet(clusters).settings.tracing.sample_ratio == ratio
+        else:
+            with pytest.raises(ConfigError, match="sample_ratio"):
+                load_fleet(clusters)
+    cli = "import sys; from provisioner.cli import main; sys.exit(main())"
+    for args, env, why in ((["--trace-sample", "2"], {}, "between 0 and 1"),
+                           ([], {telemetry.ENV_SAMPLE: "abc"}, "not a number")):
+        out = subprocess.run([sys.executable, "-c", cli, "serve", "front", "--data-dir", str(tmp_path / "data"), *args],
+                             env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and why in out.stderr
