@@ -79,6 +79,7 @@ class Run:
     machine: PlacementRun | None = None
     action: object = None
     lookup: bool = True  # the first step: the request's recorded answer, if any
+    replied: bool = False
 
 
 @dataclass
@@ -111,6 +112,7 @@ class World:
         self.freeable = {c for c, cap in scenario.capacity.items() if cap == 0} if scenario.free_capacity else set()
         self.rng = random.Random(0)
         self.edges: set[tuple[Attempt | None, Event]] = set()
+        self.reply_before_record = scenario.reply_before_record
 
     # -- helpers
 
@@ -203,13 +205,17 @@ class World:
         action = run.machine.handle(event, self.now)
         if isinstance(action, (Done, GiveUp)):
             return self.finish(run, action)
+        if isinstance(action, Remember) and self.reply_before_record:
+            run.client.answers.append(action.session_id)  # the variant: the record follows the reply
+            run.replied = True
         run.action = action
 
     def finish(self, run: Run, end) -> None:
         self.runs.remove(run)
         run.client.busy = False
         if isinstance(end, Done):
-            run.client.answers.append(end.session)
+            if not (run.replied and end.session == run.client.answers[-1]):
+                run.client.answers.append(end.session)
         else:
             run.client.errors.append(getattr(end.error, "code", "UNAVAILABLE"))
 
@@ -357,6 +363,7 @@ class Scenario:
     resolves: int = 1
     free_capacity: bool = False
     preemptions: int = 2
+    reply_before_record: bool = False  # a variant of the protocol, shown wrong below
     store: SqliteStore = None
 
 
@@ -465,6 +472,17 @@ def test_interleavings_with_one_more_preemption(scenario):
     schedules, complete, _, ends = explore(scenario, limit=3_000, extra_preemptions=1)
     print(f"{scenario.name}: {schedules} schedules{'' if complete else ' (the first)'}, ends {dict(ends)}")
     assert schedules > 30  # each checked by check()
+
+
+def test_answering_before_the_winner_is_recorded_would_tell_two_clients_two_sessions():
+    """Why a create's second durable write (the request's winner) comes before its answer: two
+    placements of one request key at once (two replicas, or one front before and after a restart)
+    each make a session at a different cluster; the first-writer-wins record is what makes them
+    agree. Answering first and recording after, each would name its own session."""
+    variant = Scenario("reply first", {"c1": 1, "c2": 1}, [([0], ["c1", "c2"]), ([1], ["c2", "c1"])], fronts=2,
+                       faults=0, ticks=0, preemptions=1, reply_before_record=True)
+    with pytest.raises(AssertionError, match="client. told"):
+        explore(variant, limit=2_000)
 
 
 def test_the_machine_rejects_what_the_table_lacks():

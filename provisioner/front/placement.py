@@ -157,6 +157,11 @@ class Placement:
             case Record(cluster=cluster, commit_by=commit_by):
                 return Recorded(self.store.note_attempt(key, cluster, commit_by))
             case Remember(cluster=cluster, session_id=sid):
+                # Durable before the answer, not after it: two placements of one request at once
+                # (two replicas, a retry reaching another replica) can each make a session at a
+                # different cluster, and this first-writer-wins record is what makes both answer
+                # the same one. The cluster's request key settles one cluster's outcome, not which
+                # of two clusters' sessions is the answer.
                 return Remembered(self.store.remember_request(key, sid, cluster, self.clock.now()))
             case Discard(cluster=cluster, winner=winner):
                 user_id, request_id = split_request_key(key)
