@@ -6,9 +6,9 @@ applies a change only if the row is still in the state the change starts from, a
 writes an attempt's state.
 
 `PlacementRun` decides, for one CreateSession, what to do next from what just happened and the
-time (`handle(event, now) -> action`); `resolve_decision` and `after_resolve_*` do the same for
-the resolver. `front/placement.py` carries the actions out (store, gRPC, breaker, tracing) and
-feeds their outcomes back as events.
+time (`handle(event, now) -> action`); `ResolveRun` does the same for the resolver at one
+unsettled attempt. `front/placement.py` carries the actions out (store, gRPC, breaker, tracing)
+and feeds their outcomes back as events.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ TRANSITIONS: dict[tuple[Attempt | None, Event], Attempt] = {
     (Attempt.NONE, Event.SENT): Attempt.PENDING,
     # Every Allocate of the request at that cluster gives this session.
     (Attempt.PENDING, Event.WON): Attempt.MADE,
-    (Attempt.UNRESOLVED, Event.WON): Attempt.MADE,  # found by a later try, or adopted by the resolver
+    (Attempt.UNRESOLVED, Event.WON): Attempt.MADE,  # adopted by the resolver, or another front found it
     (Attempt.REFUSED, Event.WON): Attempt.MADE,     # a later copy of the Allocate made it
     (Attempt.PENDING, Event.REFUSED): Attempt.REFUSED,
     (Attempt.PENDING, Event.NO_ANSWER): Attempt.UNRESOLVED,
@@ -114,8 +114,8 @@ def sticky_first(open_at: set[str], candidates: list[str]) -> list[str]:
 
 
 def backoff(try_no: int, rng: random.Random) -> float:
-    """Exponential backoff with full jitter before try `try_no` (2, 3, ...)."""
-    return rng.uniform(0, min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (try_no - 1)))
+    """Exponential backoff with full jitter before try `try_no` (2, 3, ...), as front/retry.py's."""
+    return rng.uniform(0, min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (try_no - 2)))
 
 
 # ---- events: what the shell saw -------------------------------------------------------------

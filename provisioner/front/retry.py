@@ -3,36 +3,30 @@ backoff and full jitter, bounded in attempts and in time (never past the caller'
 
 from __future__ import annotations
 
-from typing import Callable
-
 import grpc
-from tenacity import (AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay,
-                      wait_random_exponential)
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from provisioner.api.status import RemoteError
+# One backoff for every call to a cluster; placement's Allocate tries follow it too.
+from provisioner.front.attempts import BACKOFF_S, MAX_BACKOFF_S, TRIES
 
 # The call may or may not have taken effect: the request or its reply was lost, or it timed out.
 AMBIGUOUS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                        grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN})
-TRIES = 3
 # For a call whose caller gave no deadline.
 DEFAULT_DEADLINE_S = 30.0
-BACKOFF_S = 0.05
-MAX_BACKOFF_S = 1.0
 
 
 def ambiguous(err: BaseException) -> bool:
     return isinstance(err, RemoteError) and err.code in AMBIGUOUS
 
 
-def retrying(budget_s: float, tries: int = TRIES,
-             on_retry: Callable[[RetryCallState], None] | None = None) -> AsyncRetrying:
+def retrying(budget_s: float, tries: int = TRIES) -> AsyncRetrying:
     """Repeats on ambiguous failures only; the last failure is raised as it was."""
     return AsyncRetrying(
         retry=retry_if_exception(ambiguous),
         stop=stop_after_attempt(tries) | stop_after_delay(max(0.0, budget_s)),
         wait=wait_random_exponential(multiplier=BACKOFF_S, max=MAX_BACKOFF_S),
-        before_sleep=on_retry,
         reraise=True,
     )
 

@@ -1,0 +1,71 @@
+"""The store's side of the front's attempt table, against SQLite and a real PostgreSQL server: the
+edges it applies in SQL are the table's, and a change the machine chose lands only on the row it
+was decided from."""
+
+from __future__ import annotations
+
+import pytest
+
+from provisioner.front.attempts import TRANSITIONS, Attempt, Event, IllegalTransition
+from provisioner.store import open_store
+
+
+@pytest.fixture
+def store(store_url, tmp_path):
+    s = open_store(store_url, tmp_path / "unused.db")
+    yield s
+    s.close()
+
+
+def state(store, key: str, cluster: str = "c1") -> Attempt | None:
+    with store.reading() as cur:
+        cur.execute(store._sql("SELECT outcome FROM front_attempts WHERE request_id = ? AND cluster = ?"), (key, cluster))
+        row = cur.fetchone()
+    return Attempt(row[0]) if row else None
+
+
+def put(store, key: str, to: Attempt | None) -> None:
+    """An attempt in state `to`, reached through the table's own edges."""
+    if to is None:
+        return
+    store.note_attempt(key, "c1", 100.0)
+    if to is Attempt.MADE:
+        store.remember_request(key, f"c1.s-{key}", "c1", 1.0)
+    elif to is not Attempt.PENDING:
+        via = {Attempt.UNRESOLVED: Attempt.UNRESOLVED, Attempt.REFUSED: Attempt.REFUSED, Attempt.NONE: Attempt.REFUSED}
+        assert store.settle_attempt(key, "c1", via[to])
+        if to is Attempt.NONE:
+            assert store.settle_attempt(key, "c1", Attempt.NONE, expected=Attempt.REFUSED, commit_by=100.0)
+
+
+@pytest.mark.parametrize("before", [None, *Attempt], ids=lambda s: str(s or "absent"))
+def test_sending_takes_the_tables_edge_from_every_state(store, before):
+    key = f"k-{before}"
+    put(store, key, before)
+    after = store.note_attempt(key, "c1", 150.0)
+    assert after == TRANSITIONS.get((before, Event.SENT), before)  # a made attempt stays made
+    assert state(store, key) == after
+    if after is Attempt.PENDING:
+        assert store.open_attempts(key) == [(key, "c1", 150.0)]  # the later commit_by
+        store.note_attempt(key, "c1", 120.0)
+        assert store.open_attempts(key) == [(key, "c1", 150.0)]
+
+
+def test_a_chosen_change_lands_only_on_the_row_it_was_decided_from(store):
+    store.note_attempt("r1", "c1", 100.0)
+    assert not store.settle_attempt("r1", "c1", Attempt.NONE, expected=Attempt.UNRESOLVED)  # it is pending
+    assert store.settle_attempt("r1", "c1", Attempt.REFUSED, expected=Attempt.PENDING)
+    # The resolver decided on (refused, 100.0); another front sends again meanwhile (later commit_by).
+    store.note_attempt("r1", "c1", 130.0)
+    assert not store.settle_attempt("r1", "c1", Attempt.NONE, expected=Attempt.REFUSED, commit_by=100.0)
+    assert state(store, "r1") is Attempt.PENDING
+    with pytest.raises(IllegalTransition):
+        store.settle_attempt("r1", "c1", Attempt.MADE, expected=Attempt.NONE)
+
+
+def test_the_winner_settles_a_refused_attempt_as_made(store):
+    """A later copy of a refused Allocate made the session: recording it makes the attempt made."""
+    store.note_attempt("r1", "c1", 100.0)
+    store.settle_attempt("r1", "c1", Attempt.REFUSED)
+    assert store.remember_request("r1", "c1.s-a", "c1", 1.0) == "c1.s-a"
+    assert state(store, "r1") is Attempt.MADE and store.open_attempts("r1") == []
