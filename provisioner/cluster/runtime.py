@@ -156,10 +156,12 @@ class ClusterRuntime:
         self.handle(ev.Tick(self.clock.now()))
 
     async def _check_health(self) -> None:
+        reports = []
         for vm in list(self.core.vms.values()):
             if vm.state in (VmState.WARM, VmState.ASSIGNED) and vm.healthy:
                 report = await self.backend.health(vm.id, vm.zone)
-                self.handle(ev.HealthReported(self.clock.now(), vm.id, report))
+                reports.append(ev.HealthReported(self.clock.now(), vm.id, report))
+        self.handle(*reports)  # one step: one write
 
     # ---- requests (called by the gRPC services) -------------------------------------------
 

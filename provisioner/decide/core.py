@@ -60,31 +60,38 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
         self._in_flight: dict[int, Command] = {}
         self._vm_commands: dict[str, dict[int, None]] = {}  # vm id -> its commands in flight
         self._command_due: list[tuple[float, int]] = []  # (deadline, command id), checked by the tick
-        self._step = Step()
+        self._commands: list[Command] = []  # issued by the events being handled
         self._changed_sessions: dict[str, Session] = {}
         self._changed_vms: dict[str, Vm] = {}
 
     # ---- the way in ----------------------------------------------------------------------
 
     def handle(self, *events: ev.Event) -> Step:
-        """Applies the events in order; returns what to persist and run, and the last reply.
+        """Applies the events in order; returns what to persist and run, and the last event's reply.
 
         A refused request (a ProvisionerError) raises after the events before it were applied;
         their output comes with the next step."""
+        log, reply = self.event_log, None
         for event in events:
-            if self.event_log is not None:
-                self.event_log.record(event)
-            self._step.reply = self._apply(event)
-        step, self._step = self._step, Step()
-        step.sessions, step.vms = list(self._changed_sessions.values()), list(self._changed_vms.values())
-        self._changed_sessions, self._changed_vms = {}, {}
+            if log is not None:
+                log.record(event)
+            reply = self._apply(event)
+        sessions, vms = self._changed_sessions, self._changed_vms
+        step = Step(self._commands, list(sessions.values()) if sessions else [],
+                    list(vms.values()) if vms else [], reply)
+        self._commands = []
+        if sessions:
+            self._changed_sessions = {}
+        if vms:
+            self._changed_vms = {}
         return step
 
     def _apply(self, event: ev.Event) -> object:
         now = event.at
         match event:
             case ev.Tick():
-                self._expire(now)
+                if self._command_due and self._command_due[0][0] <= now:
+                    self._expire(now)
                 self._cull(now)
                 self._tick_pools(now)
             case ev.VmCreated() | ev.VmReady() | ev.PullProgress() | ev.PullDone() | ev.WipeDone() \
@@ -174,7 +181,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
         self._in_flight[cmd.id] = cmd
         self._vm_commands.setdefault(cmd.vm_id, {})[cmd.id] = None
         heapq.heappush(self._command_due, (now + self._limit_s(cmd), cmd.id))
-        self._step.commands.append(cmd)
+        self._commands.append(cmd)
         return cmd
 
     def _limit_s(self, cmd: Command) -> float:

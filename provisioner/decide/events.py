@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from provisioner.cloud.base import CloudFailure, HealthReport
+from provisioner.config import PoolConfig
 from provisioner.decide.reconcile import Plan
 from provisioner.model import Session, SessionSpec, Vm
 
@@ -71,7 +72,7 @@ class PolicySet:
 
     at: float
     pool: str
-    policy: object  # PoolConfig; typed loosely so events stay importable without the config model
+    policy: PoolConfig
 
 
 @dataclass(frozen=True, slots=True)
