@@ -11,6 +11,7 @@ import pytest
 
 from conftest import front_channel
 from provisioner.errors import Unavailable
+from provisioner.front import user_lease
 from provisioner.front.user_lease import LEASE_S, UserLeases
 from provisioner.store import open_store
 from provisioner.v1 import session_service_pb2 as s_pb
@@ -87,6 +88,21 @@ async def test_a_create_waits_a_bounded_time_for_the_lease_then_says_so(tmp_path
         async with UserLeases(store).held("u", wait_s=0.05):
             assert not store.try_user_lease("u", "another-front", 1e12, 0.0)
         assert store.try_user_lease("u", "another-front", 1e12, 0.0)  # released on the way out
+    finally:
+        store.close()
+
+
+async def test_a_held_lease_is_renewed_while_its_create_works(tmp_path, monkeypatch):
+    monkeypatch.setattr(user_lease, "RENEW_EVERY_S", 0.01)
+    store = open_store(None, tmp_path / "front.db")
+    wall = [NOW]
+    try:
+        async with UserLeases(store, wall=lambda: wall[0]).held("u", wait_s=1.0):
+            wall[0] += LEASE_S - 1
+            await asyncio.sleep(0.1)  # renewals run
+            wall[0] += LEASE_S - 1  # past the expiry it was taken with
+            assert not store.try_user_lease("u", "another-front", wall[0] + LEASE_S, wall[0])
+        assert store.try_user_lease("u", "another-front", wall[0] + LEASE_S, wall[0])
     finally:
         store.close()
 

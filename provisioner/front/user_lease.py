@@ -48,12 +48,21 @@ class UserLeases:
             yield
         finally:
             renewing.cancel()
-            self.store.release_user_lease(user_id, holder)
+            try:
+                self.store.release_user_lease(user_id, holder)
+            except Exception:
+                # The create's outcome stands; the lease lapses on its own after LEASE_S.
+                log.exception("could not release the create lease of user %s", quote(user_id))
 
     async def _renew(self, user_id: str, holder: str) -> None:
         while True:
             await asyncio.sleep(RENEW_EVERY_S)
-            if not self.store.renew_user_lease(user_id, holder, self.wall() + LEASE_S):
+            try:
+                held = self.store.renew_user_lease(user_id, holder, self.wall() + LEASE_S)
+            except Exception:
+                log.exception("could not renew the create lease of user %s", quote(user_id))
+                continue
+            if not held:
                 # Only if this front stalled for LEASE_S: another create of the user may run now.
                 log.warning("the create lease of user %s lapsed while held", quote(user_id))
                 return
