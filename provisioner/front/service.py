@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -93,12 +92,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         # Weighted GPUs per (cluster, pool): what one second of a session there meters.
         self.gpus = {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
                      for c in config.clusters for p in c.pools}
-        self.leases = UserLeases(store)
+        self.leases = UserLeases(store, wall.now)
         r = self.limits.rate_limits
         self.user_rates = ratelimit.TokenBuckets(r.creates_per_user_per_s, r.create_burst_per_user)
         self.caller_rates = ratelimit.TokenBuckets(r.creates_per_caller_per_s, r.create_burst_per_caller)
         # Wall time, like a deadline: the retry delay a refusal gives is for clients to wait out.
-        self.rate_clock = time.monotonic
+        self.rate_clock = wall.now
         self._user_locks: dict[str, asyncio.Lock] = {}
         self._user_waiters: dict[str, int] = {}
         self._streams: set = set()
