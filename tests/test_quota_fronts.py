@@ -108,17 +108,20 @@ async def test_a_held_lease_is_renewed_while_its_create_works(tmp_path, monkeypa
 
 
 @pytest.mark.timeout(120)
-async def test_two_front_processes_admit_no_more_than_the_cap(tmp_path):
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql", marks=pytest.mark.long)])
+async def test_two_front_processes_admit_no_more_than_the_cap(tmp_path, database, request):
     # An odd cap: two fronts in lock-step, each making one session per round, would see 0 and 2
     # active and pass a cap of 3 together.
     with_quotas(tmp_path, max_active_sessions_per_user=3)
     fleet = Fleet(tmp_path)
     for s in (*fleet.services,):
         s.argv[s.argv.index("--clusters") + 1] = str(tmp_path / "clusters")
+    if database == "postgresql":  # the fronts' store; by default one front.db in the shared data dir
+        fleet.front.argv += ["--database-url", request.getfixturevalue("postgres").new_database()]
     address = f"127.0.0.1:{free_port()}"
     argv = list(fleet.front.argv)
     argv[argv.index(fleet.front.address)] = address
-    second = Service(argv, address, tmp_path / "front-2.log")  # the same data dir: one front.db
+    second = Service(argv, address, tmp_path / "front-2.log")
     try:
         await fleet.start()
         await second.start()
@@ -150,6 +153,7 @@ async def test_two_front_processes_admit_no_more_than_the_cap(tmp_path):
             assert sorted(s.id for s in listed) == sorted(s.id for s in made)
         for ch in channels:
             await ch.close()
+        assert (fleet.data_dir / "front.db").exists() == (database == "sqlite")
     finally:
         await second.kill()
         for s in fleet.services:
