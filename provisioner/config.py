@@ -217,6 +217,7 @@ class SessionsConfig(_Model):
     idle_timeout_s: PositiveFloat = 3600.0  # interactive sessions with no activity end
     batch_max_runtime_s: PositiveFloat = 43200.0
     max_runtime_limit_s: PositiveFloat = 86400.0  # the most any request may ask for
+    queue_timeout_s: NonNegativeFloat = 0.0  # a session queued this long fails (0: it waits as long as it takes)
 
     @model_validator(mode="after")
     def _check(self) -> SessionsConfig:

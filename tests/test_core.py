@@ -229,6 +229,33 @@ def test_failed_cold_start_that_gets_a_warm_vm_is_a_warm_hit():
     assert s.start is StartKind.WARM
 
 
+def test_a_session_queued_past_the_queue_timeout_fails_and_one_placed_in_time_does_not():
+    d = Driver(make_core(min_vms=0, headroom_fraction=0.0, max_vms=1, sessions={"queue_timeout_s": 600.0}))
+    d.add_warm(LATEST)
+    first = d.allocate("ua")
+    queued = [d.allocate("ub"), d.allocate("uc")]
+    assert [s.state for s in queued] == [S.QUEUED, S.QUEUED]
+    d.advance(300)
+    d.stop(first)  # its wiped VM goes to the first in the queue
+    d.run_until(lambda: any(s.state is S.RUNNING for s in queued), 60)
+    [served] = [s for s in queued if s.state is S.RUNNING]
+    [waiting] = [s for s in queued if s is not served]
+    d.advance(599 - d.now)
+    assert waiting.state is S.QUEUED and waiting.queue_position == 1
+    d.advance(d.tick_s + 1)
+    assert waiting.state is S.FAILED and "in the queue" in waiting.reason and waiting.ended_at <= 600 + d.tick_s
+    assert served.state is S.RUNNING and not d.core.pools[POOL].queue
+
+
+def test_without_a_queue_timeout_a_session_waits_as_long_as_it_takes():
+    d = Driver(make_core(min_vms=0, headroom_fraction=0.0, max_vms=1))
+    d.add_warm(LATEST)
+    d.allocate("ua", kind=SessionKind.BATCH)  # holds the one VM for its max runtime (12 h)
+    s = d.allocate("ub")
+    d.advance(40_000)
+    assert s.state is S.QUEUED
+
+
 # ---- culling ------------------------------------------------------------------------------
 
 def test_idle_interactive_session_is_stopped_at_its_idle_timeout():

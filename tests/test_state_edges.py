@@ -21,7 +21,8 @@ ZONE_C, ZONE_F = "us-central1-c", "us-central1-f"
 
 
 def quiet(**pool) -> Driver:
-    return Driver(make_core(**{"min_vms": 0, "headroom_fraction": 0.0, **pool}))
+    sessions = {"queue_timeout_s": 300.0}  # a queued session that gets nothing in 5 minutes fails
+    return Driver(make_core(sessions=sessions, **{"min_vms": 0, "headroom_fraction": 0.0, **pool}))
 
 
 def lost(d: Driver, *vm_ids: str) -> None:
@@ -126,6 +127,15 @@ def launch_failed_with_a_warm_vm_free(d: Driver) -> None:
     d.run_until(lambda: s.state is S.RUNNING, 60)  # provisioning -> running
 
 
+def queue_timeout(d: Driver) -> None:
+    d.set_policy(max_vms=1)
+    d.add_warm("gpu:v160")
+    d.allocate(image="gpu:v160")
+    s = d.allocate(image="gpu:v160")
+    d.run_until(lambda: s.terminal, 600)
+    assert s.state is S.FAILED
+
+
 def failed_wipe(d: Driver) -> None:
     d.add_warm("gpu:v160")
     s = d.allocate(image="gpu:v160")
@@ -161,7 +171,7 @@ def lost_mid_pull(d: Driver) -> None:
     assert s.state is S.FAILED
 
 
-SCENARIOS = [queue, launch_failed_with_a_warm_vm_free, stockouts, failed_pulls, failed_launches, failed_deletes_and_the_reconciler, failed_wipe, unhealthy,
+SCENARIOS = [queue, queue_timeout, launch_failed_with_a_warm_vm_free, stockouts, failed_pulls, failed_launches, failed_deletes_and_the_reconciler, failed_wipe, unhealthy,
              stop_while_starting, lost_mid_pull]
 
 

@@ -52,6 +52,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
         self.dropped = 0  # answers to commands no longer in flight
         # (time, session id) when a running session may need culling; checked lazily by the tick.
         self._cull_due: list[tuple[float, str]] = []
+        self._queue_due: list[tuple[float, str]] = []  # (time, session id) when a queued session times out
         self._failed_tries: dict[str, int] = {}  # session id -> its VMs that failed before it ran
         self._age = {v: i for i, v in enumerate(catalog.newest(len(catalog)))}
         # vm id -> (ranking_gen, position in the ranking up to which the VM holds every image).
@@ -93,6 +94,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
                 if self._command_due and self._command_due[0][0] <= now:
                     self._expire(now)
                 self._cull(now)
+                if self._queue_due and self._queue_due[0][0] <= now:
+                    self._expire_queue(now)
                 self._tick_pools(now)
             case ev.VmCreated() | ev.VmReady() | ev.PullProgress() | ev.PullDone() | ev.WipeDone() \
                     | ev.VmDeleted() | ev.CommandFailed():
@@ -168,6 +171,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
             self.by_request[s.spec.key] = s.id
             if s.state is S.QUEUED:
                 self.pools[s.pool].queue[s.id] = None
+                self._watch_queue(s, s.history[-1].time)
             elif s.state is S.RUNNING:
                 self._watch_cull(s)
         for vm in restored:

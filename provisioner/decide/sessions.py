@@ -200,6 +200,25 @@ class Sessions:
         s.estimated_ready_at = now + self._cold_start_s(s.image)
         self._set_session(s, S.QUEUED, reason, now)
         self._renumber_queue(pool, now)
+        self._watch_queue(s, now)
+
+    def _watch_queue(self, s: Session, since: float) -> None:
+        if timeout := self.sessions_config.queue_timeout_s:
+            heapq.heappush(self._queue_due, (since + timeout, s.id))
+
+    def _expire_queue(self, now: float) -> None:
+        """Fails sessions queued longer than the queue allows (sessions.queue_timeout_s)."""
+        heap, timeout = self._queue_due, self.sessions_config.queue_timeout_s
+        while heap and heap[0][0] <= now:
+            _, sid = heapq.heappop(heap)
+            s = self.sessions.get(sid)
+            # Queued again since this entry was made: a later entry stands for it.
+            if s is None or s.state is not S.QUEUED or s.history[-1].time + timeout > now:
+                continue
+            pool = self.pools[s.pool]
+            del pool.queue[s.id]
+            self._end(s, S.FAILED, f"waited {_minutes(timeout)} in the queue without getting a VM", now)
+            self._renumber_queue(pool, now)
 
     def _renumber_queue(self, pool: PoolState, now: float) -> None:
         for pos, s in enumerate(self._queue_order(pool), start=1):

@@ -87,6 +87,7 @@ SESSION_TRANSITIONS: dict[SessionState | None, dict[SessionState, str]] = {
         S.PULLING_IMAGE: "a VM freed up and lacks some layers",
         S.RUNNING: "a VM with the exact image freed up",
         S.STOPPED: "stopped before it got a VM",
+        S.FAILED: "waited longer than the queue allows (sessions.queue_timeout_s)",
     },
     S.PROVISIONING: {
         S.PROVISIONING: "the VM could not be created; another is being created (e.g. in another zone)",
