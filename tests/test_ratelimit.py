@@ -68,8 +68,9 @@ def with_rate_limits(tmp_path, **limits):
     return load_fleet(tmp_path / "clusters")
 
 
-async def test_creates_over_the_users_rate_are_refused_with_a_retry_delay(tmp_path):
-    config = with_rate_limits(tmp_path, creates_per_user_per_s=0.01, create_burst_per_user=2)
+async def test_creates_over_the_users_or_the_callers_rate_are_refused_with_a_retry_delay(tmp_path):
+    config = with_rate_limits(tmp_path, creates_per_user_per_s=0.01, create_burst_per_user=2,
+                              creates_per_caller_per_s=0.01, create_burst_per_caller=4)
     async with warm_fleet(config, tmp_path / "data") as fleet:
         for i in range(2):
             await fleet.create(user_id="hasty", request_id=f"h-{i}")
@@ -81,16 +82,12 @@ async def test_creates_over_the_users_rate_are_refused_with_a_retry_delay(tmp_pa
         assert type(err) is api.ResourceExhausted and err.reason == "RATE_LIMITED"
         assert 90 < err.retry_after.total_seconds() <= 100
         assert "user 'hasty' may make 0.01 a second after a burst of 2" in err.message
-        await fleet.create(user_id="patient", request_id="p-0")  # another user has a bucket of its own
-
-
-async def test_creates_over_the_callers_rate_are_refused_for_every_user(tmp_path):
-    config = with_rate_limits(tmp_path, creates_per_caller_per_s=0.01, create_burst_per_caller=3)
-    async with warm_fleet(config, tmp_path / "data") as fleet:
-        for i in range(3):
-            await fleet.create(user_id=f"user-{i}", request_id="r")
+        # Another user has a bucket of its own; the refused create spent nothing of the caller's.
+        for user in ("patient", "calm"):
+            await fleet.create(user_id=user, request_id="r")
+        # The caller (the local operator's service token) has made its 4 now, for every user.
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await fleet.create(user_id="user-9", request_id="r")
+            await fleet.create(user_id="fresh", request_id="r")
         err = from_rpc_error(e.value)
         assert err.reason == "RATE_LIMITED" and "caller 'local-operator'" in err.message
         # Another caller (a user with its own token) is not held back.
