@@ -366,7 +366,7 @@ async def test_operators_set_a_users_limits_and_every_front_applies_them(tmp_pat
             await second.stop(0.5)
 
 
-async def test_quota_limits_out_of_bounds_are_refused(local_fleet):
+async def test_quota_limits_out_of_bounds_and_at_a_cluster_are_refused(local_fleet):
     for request, field in ((admin_pb.SetUserQuotaRequest(user_id="u", gpu_hours_per_week=-1), "gpu_hours_per_week"),
                            (admin_pb.SetUserQuotaRequest(user_id="u", max_active_sessions=-1), "max_active_sessions"),
                            (admin_pb.SetUserQuotaRequest(user_id="a/b"), "user_id"),
@@ -374,6 +374,13 @@ async def test_quota_limits_out_of_bounds_are_refused(local_fleet):
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await local_fleet.admin.SetUserQuota(request)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+    # Quotas are the front's: a cluster refuses its quota RPCs, even to the front.
+    async with local_fleet.cluster_channel("us-central1") as ch:
+        for call, request in (("SetUserQuota", admin_pb.SetUserQuotaRequest(user_id="u", max_active_sessions=9)),
+                              ("GetUserQuota", admin_pb.GetUserQuotaRequest(user_id="u"))):
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await getattr(admin_grpc.AdminServiceStub(ch), call)(request)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, call
 
 
 def test_the_cli_shows_when_the_budget_runs_out():
@@ -382,12 +389,3 @@ def test_the_cli_shows_when_the_budget_runs_out():
     assert "runs out:        2026-11-25T12:30:00Z (in 30m, at the running sessions' rate)" in render.quota_detail(q, NOW)
     assert render.quota_to_json(q)["exhaustion_time"] == "2026-11-25T12:30:00Z"
     assert "runs out" not in render.quota_detail(pb.Quota(user_id="u"), NOW)
-
-
-async def test_a_cluster_refuses_the_fronts_quota_rpcs(local_fleet):
-    async with local_fleet.cluster_channel("us-central1") as ch:  # as the front, the only caller it knows
-        for call, request in (("SetUserQuota", admin_pb.SetUserQuotaRequest(user_id="u", max_active_sessions=9)),
-                              ("GetUserQuota", admin_pb.GetUserQuotaRequest(user_id="u"))):
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await getattr(admin_grpc.AdminServiceStub(ch), call)(request)
-            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, call
