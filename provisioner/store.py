@@ -126,6 +126,29 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (vm_id, seq)
     );
     """,
+    # Users blocked from new GPU sessions (by an operator or the abuse detector), read on every
+    # create; and every decision the detector made, with its evidence, one per flagged session
+    # (`blocked` 0: a dry run's, recorded only).
+    """
+    CREATE TABLE user_blocks (
+        user_id TEXT PRIMARY KEY,
+        blocked_at DOUBLE PRECISION NOT NULL,
+        blocked_by TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        evidence TEXT NOT NULL
+    );
+    CREATE INDEX user_blocks_at ON user_blocks (blocked_at, user_id);
+    CREATE TABLE abuse_decisions (
+        session_id TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        rules TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        blocked INTEGER NOT NULL
+    );
+    CREATE INDEX abuse_decisions_user ON abuse_decisions (user_id, at);
+    """,
 ]
 
 # The front's attempt states; their transitions are the table in front/attempts.py.
@@ -522,6 +545,61 @@ class Store:
         """What operators set for the user and when ({} and None: nothing)."""
         rows = self._rows("SELECT body, updated_at FROM quota_overrides WHERE user_id = ?", (user_id,))
         return (json.loads(rows[0][0]), rows[0][1]) if rows else ({}, None)
+
+    # ---- blocked users and the abuse detector's decisions -----------------------------------
+
+    def block_user(self, user_id: str, at: float, by: str, reason: str, evidence: str) -> bool:
+        """Blocks the user unless already blocked (the first block, its reason and evidence, stand);
+        whether this call blocked them."""
+        with self.transaction() as cur:
+            return self._insert_block(cur, user_id, at, by, reason, evidence)
+
+    def _insert_block(self, cur, user_id: str, at: float, by: str, reason: str, evidence: str) -> bool:
+        cur.execute(self._sql(
+            "INSERT INTO user_blocks (user_id, blocked_at, blocked_by, reason, evidence) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (user_id) DO NOTHING"), (user_id, at, by, reason, evidence))
+        return cur.rowcount == 1
+
+    def unblock_user(self, user_id: str) -> bool:
+        """Whether the user was blocked."""
+        with self.transaction() as cur:
+            cur.execute(self._sql("DELETE FROM user_blocks WHERE user_id = ?"), (user_id,))
+            return cur.rowcount == 1
+
+    def user_block(self, user_id: str) -> tuple | None:
+        """(user id, blocked at, by, reason, evidence), or None if the user is not blocked."""
+        rows = self._rows("SELECT user_id, blocked_at, blocked_by, reason, evidence FROM user_blocks "
+                          "WHERE user_id = ?", (user_id,))
+        return tuple(rows[0]) if rows else None
+
+    def blocked_users(self, limit: int, offset: int = 0) -> list[tuple]:
+        """Blocks as `user_block` gives them, newest first."""
+        return [tuple(r) for r in self._rows(
+            "SELECT user_id, blocked_at, blocked_by, reason, evidence FROM user_blocks "
+            "ORDER BY blocked_at DESC, user_id LIMIT ? OFFSET ?", (limit, offset))]
+
+    def record_abuse_decision(self, session_id: str, user_id: str, at: float, rules: str, reason: str,
+                              evidence: str, block: bool, by: str) -> bool:
+        """The detector's decision on a session, and (`block`) the block of its user by `by`, in
+        one transaction. A session's decision is recorded once: a repeat (the same flag delivered
+        again) changes nothing, so it never blocks a user an operator has unblocked since. Whether
+        the decision was new."""
+        with self.transaction() as cur:
+            cur.execute(self._sql(
+                "INSERT INTO abuse_decisions (session_id, user_id, at, rules, reason, evidence, blocked) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"),
+                (session_id, user_id, at, rules, reason, evidence, int(block)))
+            if cur.rowcount != 1:
+                return False
+            if block:
+                self._insert_block(cur, user_id, at, by, reason, evidence)
+            return True
+
+    def abuse_decisions(self, user_id: str, limit: int) -> list[tuple]:
+        """(session id, at, rules, reason, evidence, blocked) of the user's flagged sessions, newest first."""
+        return [(s, at, rules, reason, evidence, bool(blocked)) for s, at, rules, reason, evidence, blocked in self._rows(
+            "SELECT session_id, at, rules, reason, evidence, blocked FROM abuse_decisions WHERE user_id = ? "
+            "ORDER BY at DESC, session_id LIMIT ?", (user_id, limit))]
 
     # ---- the audit log ----------------------------------------------------------------------
 

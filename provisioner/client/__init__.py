@@ -29,6 +29,7 @@ from provisioner.client.errors import (
     SessionEnded,
     Unauthenticated,
     Unavailable,
+    UserBlocked,
     WaitTimeout,
 )
 from provisioner.client.types import Pull, Quota, Session, SessionKind, SessionState, StartKind, StateChange
@@ -37,5 +38,5 @@ __all__ = [
     "Aborted", "AsyncClient", "Client", "Credentials", "DeadlineExceeded", "FailedPrecondition", "Internal",
     "InvalidArgument", "NoCredentials", "NotFound", "PermissionDenied", "ProvisionerError", "Pull", "Quota",
     "QuotaExceeded", "ResourceExhausted", "Session", "SessionEnded", "SessionKind", "SessionState", "StartKind",
-    "StateChange", "Unauthenticated", "Unavailable", "WaitTimeout", "resolve",
+    "StateChange", "Unauthenticated", "Unavailable", "UserBlocked", "WaitTimeout", "resolve",
 ]

@@ -64,6 +64,11 @@ class PermissionDenied(ProvisionerError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
+class UserBlocked(PermissionDenied):
+    """The user is blocked from new GPU sessions (by an operator, or by abuse detection) until an
+    operator lifts the block: a retry cannot help."""
+
+
 class Unauthenticated(ProvisionerError):
     """No token, or one the front does not accept (expired, wrong issuer or audience)."""
 
@@ -189,6 +194,11 @@ def from_rpc_error(err: grpc.RpcError) -> ProvisionerError:
             retry_after = info.retry_delay.ToTimedelta()
         elif detail.Is(error_details_pb2.QuotaFailure.DESCRIPTOR):
             quota = True
-    cls = QuotaExceeded if quota or reason == "QUOTA_EXCEEDED" else _BY_CODE.get(code, ProvisionerError)
+    if quota or reason == "QUOTA_EXCEEDED":
+        cls = QuotaExceeded
+    elif reason == "USER_BLOCKED" and code == grpc.StatusCode.PERMISSION_DENIED:
+        cls = UserBlocked
+    else:
+        cls = _BY_CODE.get(code, ProvisionerError)
     return cls(message, code=code, reason=reason, fields=tuple(fields), retry_after=retry_after,
                metadata=metadata)

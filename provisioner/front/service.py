@@ -23,6 +23,7 @@ from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig, QuotaConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
+from provisioner.front import blocks
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
@@ -129,6 +130,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                 span.add_event("duplicate request", {"session.id": known})
                 resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
                 return session_pb.CreateSessionResponse(session=resp.session)
+            blocks.check(self.store, spec.user_id)  # every session is a GPU session
             await self._check_quota(spec.user_id, spec.request_id, KIND_NAMES[request.spec.kind])
             candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
                               spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
