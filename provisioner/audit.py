@@ -53,12 +53,20 @@ class AuditLog:
         self.source = source
 
     def append(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str = "") -> None:
-        """Writes one record, durably, before returning."""
+        """Writes one record, durably, before returning (in its own transaction, on this thread)."""
+        self.store.append_audit(*self._row(identity, roles, rpc, target, outcome, detail))
+
+    async def record(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str = "") -> None:
+        """`append` through the store's group commit: returns once the record is durable, without
+        blocking the event loop meanwhile (other calls' writes share its transaction)."""
+        await self.store.commit(self.store.append_audit, *self._row(identity, roles, rpc, target, outcome, detail))
+
+    def _row(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str) -> tuple:
+        """The record's columns, cleaned, timed now (not when the writer gets to it)."""
         rpc = clean(rpc)
-        self.store.append_audit(
-            uuid.uuid4().hex, self.source, self.clock.now(), clean(identity),
-            json.dumps([clean(r) for r in tuple(roles)[:MAX_ROLES]]), rpc, rpc.rsplit("/", 1)[-1],
-            clean(target), clean(outcome), clean(detail))
+        return (uuid.uuid4().hex, self.source, self.clock.now(), clean(identity),
+                json.dumps([clean(r) for r in tuple(roles)[:MAX_ROLES]]), rpc, rpc.rsplit("/", 1)[-1],
+                clean(target), clean(outcome), clean(detail))
 
     def list(self, *, identity: str | None = None, rpc: str | None = None, outcome: str | None = None,
              since: float | None = None, until: float | None = None, page_size: int = DEFAULT_PAGE_SIZE,

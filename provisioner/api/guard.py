@@ -126,7 +126,7 @@ class Guard(grpc.aio.ServerInterceptor):
             finally:
                 _ACCESS.reset(token)
                 if self.audit is not None and is_admin_action(method):
-                    self._audit(access.caller, method, request, outcome)
+                    await self._audit(access.caller, method, request, outcome)
 
         return behavior
 
@@ -182,13 +182,18 @@ class Guard(grpc.aio.ServerInterceptor):
 
     async def _refuse(self, context, caller: Caller, method: str, err: ProvisionerError, request=None):
         if self.audit is not None and not isinstance(err, QuotaExceeded):
-            self._audit(caller, method, request, DENIED, err.message)
+            # Durable before the refusal is answered, as an action's record is before its answer:
+            # a caller told no has its try on record even if this process dies right after. The
+            # wait is a group commit's, off the event loop, so a flood of refusals shares batches.
+            await self._audit(caller, method, request, DENIED, err.message)
         trace.get_current_span().add_event("refused", {"code": err.grpc_code, "reason": err.message})
         await abort(context, err)
 
-    def _audit(self, caller: Caller, method: str, request, outcome: str, detail: str = "") -> None:
+    async def _audit(self, caller: Caller, method: str, request, outcome: str, detail: str = "") -> None:
         try:
-            self.audit.append(caller.identity, sorted(caller.roles), method, _target(request), outcome, detail)
+            # Shielded: a call its client cancelled still leaves its record.
+            await asyncio.shield(self.audit.record(caller.identity, sorted(caller.roles), method, _target(request),
+                                                   outcome, detail))
         except Exception:
             # The action itself is done (or refused); a failed audit write must not change its answer.
             log.exception("audit record for %s by %s could not be written", method, caller.identity)

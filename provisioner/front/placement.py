@@ -32,7 +32,7 @@ from provisioner.front.clusters import ClusterClient
 from provisioner.front.retry import ambiguous, call
 from provisioner.front.router import Candidate
 from provisioner.model import cluster_of, request_key, split_request_key
-from provisioner.store import SqliteStore
+from provisioner.store import Store
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
 
@@ -49,7 +49,7 @@ REFUSALS = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.FAILED
 
 
 class Placement:
-    def __init__(self, clients: dict[str, ClusterClient], store: SqliteStore, clock: Clock,
+    def __init__(self, clients: dict[str, ClusterClient], store: Store, clock: Clock,
                  rng: random.Random | None = None):
         self.clients = clients
         self.store = store
@@ -111,7 +111,7 @@ class Placement:
                     self.attempt_outcomes[action.cluster, "duplicate"] += 1
                     event = await self._carry_out(key, action)
                 case Settle():
-                    event = self._settle(key, action)
+                    event = await self._settle(key, action)
                     if action.outcome in ("refused", "unresolved"):
                         span.add_event(action.outcome, {"cluster": action.cluster,
                                                         "code": getattr(run.last, "code", grpc.StatusCode.UNKNOWN).name})
@@ -146,8 +146,9 @@ class Placement:
             return NoReply(RemoteError(err)) if final and err.code() is not grpc.StatusCode.NOT_FOUND else NotFound()
         return Found(resp.session.id, resp.session)
 
-    def _settle(self, key: str, settle: Settle) -> Settled:
-        applied = self.store.settle_attempt(key, settle.cluster, settle.to, settle.expected, settle.commit_by)
+    async def _settle(self, key: str, settle: Settle) -> Settled:
+        applied = await self.store.commit(self.store.settle_attempt, key, settle.cluster, settle.to,
+                                          settle.expected, settle.commit_by)
         if settle.outcome in ("refused", "unresolved"):
             self.attempt_outcomes[settle.cluster, settle.outcome] += 1
         return Settled(applied)
@@ -155,14 +156,16 @@ class Placement:
     async def _carry_out(self, key: str, action):
         match action:
             case Record(cluster=cluster, commit_by=commit_by):
-                return Recorded(self.store.note_attempt(key, cluster, commit_by))
+                # Durable before the cluster is called: the resolver's record of a maybe-made session.
+                return Recorded(await self.store.commit(self.store.note_attempt, key, cluster, commit_by))
             case Remember(cluster=cluster, session_id=sid):
                 # Durable before the answer, not after it: two placements of one request at once
                 # (two replicas, a retry reaching another replica) can each make a session at a
                 # different cluster, and this first-writer-wins record is what makes both answer
                 # the same one. The cluster's request key settles one cluster's outcome, not which
                 # of two clusters' sessions is the answer.
-                return Remembered(self.store.remember_request(key, sid, cluster, self.clock.now()))
+                return Remembered(await self.store.commit(self.store.remember_request, key, sid, cluster,
+                                                          self.clock.now()))
             case Discard(cluster=cluster, winner=winner):
                 user_id, request_id = split_request_key(key)
                 try:
@@ -186,7 +189,7 @@ class Placement:
     async def resolve(self) -> int:
         """Settles open attempts whose commit_by has passed; returns how many it settled."""
         settled = 0
-        self.store.prune_attempts(self.clock.now() - PRUNE_AFTER_S)
+        await self.store.commit(self.store.prune_attempts, self.clock.now() - PRUNE_AFTER_S)
         for key, cluster, state, commit_by in self.store.attempts_to_resolve():
             client = self.clients.get(cluster)
             if key in self._locks or client is None or not client.healthy:
@@ -198,7 +201,7 @@ class Placement:
                     case Ask():
                         event = await self._ask(key, action, final=True)
                     case Settle():
-                        event = self._settle(key, action)
+                        event = await self._settle(key, action)
                     case _:
                         event = await self._carry_out(key, action)
                 action = run.handle(event, self.clock.now())

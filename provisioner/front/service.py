@@ -417,7 +417,7 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
                 caps[kind] = getattr(request, name)
         if caps:
             body["max_active_sessions_per_user"] = caps
-        store.save_quota_override(request.user_id, body, self.sessions.clock.now())
+        await store.commit(store.save_quota_override, request.user_id, body, self.sessions.clock.now())
         return admin_pb.SetUserQuotaResponse(override=self._override(request.user_id),
                                              quota=await self.sessions.quota(request.user_id))
 

@@ -38,7 +38,9 @@ class UserLeases:
         """Holds `user_id`'s lease, waiting at most `wait_s` for it, else Unavailable (retryable)."""
         holder = uuid.uuid4().hex
         give_up = self.wall() + wait_s
-        while not self.store.try_user_lease(user_id, holder, self.wall() + LEASE_S, self.wall()):
+        # Writes go through the store's group commit: durable, and not on the event loop.
+        while not await self.store.commit(self.store.try_user_lease, user_id, holder, self.wall() + LEASE_S,
+                                          self.wall()):
             if self.wall() >= give_up:
                 raise Unavailable(f"another create for user {quote(user_id)} is still being placed; retry",
                                   retry_after_s=POLL_S * 10)
@@ -49,7 +51,8 @@ class UserLeases:
         finally:
             renewing.cancel()
             try:
-                self.store.release_user_lease(user_id, holder)
+                # Shielded: a create its caller cancelled still frees the lease at once.
+                await asyncio.shield(self.store.commit(self.store.release_user_lease, user_id, holder))
             except Exception:
                 # The create's outcome stands; the lease lapses on its own after LEASE_S.
                 log.exception("could not release the create lease of user %s", quote(user_id))
@@ -58,7 +61,7 @@ class UserLeases:
         while True:
             await asyncio.sleep(RENEW_EVERY_S)
             try:
-                held = self.store.renew_user_lease(user_id, holder, self.wall() + LEASE_S)
+                held = await self.store.commit(self.store.renew_user_lease, user_id, holder, self.wall() + LEASE_S)
             except Exception:
                 log.exception("could not renew the create lease of user %s", quote(user_id))
                 continue
