@@ -3,16 +3,23 @@ and a blocked user refused at create by a real fleet over gRPC."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import grpc
 import pytest
+from opentelemetry import trace
+from opentelemetry.util._once import Once
 
+from provisioner import cli
 from provisioner import client as api
 from provisioner.abuse import Finding, Verdict
 from provisioner.agent.usage import Connection
 from provisioner.client.credentials import local_ca
 from provisioner.front import blocks
 from provisioner.store import open_store
+from provisioner.v1 import admin_service_pb2 as admin_pb
+from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 
 
 @pytest.fixture
@@ -77,22 +84,81 @@ def test_a_verdict_becomes_a_bounded_record_with_its_evidence():
 
 # ---- at the front, over gRPC ------------------------------------------------------------------
 
-async def test_a_blocked_user_is_refused_new_sessions_until_unblocked(local_fleet):
-    store = local_fleet.fleet.front.store
+async def test_operators_block_and_unblock_a_user_who_is_refused_meanwhile(local_fleet, capsys, monkeypatch):
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.delenv("PROVISIONER_TRACES", raising=False)
+    monkeypatch.setenv("PROVISIONER_DATA_DIR", str(local_fleet.data_dir))  # its CA and token key
+
+    async def admin_user(*argv: str) -> dict:
+        rc = await asyncio.to_thread(cli.main, ["admin", "user", *argv, "--json", "--front", local_fleet.front_address])
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        return json.loads(out)
+
     async with api.AsyncClient(local_fleet.front_address, token=local_fleet.token("local-operator"),
                                ca=local_ca(local_fleet.data_dir)) as c:
         before = await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
-        store.block_user("mal", 100.0, blocks.DETECTOR, "miner_program: process 'xmrig'", "{}")
+        shown = await admin_user("block", "mal", "--reason", "mining on a free GPU (ticket 42)")
+        assert (shown["user"], shown["blocked_by"], shown["reason"]) == ("mal", "local-operator",
+                                                                         "mining on a free GPU (ticket 42)")
         with pytest.raises(api.UserBlocked) as refused:
             await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
         err = refused.value
         assert isinstance(err, api.PermissionDenied) and err.reason == "USER_BLOCKED"
-        assert "abuse detection" in err.message and "xmrig" not in err.message  # no evidence to the user
+        assert "an operator" in err.message and "ticket" not in err.message  # the reason is the operators'
         # A retry of a create made before the block gets its session; other users are not affected.
         again = await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest",
                                        request_id=before.request_id)
         assert again.id == before.id
         await c.create_session(user_id="bob", accelerator="gpu-p100", image="gpu:latest")
-        # Lifted: the next create is placed.
-        store.unblock_user("mal")
+
+        # A second block keeps the first; show and list see it, with the detector's decisions.
+        assert (await admin_user("block", "mal", "--reason", "again"))["reason"] == "mining on a free GPU (ticket 42)"
+        store = local_fleet.fleet.front.store
+        await blocks.apply(store, blocks.decision(Verdict((MINER,)), "us-central1.s-0001", "mal", 500.0, dry_run=False))
+        await blocks.apply(store, blocks.decision(Verdict((POOL,)), "us-central1.s-0002", "dan", 600.0, dry_run=True))
+        shown = await admin_user("show", "mal")
+        assert shown["block"]["reason"] == "mining on a free GPU (ticket 42)"
+        assert [(d["session"], d["rules"], d["dry_run"]) for d in shown["decisions"]] == [
+            ("us-central1.s-0001", ["miner_program"], False)]
+        assert shown["decisions"][0]["evidence"]["findings"][0]["process"] == "xmrig"
+        dan = await admin_user("show", "dan")  # a dry run: recorded, not blocked
+        assert dan["block"] is None and dan["decisions"][0]["dry_run"] is True
+        assert [b["user"] for b in (await admin_user("list"))["blocks"]] == ["mal"]
+
+        lifted = await admin_user("unblock", "mal")
+        assert lifted["lifted"]["reason"] == "mining on a free GPU (ticket 42)"
+        assert (await admin_user("unblock", "mal"))["lifted"] is None
         await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
+        assert (await admin_user("list"))["blocks"] == []
+
+    # Admins only; the changes audited, the reads not.
+    async with local_fleet.front_channel(token=local_fleet.token("mal")) as as_user:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await admin_grpc.AdminServiceStub(as_user).UnblockUser(admin_pb.UnblockUserRequest(user_id="mal"))
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    records = (await local_fleet.admin.ListAuditRecords(admin_pb.ListAuditRecordsRequest())).records
+    assert [(r.rpc.rsplit("/", 1)[1], r.target, r.outcome, r.identity) for r in reversed(records)
+            if r.rpc.endswith(("/BlockUser", "/UnblockUser"))] == [("BlockUser", "user_id=mal", "ok", "local-operator")] * 2 + \
+        [("UnblockUser", "user_id=mal", "ok", "local-operator")] * 2 + [("UnblockUser", "", "denied", "mal")]
+    assert not [r for r in records if "GetUserBlock" in r.rpc or "ListBlockedUsers" in r.rpc]
+
+
+async def test_block_requests_out_of_bounds_and_at_a_cluster_are_refused(local_fleet):
+    for call, request, field in (
+            ("BlockUser", admin_pb.BlockUserRequest(user_id="u"), "reason"),
+            ("BlockUser", admin_pb.BlockUserRequest(user_id="a/b", reason="r"), "user_id"),
+            ("BlockUser", admin_pb.BlockUserRequest(user_id="u", reason="x" * 513), "reason"),
+            ("UnblockUser", admin_pb.UnblockUserRequest(), "user_id"),
+            ("GetUserBlock", admin_pb.GetUserBlockRequest(), "user_id"),
+            ("ListBlockedUsers", admin_pb.ListBlockedUsersRequest(page_token="x"), "page_token")):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await getattr(local_fleet.admin, call)(request)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details(), call
+    # Blocks are the front's: a cluster refuses the RPCs, even to the front.
+    async with local_fleet.cluster_channel("us-central1") as ch:
+        for call, request in (("BlockUser", admin_pb.BlockUserRequest(user_id="u", reason="r")),
+                              ("ListBlockedUsers", admin_pb.ListBlockedUsersRequest())):
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await getattr(admin_grpc.AdminServiceStub(ch), call)(request)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, call

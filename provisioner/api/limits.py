@@ -195,6 +195,12 @@ RULES: dict[tuple[str, str], Rule] = {
     ("provisioner.v1.SetUserQuotaRequest", "max_active_sessions"): SESSION_CAP,
     ("provisioner.v1.SetUserQuotaRequest", "max_active_batch_sessions"): SESSION_CAP,
     ("provisioner.v1.GetUserQuotaRequest", "user_id"): USER_ID,
+    ("provisioner.v1.BlockUserRequest", "user_id"): USER_ID,
+    ("provisioner.v1.BlockUserRequest", "reason"): REASON,
+    ("provisioner.v1.UnblockUserRequest", "user_id"): USER_ID,
+    ("provisioner.v1.GetUserBlockRequest", "user_id"): USER_ID,
+    ("provisioner.v1.ListBlockedUsersRequest", "page_size"): PAGE_SIZE,
+    ("provisioner.v1.ListBlockedUsersRequest", "page_token"): PAGE_TOKEN,
     # ClusterService
     ("provisioner.v1.AllocateRequest", "commit_by"): Instant(),
     ("provisioner.v1.GetRequest", "session_id"): SESSION_ID,

@@ -31,6 +31,7 @@ DEFAULT_FRONT = _base.DEFAULT_FRONT
 DEFAULT_TIMEOUT_S = _base.DEFAULT_TIMEOUT_S
 TRACE_EXPORTERS = ("none", "console", "otlp", "file")
 MAX_AUDIT_PAGE = 500  # the most records the server sends in one page
+MAX_BLOCK_PAGE = 500  # and blocked users
 # SetUserQuotaRequest's cap field for each session kind.
 QUOTA_KINDS = {"interactive": "max_active_sessions", "batch": "max_active_batch_sessions"}
 
@@ -487,6 +488,48 @@ def admin_quota_show(c: Client, args) -> int:
     return 0
 
 
+def admin_user_block(c: Client, args) -> int:
+    resp = c.call("BlockUser", admin_pb.BlockUserRequest(user_id=args.user, reason=args.reason))
+    c.show(render.user_block_to_json(resp.block), render.user_block_detail(args.user, resp.block, []))
+    if resp.already_blocked:
+        c.note(f"{args.user} was blocked already: that block stands as it was")
+    return 0
+
+
+def admin_user_unblock(c: Client, args) -> int:
+    resp = c.call("UnblockUser", admin_pb.UnblockUserRequest(user_id=args.user))
+    lifted = resp.block if resp.HasField("block") else None
+    c.show({"user": args.user, "lifted": render.user_block_to_json(lifted) if lifted else None},
+           f"{args.user}: block lifted (it was by {lifted.blocked_by}: {lifted.reason})" if lifted
+           else f"{args.user} was not blocked")
+    return 0
+
+
+def admin_user_show(c: Client, args) -> int:
+    resp = c.call("GetUserBlock", admin_pb.GetUserBlockRequest(user_id=args.user))
+    block = resp.block if resp.HasField("block") else None
+    c.show(render.user_block_state_to_json(args.user, block, resp.decisions),
+           render.user_block_detail(args.user, block, resp.decisions))
+    return 0
+
+
+def admin_user_list(c: Client, args) -> int:
+    req, blocks = admin_pb.ListBlockedUsersRequest(), []
+    while len(blocks) < args.limit:
+        req.page_size = min(args.limit - len(blocks), MAX_BLOCK_PAGE)
+        resp = c.call("ListBlockedUsers", req)
+        blocks.extend(resp.blocks)
+        if not resp.next_page_token or resp.next_page_token == req.page_token:
+            break
+        req.page_token = resp.next_page_token
+    more = bool(resp.next_page_token)
+    c.show({"blocks": [render.user_block_to_json(b) for b in blocks], "more": more},
+           render.blocked_users_table(blocks))
+    if more:
+        c.note(f"showing the newest {len(blocks)}; more with a higher --limit")
+    return 0
+
+
 def admin_evict(c: Client, args) -> int:
     req = admin_pb.EvictVmRequest(cluster=args.cluster, vm_id=args.vm_id, reason=args.reason or "")
     vm = c.call("EvictVm", req).vm
@@ -621,6 +664,7 @@ def register(subparsers) -> None:
     p.add_argument("vm_id", metavar="VM_ID")
     p.add_argument("--reason")
 
+    admin = add
     help = "a user's own quota limits, over the fleet config's (kept by the front)"
     add = _commands(add("quota", None, help), "admin quota", common)
     p = add("set", admin_quota_set, "set a user's budget or caps; limits not given stay as they are")
@@ -632,3 +676,15 @@ def register(subparsers) -> None:
                    help="first drop what was set for the user (back to the fleet config), then apply the rest")
     p = add("show", admin_quota_show, "what was set for a user, and the limits and usage in force")
     p.add_argument("user", metavar="USER")
+
+    help = "users blocked from new GPU sessions, by operators or by abuse detection (kept by the front)"
+    add = _commands(admin("user", None, help), "admin user", common)
+    p = add("block", admin_user_block, "block a user from new GPU sessions until unblocked")
+    p.add_argument("user", metavar="USER")
+    p.add_argument("--reason", required=True, help="why, for the other operators (the user is not shown it)")
+    p = add("unblock", admin_user_unblock, "lift a user's block")
+    p.add_argument("user", metavar="USER")
+    p = add("show", admin_user_show, "a user's block, and what abuse detection flagged of theirs")
+    p.add_argument("user", metavar="USER")
+    p = add("list", admin_user_list, "blocked users, newest first")
+    p.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="show at most N (default 50)")

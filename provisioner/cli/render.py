@@ -5,6 +5,7 @@ Pure functions: anything time-relative takes `now` (epoch seconds) from the call
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -559,6 +560,41 @@ def audit_table(records: Iterable) -> str:
         for r in records
     ]
     return table(rows, ("TIME", "IDENTITY", "ROLES", "RPC", "TARGET", "OUTCOME", "DETAIL"))
+
+
+def user_block_to_json(b) -> dict[str, Any]:
+    """A block; its evidence (JSON text) parsed."""
+    return {"user": b.user_id, "block_time": _ts(b, "block_time"), "blocked_by": b.blocked_by, "reason": b.reason,
+            "evidence": json.loads(b.evidence) if b.evidence else None}
+
+
+def abuse_decision_to_json(d) -> dict[str, Any]:
+    return {"session": d.session_id, "decision_time": _ts(d, "decision_time"), "rules": list(d.rules),
+            "reason": d.reason, "dry_run": d.dry_run, "evidence": json.loads(d.evidence) if d.evidence else None}
+
+
+def user_block_state_to_json(user: str, block, decisions) -> dict[str, Any]:
+    """What `admin user show` prints with --json: the block (None if not blocked) and decisions."""
+    return {"user": user, "block": user_block_to_json(block) if block is not None else None,
+            "decisions": [abuse_decision_to_json(d) for d in decisions]}
+
+
+def user_block_detail(user: str, block, decisions) -> str:
+    if block is None:
+        head = kv([("user", user), ("blocked", "no")])
+    else:
+        head = kv([("user", user), ("blocked", f"since {_ts(block, 'block_time')}"), ("by", block.blocked_by),
+                   ("reason", block.reason)])
+    if not decisions:
+        return head + "\nabuse detection: nothing flagged"
+    rows = [(_ts(d, "decision_time") or "-", d.session_id, ",".join(d.rules),
+             "recorded (dry run)" if d.dry_run else "blocked", d.reason) for d in decisions]
+    return head + "\n\nabuse detection, newest first:\n" + table(rows, ("TIME", "SESSION", "RULES", "ACTION", "REASON"))
+
+
+def blocked_users_table(blocks: Iterable) -> str:
+    rows = [(b.user_id, _ts(b, "block_time") or "-", b.blocked_by, b.reason) for b in blocks]
+    return table(rows, ("USER", "SINCE", "BY", "REASON"))
 
 
 def _yes(flag: bool) -> str:

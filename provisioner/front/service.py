@@ -24,6 +24,7 @@ from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig, QuotaConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
 from provisioner.front import blocks
+from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
@@ -310,7 +311,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         return out
 
 
-class FrontAdminServicer(admin_grpc.AdminServiceServicer):
+class FrontAdminServicer(BlockAdmin, admin_grpc.AdminServiceServicer):
     """Fleet-wide operator view; per-cluster actions are forwarded to the cluster."""
 
     def __init__(self, fleet: Fleet, audit: AuditLog, sessions: SessionServicer):
@@ -443,8 +444,8 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
         return out
 
 
-# AdminService RPCs a cluster does not serve (its policy refuses them): quotas are the front's.
-FRONT_ONLY_ADMIN_RPCS = ("SetUserQuota", "GetUserQuota")
+# AdminService RPCs a cluster does not serve (its policy refuses them): quotas and blocks are the front's.
+FRONT_ONLY_ADMIN_RPCS = ("SetUserQuota", "GetUserQuota", *BLOCK_RPCS)
 
 SERVICE_NAMES = (
     session_pb.DESCRIPTOR.services_by_name["SessionService"].full_name,

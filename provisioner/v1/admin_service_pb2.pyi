@@ -217,3 +217,91 @@ class QuotaOverride(_message.Message):
     max_active_batch_sessions: int
     update_time: _timestamp_pb2.Timestamp
     def __init__(self, user_id: _Optional[str] = ..., gpu_hours_per_week: _Optional[float] = ..., max_active_sessions: _Optional[int] = ..., max_active_batch_sessions: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class BlockUserRequest(_message.Message):
+    __slots__ = ("user_id", "reason")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    reason: str
+    def __init__(self, user_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class BlockUserResponse(_message.Message):
+    __slots__ = ("block", "already_blocked")
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_BLOCKED_FIELD_NUMBER: _ClassVar[int]
+    block: UserBlock
+    already_blocked: bool
+    def __init__(self, block: _Optional[_Union[UserBlock, _Mapping]] = ..., already_blocked: _Optional[bool] = ...) -> None: ...
+
+class UnblockUserRequest(_message.Message):
+    __slots__ = ("user_id",)
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    def __init__(self, user_id: _Optional[str] = ...) -> None: ...
+
+class UnblockUserResponse(_message.Message):
+    __slots__ = ("block",)
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    block: UserBlock
+    def __init__(self, block: _Optional[_Union[UserBlock, _Mapping]] = ...) -> None: ...
+
+class GetUserBlockRequest(_message.Message):
+    __slots__ = ("user_id",)
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    def __init__(self, user_id: _Optional[str] = ...) -> None: ...
+
+class GetUserBlockResponse(_message.Message):
+    __slots__ = ("block", "decisions")
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    block: UserBlock
+    decisions: _containers.RepeatedCompositeFieldContainer[AbuseDecision]
+    def __init__(self, block: _Optional[_Union[UserBlock, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[AbuseDecision, _Mapping]]] = ...) -> None: ...
+
+class ListBlockedUsersRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListBlockedUsersResponse(_message.Message):
+    __slots__ = ("blocks", "next_page_token")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[UserBlock]
+    next_page_token: str
+    def __init__(self, blocks: _Optional[_Iterable[_Union[UserBlock, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class UserBlock(_message.Message):
+    __slots__ = ("user_id", "block_time", "blocked_by", "reason", "evidence")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TIME_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    block_time: _timestamp_pb2.Timestamp
+    blocked_by: str
+    reason: str
+    evidence: str
+    def __init__(self, user_id: _Optional[str] = ..., block_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., blocked_by: _Optional[str] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ...) -> None: ...
+
+class AbuseDecision(_message.Message):
+    __slots__ = ("session_id", "decision_time", "rules", "reason", "evidence", "dry_run")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_TIME_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    decision_time: _timestamp_pb2.Timestamp
+    rules: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    evidence: str
+    dry_run: bool
+    def __init__(self, session_id: _Optional[str] = ..., decision_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rules: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...

@@ -91,6 +91,26 @@ class AdminServiceStub:
                 request_serializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaRequest.SerializeToString,
                 response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaResponse.FromString,
                 _registered_method=True)
+        self.BlockUser = channel.unary_unary(
+                '/provisioner.v1.AdminService/BlockUser',
+                request_serializer=provisioner_dot_v1_dot_admin__service__pb2.BlockUserRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.BlockUserResponse.FromString,
+                _registered_method=True)
+        self.UnblockUser = channel.unary_unary(
+                '/provisioner.v1.AdminService/UnblockUser',
+                request_serializer=provisioner_dot_v1_dot_admin__service__pb2.UnblockUserRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.UnblockUserResponse.FromString,
+                _registered_method=True)
+        self.GetUserBlock = channel.unary_unary(
+                '/provisioner.v1.AdminService/GetUserBlock',
+                request_serializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserBlockRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserBlockResponse.FromString,
+                _registered_method=True)
+        self.ListBlockedUsers = channel.unary_unary(
+                '/provisioner.v1.AdminService/ListBlockedUsers',
+                request_serializer=provisioner_dot_v1_dot_admin__service__pb2.ListBlockedUsersRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_admin__service__pb2.ListBlockedUsersResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -170,6 +190,36 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BlockUser(self, request, context):
+        """Users blocked from new GPU sessions, by an operator or by abuse detection, until an operator
+        lifts the block; a blocked user's CreateSession fails PERMISSION_DENIED (ErrorInfo reason
+        USER_BLOCKED). Kept in the front's store, read by every front replica on each create. The
+        front's only, like the quota RPCs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnblockUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUserBlock(self, request, context):
+        """The user's block, if any, and what abuse detection decided on their sessions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBlockedUsers(self, request, context):
+        """Blocked users, newest block first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +277,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetUserQuota,
                     request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaRequest.FromString,
                     response_serializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaResponse.SerializeToString,
+            ),
+            'BlockUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.BlockUser,
+                    request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.BlockUserRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_admin__service__pb2.BlockUserResponse.SerializeToString,
+            ),
+            'UnblockUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnblockUser,
+                    request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.UnblockUserRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_admin__service__pb2.UnblockUserResponse.SerializeToString,
+            ),
+            'GetUserBlock': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUserBlock,
+                    request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserBlockRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_admin__service__pb2.GetUserBlockResponse.SerializeToString,
+            ),
+            'ListBlockedUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBlockedUsers,
+                    request_deserializer=provisioner_dot_v1_dot_admin__service__pb2.ListBlockedUsersRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_admin__service__pb2.ListBlockedUsersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -528,6 +598,114 @@ class AdminService:
             '/provisioner.v1.AdminService/GetUserQuota',
             provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaRequest.SerializeToString,
             provisioner_dot_v1_dot_admin__service__pb2.GetUserQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BlockUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.AdminService/BlockUser',
+            provisioner_dot_v1_dot_admin__service__pb2.BlockUserRequest.SerializeToString,
+            provisioner_dot_v1_dot_admin__service__pb2.BlockUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnblockUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.AdminService/UnblockUser',
+            provisioner_dot_v1_dot_admin__service__pb2.UnblockUserRequest.SerializeToString,
+            provisioner_dot_v1_dot_admin__service__pb2.UnblockUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUserBlock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.AdminService/GetUserBlock',
+            provisioner_dot_v1_dot_admin__service__pb2.GetUserBlockRequest.SerializeToString,
+            provisioner_dot_v1_dot_admin__service__pb2.GetUserBlockResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBlockedUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.AdminService/ListBlockedUsers',
+            provisioner_dot_v1_dot_admin__service__pb2.ListBlockedUsersRequest.SerializeToString,
+            provisioner_dot_v1_dot_admin__service__pb2.ListBlockedUsersResponse.FromString,
             options,
             channel_credentials,
             insecure,

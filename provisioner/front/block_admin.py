@@ -1,0 +1,79 @@
+"""AdminService's RPCs for blocked users, served by the front alone (a cluster's policy leaves
+them out): the blocks live in the front's store, which every front replica reads on each create.
+The guard audits BlockUser and UnblockUser; GetUserBlock and ListBlockedUsers are reads."""
+
+from __future__ import annotations
+
+from provisioner.api import convert, guard
+from provisioner.api.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from provisioner.api.status import unary
+from provisioner.errors import InvalidArgument
+from provisioner.front.blocks import Block
+from provisioner.store import Store
+from provisioner.v1 import admin_service_pb2 as admin_pb
+
+BLOCK_RPCS = ("BlockUser", "UnblockUser", "GetUserBlock", "ListBlockedUsers")
+DECISIONS_SHOWN = 20
+
+
+class BlockAdmin:
+    """Mixed into the front's AdminService servicer, whose `sessions` holds the store and clock."""
+
+    @property
+    def _store(self) -> Store:
+        return self.sessions.store
+
+    @unary
+    async def BlockUser(self, request, context):
+        _need_user(request.user_id)
+        if not request.reason:
+            raise InvalidArgument("reason must not be empty: say why the user is blocked", field="reason")
+        store = self._store
+        new = await store.commit(store.block_user, request.user_id, self.sessions.clock.now(),
+                                 guard.current().caller.identity, request.reason, "")
+        out = admin_pb.BlockUserResponse(already_blocked=not new)
+        if (block := Block.read(store, request.user_id)) is not None:  # None only if unblocked meanwhile
+            out.block.CopyFrom(block_pb(block))
+        return out
+
+    @unary
+    async def UnblockUser(self, request, context):
+        _need_user(request.user_id)
+        store = self._store
+        block = Block.read(store, request.user_id)
+        out = admin_pb.UnblockUserResponse()
+        if await store.commit(store.unblock_user, request.user_id) and block is not None:
+            out.block.CopyFrom(block_pb(block))
+        return out
+
+    @unary
+    async def GetUserBlock(self, request, context):
+        _need_user(request.user_id)
+        out = admin_pb.GetUserBlockResponse(decisions=[
+            admin_pb.AbuseDecision(session_id=s, decision_time=convert.timestamp(at), rules=rules.split(","),
+                                   reason=reason, evidence=evidence, dry_run=not blocked)
+            for s, at, rules, reason, evidence, blocked in self._store.abuse_decisions(request.user_id,
+                                                                                        DECISIONS_SHOWN)])
+        if (block := Block.read(self._store, request.user_id)) is not None:
+            out.block.CopyFrom(block_pb(block))
+        return out
+
+    @unary
+    async def ListBlockedUsers(self, request, context):
+        if request.page_size < 0:
+            raise InvalidArgument("page_size must not be negative", field="page_size")
+        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        start = int(request.page_token or 0)  # digits only (api/limits.py)
+        rows = self._store.blocked_users(size + 1, start)  # one more: is there a next page?
+        return admin_pb.ListBlockedUsersResponse(blocks=[block_pb(Block(*r)) for r in rows[:size]],
+                                                 next_page_token=str(start + size) if len(rows) > size else "")
+
+
+def block_pb(b: Block) -> admin_pb.UserBlock:
+    return admin_pb.UserBlock(user_id=b.user_id, block_time=convert.timestamp(b.blocked_at), blocked_by=b.blocked_by,
+                              reason=b.reason, evidence=b.evidence)
+
+
+def _need_user(user_id: str) -> None:
+    if not user_id:
+        raise InvalidArgument("user_id must not be empty", field="user_id")
