@@ -82,6 +82,23 @@ def test_a_verdict_becomes_a_bounded_record_with_its_evidence():
     assert len(json.loads(d.evidence)["findings"]) == 4
 
 
+async def test_applying_a_decision_blocks_once_and_a_dry_run_blocks_nobody(store):
+    flagged = blocks.decision(Verdict((MINER, POOL)), "c.s-01", "mal", 400.0, dry_run=False)
+    assert await blocks.apply(store, flagged)
+    assert not await blocks.apply(store, flagged)  # delivered again: nothing new
+    assert store.user_block("mal") == ("mal", 400.0, blocks.DETECTOR, flagged.reason, flagged.evidence)
+    assert store.abuse_decisions("mal", 10) == [("c.s-01", 400.0, "miner_program,pool_connection", flagged.reason,
+                                                 flagged.evidence, True)]
+    # A user an operator blocked first keeps that block; the decision is recorded beside it.
+    store.block_user("eve", 10.0, "ops@example.com", "ticket 7", "")
+    assert await blocks.apply(store, blocks.decision(Verdict((MINER,)), "c.s-02", "eve", 500.0, dry_run=False))
+    assert store.user_block("eve")[2:4] == ("ops@example.com", "ticket 7")
+    assert store.abuse_decisions("eve", 10)[0][0] == "c.s-02"
+    # Dry run: recorded, nobody blocked.
+    assert await blocks.apply(store, blocks.decision(Verdict((POOL,)), "c.s-03", "dan", 600.0, dry_run=True))
+    assert store.user_block("dan") is None and store.abuse_decisions("dan", 10)[0][-1] is False
+
+
 # ---- at the front, over gRPC ------------------------------------------------------------------
 
 async def test_operators_block_and_unblock_a_user_who_is_refused_meanwhile(local_fleet, capsys, monkeypatch):
