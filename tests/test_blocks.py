@@ -15,6 +15,7 @@ from provisioner import cli
 from provisioner import client as api
 from provisioner.abuse import Finding, Verdict
 from provisioner.agent.usage import Connection
+from provisioner.cli import render
 from provisioner.client.credentials import local_ca
 from provisioner.front import blocks
 from provisioner.store import open_store
@@ -97,6 +98,19 @@ async def test_applying_a_decision_blocks_once_and_a_dry_run_blocks_nobody(store
     # Dry run: recorded, nobody blocked.
     assert await blocks.apply(store, blocks.decision(Verdict((POOL,)), "c.s-03", "dan", 600.0, dry_run=True))
     assert store.user_block("dan") is None and store.abuse_decisions("dan", 10)[0][-1] is False
+
+
+def test_the_cli_shows_a_block_and_the_decisions_as_text():
+    block = admin_pb.UserBlock(user_id="mal", blocked_by=blocks.DETECTOR, reason="miner_program: xmrig")
+    block.block_time.FromSeconds(1_795_000_000)
+    dry = admin_pb.AbuseDecision(session_id="us-central1.s-01", rules=["pool_connection"], reason="pool", dry_run=True)
+    dry.decision_time.FromSeconds(1_795_000_000)
+    text = render.user_block_detail("mal", block, [dry])
+    assert "blocked: since 2026-11-18T11:06:40Z" in text and "by:      detector" in text
+    assert "us-central1.s-01  pool_connection  recorded (dry run)" in text
+    assert render.user_block_detail("bob", None, []) == "user:    bob\nblocked: no\nabuse detection: nothing flagged"
+    assert render.blocked_users_table([block]).splitlines()[1].split() == [
+        "mal", "2026-11-18T11:06:40Z", "detector", "miner_program:", "xmrig"]
 
 
 # ---- at the front, over gRPC ------------------------------------------------------------------
