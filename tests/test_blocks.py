@@ -17,10 +17,15 @@ from provisioner.abuse import Finding, Verdict
 from provisioner.agent.usage import Connection
 from provisioner.cli import render
 from provisioner.client.credentials import local_ca
+from provisioner.clock import RealClock
+from provisioner.config import load_fleet
 from provisioner.front import blocks
+from provisioner.serve import start_front
 from provisioner.store import open_store
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
+
+from conftest import TIME_SCALE
 
 
 @pytest.fixture
@@ -115,7 +120,7 @@ def test_the_cli_shows_a_block_and_the_decisions_as_text():
 
 # ---- at the front, over gRPC ------------------------------------------------------------------
 
-async def test_operators_block_and_unblock_a_user_who_is_refused_meanwhile(local_fleet, capsys, monkeypatch):
+async def test_operators_block_and_unblock_a_user_who_is_refused_meanwhile(local_fleet, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
     monkeypatch.delenv("PROVISIONER_TRACES", raising=False)
     monkeypatch.setenv("PROVISIONER_DATA_DIR", str(local_fleet.data_dir))  # its CA and token key
@@ -126,42 +131,53 @@ async def test_operators_block_and_unblock_a_user_who_is_refused_meanwhile(local
         assert rc == 0, err
         return json.loads(out)
 
-    async with api.AsyncClient(local_fleet.front_address, token=local_fleet.token("local-operator"),
-                               ca=local_ca(local_fleet.data_dir)) as c:
-        before = await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
-        shown = await admin_user("block", "mal", "--reason", "mining on a free GPU (ticket 42)")
-        assert (shown["user"], shown["blocked_by"], shown["reason"]) == ("mal", "local-operator",
-                                                                         "mining on a free GPU (ticket 42)")
-        with pytest.raises(api.UserBlocked) as refused:
-            await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
-        err = refused.value
-        assert isinstance(err, api.PermissionDenied) and err.reason == "USER_BLOCKED"
-        assert "an operator" in err.message and "ticket" not in err.message  # the reason is the operators'
-        # A retry of a create made before the block gets its session; other users are not affected.
-        again = await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest",
-                                       request_id=before.request_id)
-        assert again.id == before.id
-        await c.create_session(user_id="bob", accelerator="gpu-p100", image="gpu:latest")
+    # A second front replica on the same store.
+    second = await start_front(load_fleet(tmp_path / "clusters"), RealClock(TIME_SCALE), local_fleet.data_dir,
+                               address="127.0.0.1:0",
+                               cluster_addresses={c.config.name: c.address for c in local_fleet.fleet.clusters})
+    try:
+        await second.fleet.wait_until_ready(timeout_s=10.0)
+        token, ca = local_fleet.token("local-operator"), local_ca(local_fleet.data_dir)
+        async with api.AsyncClient(local_fleet.front_address, token=token, ca=ca) as c, \
+                api.AsyncClient(second.address, token=token, ca=ca) as other:
+            before = await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
+            shown = await admin_user("block", "mal", "--reason", "mining on a free GPU (ticket 42)")
+            assert (shown["user"], shown["blocked_by"], shown["reason"]) == ("mal", "local-operator",
+                                                                             "mining on a free GPU (ticket 42)")
+            with pytest.raises(api.UserBlocked) as refused:
+                await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
+            err = refused.value
+            assert isinstance(err, api.PermissionDenied) and err.reason == "USER_BLOCKED"
+            assert "an operator" in err.message and "ticket" not in err.message  # the reason is the operators'
+            with pytest.raises(api.UserBlocked):  # at every front replica, at once
+                await other.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
+            # A retry of a create made before the block gets its session; other users are not affected.
+            again = await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest",
+                                           request_id=before.request_id)
+            assert again.id == before.id
+            await c.create_session(user_id="bob", accelerator="gpu-p100", image="gpu:latest")
 
-        # A second block keeps the first; show and list see it, with the detector's decisions.
-        assert (await admin_user("block", "mal", "--reason", "again"))["reason"] == "mining on a free GPU (ticket 42)"
-        store = local_fleet.fleet.front.store
-        await blocks.apply(store, blocks.decision(Verdict((MINER,)), "us-central1.s-0001", "mal", 500.0, dry_run=False))
-        await blocks.apply(store, blocks.decision(Verdict((POOL,)), "us-central1.s-0002", "dan", 600.0, dry_run=True))
-        shown = await admin_user("show", "mal")
-        assert shown["block"]["reason"] == "mining on a free GPU (ticket 42)"
-        assert [(d["session"], d["rules"], d["dry_run"]) for d in shown["decisions"]] == [
-            ("us-central1.s-0001", ["miner_program"], False)]
-        assert shown["decisions"][0]["evidence"]["findings"][0]["process"] == "xmrig"
-        dan = await admin_user("show", "dan")  # a dry run: recorded, not blocked
-        assert dan["block"] is None and dan["decisions"][0]["dry_run"] is True
-        assert [b["user"] for b in (await admin_user("list"))["blocks"]] == ["mal"]
+            # A second block keeps the first; show and list see it, with the detector's decisions.
+            assert (await admin_user("block", "mal", "--reason", "again"))["reason"] == "mining on a free GPU (ticket 42)"
+            store = local_fleet.fleet.front.store
+            await blocks.apply(store, blocks.decision(Verdict((MINER,)), "us-central1.s-0001", "mal", 500.0, dry_run=False))
+            await blocks.apply(store, blocks.decision(Verdict((POOL,)), "us-central1.s-0002", "dan", 600.0, dry_run=True))
+            shown = await admin_user("show", "mal")
+            assert shown["block"]["reason"] == "mining on a free GPU (ticket 42)"
+            assert [(d["session"], d["rules"], d["dry_run"]) for d in shown["decisions"]] == [
+                ("us-central1.s-0001", ["miner_program"], False)]
+            assert shown["decisions"][0]["evidence"]["findings"][0]["process"] == "xmrig"
+            dan = await admin_user("show", "dan")  # a dry run: recorded, not blocked
+            assert dan["block"] is None and dan["decisions"][0]["dry_run"] is True
+            assert [b["user"] for b in (await admin_user("list"))["blocks"]] == ["mal"]
 
-        lifted = await admin_user("unblock", "mal")
-        assert lifted["lifted"]["reason"] == "mining on a free GPU (ticket 42)"
-        assert (await admin_user("unblock", "mal"))["lifted"] is None
-        await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
-        assert (await admin_user("list"))["blocks"] == []
+            lifted = await admin_user("unblock", "mal")
+            assert lifted["lifted"]["reason"] == "mining on a free GPU (ticket 42)"
+            assert (await admin_user("unblock", "mal"))["lifted"] is None
+            await other.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
+            assert (await admin_user("list"))["blocks"] == []
+    finally:
+        await second.stop(0.5)
 
     # Admins only; the changes audited, the reads not.
     async with local_fleet.front_channel(token=local_fleet.token("mal")) as as_user:
