@@ -34,7 +34,7 @@ class _Write:
 
 class GroupCommit:
     """One writer thread over `transaction` (a cursor in one transaction: committed on exit,
-    rolled back on an error), started with the first write."""
+    rolled back on an error), started by `start` or the first write."""
 
     def __init__(self, transaction: Callable[[], AbstractContextManager[Any]], *, max_batch: int = DEFAULT_MAX_BATCH,
                  max_wait_s: float = DEFAULT_MAX_WAIT_S, name: str = "group-commit"):
@@ -46,17 +46,26 @@ class GroupCommit:
         self._closed = False
         self.batches = self.writes = 0  # transactions committed, and the writes they carried
 
+    def start(self) -> None:
+        """Starts the writer thread now rather than with the first write (a server starts it with
+        itself). Idempotent."""
+        with self._lock:
+            self._start()
+
     def submit(self, run: Callable[[Any], Any]) -> Future:
         """Queues `run(cursor)`; the future holds its result once its transaction is durable."""
         future: Future = Future()
         with self._lock:
-            if self._closed:
-                raise WriterClosed("the store is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
+            self._start()
             self._queue.put(_Write(run, future))
         return future
+
+    def _start(self) -> None:
+        if self._closed:
+            raise WriterClosed("the store is closed")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
 
     def close(self) -> None:
         """Commits what is queued, then stops the thread."""

@@ -201,7 +201,8 @@ class FrontProcess:
         await asyncio.gather(self.resolver, return_exceptions=True)
         for client in self.fleet.clients.values():
             await client.close()
-        self.store.close()
+        # Commits the writes still queued (the group committer drains), off the event loop.
+        await asyncio.to_thread(self.store.close)
 
 
 async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, address: str | None = None,
@@ -227,6 +228,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     for c in clients:
         c.start()
     store = open_store(database_url, Path(data_dir) / "front.db")
+    store.writer.start()  # the front's durable writes are all group-committed
     if metrics is not None:
         metrics.time_store(store, "front")
     address = address or fleet_cfg.settings.front.address

@@ -63,6 +63,27 @@ async def test_writes_queued_behind_a_commit_share_the_next_transaction(store_ur
     again.close()
 
 
+async def test_closing_commits_what_is_queued_then_takes_no_writes(store_url, tmp_path):
+    """What a server's drain does: writes waiting behind a commit in progress are committed
+    and answered before close returns."""
+    store = open_store(store_url, tmp_path / "unused.db")
+    store.writer.start()
+    gate = _hold(store)
+    tasks = await _submitted(*(store.commit(store.save_operator_state, CLUSTER, f"p{i}", {"i": i}, 0.0)
+                               for i in range(5)))
+    closing = asyncio.create_task(asyncio.to_thread(store.close))
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # it waits for the queue
+    gate.set()
+    await closing
+    await asyncio.gather(*tasks)
+    with pytest.raises(WriterClosed):
+        store.writer.start()
+    again = open_store(store_url, tmp_path / "unused.db")
+    assert again.load_operator_state(CLUSTER) == {f"p{i}": {"i": i} for i in range(5)}
+    again.close()
+
+
 async def test_a_write_that_fails_fails_alone(store):
     def half_then_fail():
         with store.transaction() as cur:  # the group's transaction
