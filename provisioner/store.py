@@ -149,6 +149,19 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX abuse_decisions_user ON abuse_decisions (user_id, at);
     """,
+    # Blocks lifted, with who lifted them and when: an unblock does not erase why a user was blocked.
+    """
+    CREATE TABLE user_block_history (
+        user_id TEXT NOT NULL,
+        blocked_at DOUBLE PRECISION NOT NULL,
+        blocked_by TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        lifted_at DOUBLE PRECISION NOT NULL,
+        lifted_by TEXT NOT NULL
+    );
+    CREATE INDEX user_block_history_user ON user_block_history (user_id, lifted_at);
+    """,
 ]
 
 # The front's attempt states; their transitions are the table in front/attempts.py.
@@ -560,11 +573,25 @@ class Store:
             "ON CONFLICT (user_id) DO NOTHING"), (user_id, at, by, reason, evidence))
         return cur.rowcount == 1
 
-    def unblock_user(self, user_id: str) -> bool:
-        """Whether the user was blocked."""
+    def unblock_user(self, user_id: str, at: float, by: str) -> tuple | None:
+        """Lifts the user's block, moved to the history with who lifted it and when; the block
+        lifted (as `user_block` gives it), or None if the user was not blocked."""
         with self.transaction() as cur:
+            cur.execute(self._sql("SELECT user_id, blocked_at, blocked_by, reason, evidence FROM user_blocks "
+                                  "WHERE user_id = ?"), (user_id,))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            cur.execute(self._sql("INSERT INTO user_block_history (user_id, blocked_at, blocked_by, reason, evidence, "
+                                  "lifted_at, lifted_by) VALUES (?, ?, ?, ?, ?, ?, ?)"), (*row, at, by))
             cur.execute(self._sql("DELETE FROM user_blocks WHERE user_id = ?"), (user_id,))
-            return cur.rowcount == 1
+            return tuple(row)
+
+    def lifted_blocks(self, user_id: str, limit: int) -> list[tuple]:
+        """The user's blocks lifted, newest lifting first: `user_block`'s columns, lifted at, lifted by."""
+        return [tuple(r) for r in self._rows(
+            "SELECT user_id, blocked_at, blocked_by, reason, evidence, lifted_at, lifted_by FROM user_block_history "
+            "WHERE user_id = ? ORDER BY lifted_at DESC, blocked_at DESC LIMIT ?", (user_id, limit))]
 
     def user_block(self, user_id: str) -> tuple | None:
         """(user id, blocked at, by, reason, evidence), or None if the user is not blocked."""

@@ -50,15 +50,22 @@ def test_a_block_is_kept_until_lifted_and_the_first_one_stands(store):
     assert store.block_user("mal", 30.0, blocks.DETECTOR, "miner_program: ...", '{"findings": []}')
     assert [b[0] for b in store.blocked_users(10)] == ["mal", "eve"]  # newest first
     assert [b[0] for b in store.blocked_users(1, offset=1)] == ["eve"]
-    assert store.unblock_user("eve") and not store.unblock_user("eve")
+    assert store.unblock_user("eve", 40.0, "ops2") == ("eve", 10.0, "ops@example.com", "mining", "")
+    assert store.unblock_user("eve", 41.0, "ops2") is None
     assert store.user_block("eve") is None and [b[0] for b in store.blocked_users(10)] == ["mal"]
+    # Lifted, kept: blocked again and lifted again, both are in the history, newest first.
+    store.block_user("eve", 50.0, "ops@example.com", "again", "")
+    store.unblock_user("eve", 60.0, "ops3")
+    assert store.lifted_blocks("eve", 10) == [("eve", 50.0, "ops@example.com", "again", "", 60.0, "ops3"),
+                                              ("eve", 10.0, "ops@example.com", "mining", "", 40.0, "ops2")]
+    assert store.lifted_blocks("mal", 10) == []
 
 
 def test_a_decision_is_recorded_once_and_blocks_unless_dry_run(store):
     assert store.record_abuse_decision("c.s-01", "mal", 50.0, "miner_program", "r", "{}", True, blocks.DETECTOR)
     assert store.user_block("mal")[2] == blocks.DETECTOR
     # The same flag delivered again after an operator lifted the block: nothing changes.
-    assert store.unblock_user("mal")
+    assert store.unblock_user("mal", 55.0, "ops")
     assert not store.record_abuse_decision("c.s-01", "mal", 60.0, "miner_program", "r", "{}", True, blocks.DETECTOR)
     assert store.user_block("mal") is None
     # A dry run records, and blocks nobody.
@@ -114,6 +121,11 @@ def test_the_cli_shows_a_block_and_the_decisions_as_text():
     assert "blocked: since 2026-11-18T11:06:40Z" in text and "by:      detector" in text
     assert "us-central1.s-01  pool_connection  recorded (dry run)" in text
     assert render.user_block_detail("bob", None, []) == "user:    bob\nblocked: no\nabuse detection: nothing flagged"
+    lifted = admin_pb.UserBlock(user_id="mal", blocked_by="ops", reason="ticket 7", lifted_by="ops2")
+    lifted.block_time.FromSeconds(1_795_000_000)
+    lifted.lift_time.FromSeconds(1_795_003_600)
+    text = render.user_block_detail("mal", None, [], [lifted])
+    assert "2026-11-18T11:06:40Z  2026-11-18T12:06:40Z  ops  ops2       ticket 7" in text
     assert render.blocked_users_table([block]).splitlines()[1].split() == [
         "mal", "2026-11-18T11:06:40Z", "detector", "miner_program:", "xmrig"]
 
@@ -174,6 +186,9 @@ async def test_operators_block_and_unblock_a_user_who_is_refused_meanwhile(local
             lifted = await admin_user("unblock", "mal")
             assert lifted["lifted"]["reason"] == "mining on a free GPU (ticket 42)"
             assert (await admin_user("unblock", "mal"))["lifted"] is None
+            shown = await admin_user("show", "mal")
+            assert shown["block"] is None and [(b["reason"], b["lifted_by"]) for b in shown["past_blocks"]] == [
+                ("mining on a free GPU (ticket 42)", "local-operator")]
             await other.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
             assert (await admin_user("list"))["blocks"] == []
     finally:

@@ -508,8 +508,8 @@ def admin_user_unblock(c: Client, args) -> int:
 def admin_user_show(c: Client, args) -> int:
     resp = c.call("GetUserBlock", admin_pb.GetUserBlockRequest(user_id=args.user))
     block = resp.block if resp.HasField("block") else None
-    c.show(render.user_block_state_to_json(args.user, block, resp.decisions),
-           render.user_block_detail(args.user, block, resp.decisions))
+    c.show(render.user_block_state_to_json(args.user, block, resp.decisions, resp.past_blocks),
+           render.user_block_detail(args.user, block, resp.decisions, resp.past_blocks))
     return 0
 
 

@@ -563,9 +563,12 @@ def audit_table(records: Iterable) -> str:
 
 
 def user_block_to_json(b) -> dict[str, Any]:
-    """A block; its evidence (JSON text) parsed."""
-    return {"user": b.user_id, "block_time": _ts(b, "block_time"), "blocked_by": b.blocked_by, "reason": b.reason,
-            "evidence": json.loads(b.evidence) if b.evidence else None}
+    """A block; its evidence (JSON text) parsed; when and by whom it was lifted, if it was."""
+    out = {"user": b.user_id, "block_time": _ts(b, "block_time"), "blocked_by": b.blocked_by, "reason": b.reason,
+           "evidence": json.loads(b.evidence) if b.evidence else None}
+    if b.HasField("lift_time"):
+        out |= {"lift_time": _ts(b, "lift_time"), "lifted_by": b.lifted_by}
+    return out
 
 
 def abuse_decision_to_json(d) -> dict[str, Any]:
@@ -573,20 +576,26 @@ def abuse_decision_to_json(d) -> dict[str, Any]:
             "reason": d.reason, "dry_run": d.dry_run, "evidence": json.loads(d.evidence) if d.evidence else None}
 
 
-def user_block_state_to_json(user: str, block, decisions) -> dict[str, Any]:
-    """What `admin user show` prints with --json: the block (None if not blocked) and decisions."""
+def user_block_state_to_json(user: str, block, decisions, past=()) -> dict[str, Any]:
+    """What `admin user show` prints with --json: the block (None if not blocked), the decisions
+    and the blocks lifted."""
     return {"user": user, "block": user_block_to_json(block) if block is not None else None,
-            "decisions": [abuse_decision_to_json(d) for d in decisions]}
+            "decisions": [abuse_decision_to_json(d) for d in decisions],
+            "past_blocks": [user_block_to_json(b) for b in past]}
 
 
-def user_block_detail(user: str, block, decisions) -> str:
+def user_block_detail(user: str, block, decisions, past=()) -> str:
     if block is None:
         head = kv([("user", user), ("blocked", "no")])
     else:
         head = kv([("user", user), ("blocked", f"since {_ts(block, 'block_time')}"), ("by", block.blocked_by),
                    ("reason", block.reason)])
+    if past:
+        rows = [(_ts(b, "block_time") or "-", _ts(b, "lift_time") or "-", b.blocked_by, b.lifted_by, b.reason)
+                for b in past]
+        head += "\n\nblocks lifted, newest first:\n" + table(rows, ("SINCE", "LIFTED", "BY", "LIFTED BY", "REASON"))
     if not decisions:
-        return head + "\nabuse detection: nothing flagged"
+        return head + ("\n\n" if past else "\n") + "abuse detection: nothing flagged"
     rows = [(_ts(d, "decision_time") or "-", d.session_id, ",".join(d.rules),
              "recorded (dry run)" if d.dry_run else "blocked", d.reason) for d in decisions]
     return head + "\n\nabuse detection, newest first:\n" + table(rows, ("TIME", "SESSION", "RULES", "ACTION", "REASON"))

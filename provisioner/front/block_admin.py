@@ -13,7 +13,7 @@ from provisioner.store import Store
 from provisioner.v1 import admin_service_pb2 as admin_pb
 
 BLOCK_RPCS = ("BlockUser", "UnblockUser", "GetUserBlock", "ListBlockedUsers")
-DECISIONS_SHOWN = 20
+DECISIONS_SHOWN = 20  # and past blocks
 
 
 class BlockAdmin:
@@ -40,10 +40,11 @@ class BlockAdmin:
     async def UnblockUser(self, request, context):
         _need_user(request.user_id)
         store = self._store
-        block = Block.read(store, request.user_id)
+        lifted = await store.commit(store.unblock_user, request.user_id, self.sessions.clock.now(),
+                                    guard.current().caller.identity)
         out = admin_pb.UnblockUserResponse()
-        if await store.commit(store.unblock_user, request.user_id) and block is not None:
-            out.block.CopyFrom(block_pb(block))
+        if lifted is not None:
+            out.block.CopyFrom(block_pb(Block(*lifted)))
         return out
 
     @unary
@@ -53,7 +54,8 @@ class BlockAdmin:
             admin_pb.AbuseDecision(session_id=s, decision_time=convert.timestamp(at), rules=rules.split(","),
                                    reason=reason, evidence=evidence, dry_run=not blocked)
             for s, at, rules, reason, evidence, blocked in self._store.abuse_decisions(request.user_id,
-                                                                                        DECISIONS_SHOWN)])
+                                                                                        DECISIONS_SHOWN)],
+            past_blocks=[block_pb(Block(*row[:5]), *row[5:]) for row in self._store.lifted_blocks(request.user_id, DECISIONS_SHOWN)])
         if (block := Block.read(self._store, request.user_id)) is not None:
             out.block.CopyFrom(block_pb(block))
         return out
@@ -69,9 +71,11 @@ class BlockAdmin:
                                                  next_page_token=str(start + size) if len(rows) > size else "")
 
 
-def block_pb(b: Block) -> admin_pb.UserBlock:
+def block_pb(b: Block, lifted_at: float = 0.0, lifted_by: str = "") -> admin_pb.UserBlock:
+    """A block, and when and by whom it was lifted if it was."""
     return admin_pb.UserBlock(user_id=b.user_id, block_time=convert.timestamp(b.blocked_at), blocked_by=b.blocked_by,
-                              reason=b.reason, evidence=b.evidence)
+                              reason=b.reason, evidence=b.evidence, lift_time=convert.timestamp(lifted_at),
+                              lifted_by=lifted_by)
 
 
 def _need_user(user_id: str) -> None:

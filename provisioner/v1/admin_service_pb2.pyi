@@ -253,12 +253,14 @@ class GetUserBlockRequest(_message.Message):
     def __init__(self, user_id: _Optional[str] = ...) -> None: ...
 
 class GetUserBlockResponse(_message.Message):
-    __slots__ = ("block", "decisions")
+    __slots__ = ("block", "decisions", "past_blocks")
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    PAST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     block: UserBlock
     decisions: _containers.RepeatedCompositeFieldContainer[AbuseDecision]
-    def __init__(self, block: _Optional[_Union[UserBlock, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[AbuseDecision, _Mapping]]] = ...) -> None: ...
+    past_blocks: _containers.RepeatedCompositeFieldContainer[UserBlock]
+    def __init__(self, block: _Optional[_Union[UserBlock, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[AbuseDecision, _Mapping]]] = ..., past_blocks: _Optional[_Iterable[_Union[UserBlock, _Mapping]]] = ...) -> None: ...
 
 class ListBlockedUsersRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
@@ -277,18 +279,22 @@ class ListBlockedUsersResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[UserBlock, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class UserBlock(_message.Message):
-    __slots__ = ("user_id", "block_time", "blocked_by", "reason", "evidence")
+    __slots__ = ("user_id", "block_time", "blocked_by", "reason", "evidence", "lift_time", "lifted_by")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TIME_FIELD_NUMBER: _ClassVar[int]
     BLOCKED_BY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    LIFT_TIME_FIELD_NUMBER: _ClassVar[int]
+    LIFTED_BY_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     block_time: _timestamp_pb2.Timestamp
     blocked_by: str
     reason: str
     evidence: str
-    def __init__(self, user_id: _Optional[str] = ..., block_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., blocked_by: _Optional[str] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ...) -> None: ...
+    lift_time: _timestamp_pb2.Timestamp
+    lifted_by: str
+    def __init__(self, user_id: _Optional[str] = ..., block_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., blocked_by: _Optional[str] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., lift_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lifted_by: _Optional[str] = ...) -> None: ...
 
 class AbuseDecision(_message.Message):
     __slots__ = ("session_id", "decision_time", "rules", "reason", "evidence", "dry_run")
