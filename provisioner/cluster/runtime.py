@@ -1,8 +1,11 @@
 """The live shell around ClusterCore: turns requests, ticks, health checks, reconciler passes and
 the cloud's answers into events, and carries out each Step the core returns. No gRPC here.
 
-Order after every step: write the changes (one transaction), wake watchers, then start the
-cloud work. So nothing is acknowledged or acted on before it is durable. Every command runs as a
+Order after every step: write the changes, wake watchers, then start the cloud work. So nothing
+is acknowledged or acted on before it is durable. The writes are group-committed off the event
+loop: the changes of the steps made while one transaction commits go together in the next, in the
+order the core made them, and each step's watchers and commands wait for its transaction. A
+caller answering a request awaits `durable()` first. Every command runs as a
 task whose outcome, whatever it is (an answer, a failure, an exception), goes back to the core
 as an event naming the command.
 """
@@ -45,6 +48,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 60.0
 RECONCILE_S = 300.0
+WRITE_RETRY_S = 1.0  # wall time between attempts at a write that failed
 
 
 class ClusterRuntime:
@@ -67,6 +71,13 @@ class ClusterRuntime:
         self.overrides: dict[str, dict] = {}
         # Told of the changed sessions after each event (restored ones once, flagged): logs, metrics.
         self.observers: list[Callable[[list[Session], bool], None]] = [SessionLog(core.name).changed]
+        # Changes not yet written (the latest object of each id), the future that resolves once
+        # they are durable, the one of the transaction committing now, and the task writing.
+        self._unsaved: tuple[dict[str, Session], dict[str, Vm]] = ({}, {})
+        self._collecting: asyncio.Future | None = None
+        self._writing: asyncio.Future | None = None
+        self._writing_ids: frozenset[str] = frozenset()
+        self._writer: asyncio.Task | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -80,6 +91,7 @@ class ClusterRuntime:
                 observe(list(self.core.sessions.values()), True)
             self._apply(step)
             self._restore_operator_state(self.store.load_operator_state(name))
+            await self.durable()
         try:
             await self.reconcile()
         except Exception:
@@ -136,6 +148,8 @@ class ClusterRuntime:
         for task in [*self._loops, *self._tasks]:
             task.cancel()
         await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+        if self._writer is not None:  # what was made is written before the store closes
+            await asyncio.gather(self._writer, return_exceptions=True)
         await self.backend.close()
 
     async def _supervise(self, name: str, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
@@ -236,9 +250,7 @@ class ClusterRuntime:
     # ---- operator state: durable before it takes effect ----------------------------------
 
     def set_draining(self, draining: bool) -> None:
-        if self.store is not None:
-            self.store.save_operator_state(self.core.name, "", {"draining": True} if draining else {},
-                                           self.clock.now())
+        self._save_operator_state("", {"draining": True} if draining else {})
         self.handle(ev.DrainSet(self.clock.now(), draining))
         self._notify_capacity()  # the front hears it at once, even from a quiet cluster
 
@@ -247,9 +259,16 @@ class ClusterRuntime:
         drops what operators set before, back to the config file. The pool's overrides are
         written before they take effect."""
         merged, overrides = self._overridden(pool_name, changes, reset)
-        if self.store is not None:
-            self.store.save_operator_state(self.core.name, pool_name, overrides, self.clock.now())
+        self._save_operator_state(pool_name, overrides)
         return self._set_policy(pool_name, merged, overrides)
+
+    def _save_operator_state(self, pool_name: str, body: dict) -> None:
+        """Written through the group commit, in order with the steps' writes, and waited for
+        here: an operator's change is rare, and durable when the call returns."""
+        if self.store is not None:
+            now = self.clock.now()
+            self.store.writer.submit(
+                lambda _cur: self.store.save_operator_state(self.core.name, pool_name, body, now)).result()
 
     def _overridden(self, pool_name: str, changes: dict, reset: bool) -> tuple[PoolConfig, dict]:
         """The pool's whole policy after `changes` (the config model, validated as the file is),
@@ -318,9 +337,60 @@ class ClusterRuntime:
     # ---- carrying out a step -------------------------------------------------------------
 
     def _apply(self, step: Step) -> None:
+        """Queues the step's changes for writing; what follows from them waits until they are
+        durable (and after the steps before it, whose transactions commit first)."""
+        if self.store is None:
+            self._carry_out(step)
+            return
+        if step.sessions or step.vms:
+            sessions, vms = self._unsaved
+            sessions.update((s.id, s) for s in step.sessions)
+            vms.update((v.id, v) for v in step.vms)
+            if self._collecting is None:
+                self._collecting = asyncio.get_running_loop().create_future()
+            if self._writer is None:
+                self._writer = asyncio.create_task(self._write())
+        pending = self._collecting or self._writing
+        if pending is None:
+            self._carry_out(step)
+        else:
+            pending.add_done_callback(lambda f: f.cancelled() or f.exception() or self._carry_out(step))
+
+    async def durable(self, session_id: str | None = None) -> None:
+        """Returns once every change made so far is durable (or, given a session, its own)."""
+        if session_id is None or session_id in self._unsaved[0]:
+            pending = self._collecting or self._writing
+        else:
+            pending = self._writing if session_id in self._writing_ids else None
+        if pending is not None:
+            await asyncio.shield(pending)
+
+    async def _write(self) -> None:
+        """Writes the changes queued while the last transaction committed, one transaction a
+        time, until none are left. A failed write's changes go again with the next ones."""
+        try:
+            while (done := self._collecting) is not None:
+                (sessions, vms), self._unsaved, self._collecting = self._unsaved, ({}, {}), None
+                self._writing, self._writing_ids = done, frozenset(sessions)
+                try:
+                    await self.store.commit_save(sessions.values(), vms.values())
+                except Exception as e:
+                    log.exception("cluster %s: writing %d sessions and %d VMs failed", self.core.name,
+                                  len(sessions), len(vms))
+                    for pending, failed in zip(self._unsaved, (sessions, vms)):
+                        for key, obj in failed.items():
+                            pending.setdefault(key, obj)
+                    done.set_exception(e)
+                    self._collecting = self._collecting or asyncio.get_running_loop().create_future()
+                    await asyncio.sleep(WRITE_RETRY_S)
+                else:
+                    done.set_result(None)
+        finally:
+            self._writing, self._writing_ids, self._writer = None, frozenset(), None
+
+    def _carry_out(self, step: Step) -> None:
+        """Tells observers and watchers of a durable step, and starts its commands."""
         sessions, vms = step.sessions, step.vms
-        if self.store is not None:
-            self.store.save(sessions, vms)
         for observe in self.observers:
             observe(sessions, False)
         for s in sessions:

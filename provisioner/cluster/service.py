@@ -54,7 +54,9 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
             raise Aborted("the request arrived after its commit deadline; nothing was made")
         session = self.rt.allocate(spec)
         _annotate(session)
-        return cluster_pb.AllocateResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        response = cluster_pb.AllocateResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        await self.rt.durable()
+        return response
 
     @unary
     async def Get(self, request, context):
@@ -68,24 +70,33 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
                 session = self.rt.get_by_request(request_key(request.user_id, request.request_id))
             case _:
                 raise InvalidArgument("give session_id or request_id", field="key")
-        return cluster_pb.GetResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        response = cluster_pb.GetResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        await self.rt.durable(session.id)  # nothing is told before it is durable
+        return response
 
     @unary
     async def List(self, request, context):
         sessions = filter_sessions(self.rt.sessions(), request.user_id, list(request.states))
         items, token = page(sessions, request.page_size, request.page_token)
-        return cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, self.rt.clock.now()) for s in items], next_page_token=token)
+        response = cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, self.rt.clock.now()) for s in items],
+                                           next_page_token=token)
+        await self.rt.durable()
+        return response
 
     @unary
     async def Touch(self, request, context):
         session = self.rt.touch(request.session_id, request.user_id)
-        return cluster_pb.TouchResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        response = cluster_pb.TouchResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        await self.rt.durable()
+        return response
 
     @unary
     async def Stop(self, request, context):
         session = self.rt.stop(request.session_id, request.reason, request.user_id)
         _annotate(session)
-        return cluster_pb.StopResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        response = cluster_pb.StopResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        await self.rt.durable()
+        return response
 
     @stream
     async def Watch(self, request, context):
@@ -99,7 +110,9 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         if not request.user_id:
             raise InvalidArgument("user_id must not be empty (request ids are scoped by user)", field="user_id")
         key = request_key(request.user_id, request.request_id)
-        return cluster_pb.DiscardResponse(discarded=self.rt.discard(key, request.reason))
+        discarded = self.rt.discard(key, request.reason)
+        await self.rt.durable()
+        return cluster_pb.DiscardResponse(discarded=discarded)
 
     @stream
     async def WatchCapacity(self, request, context):
@@ -176,12 +189,14 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
     async def DrainCluster(self, request, context):
         self._check(request.cluster)
         self.rt.set_draining(True)
+        await self.rt.durable()
         return admin_pb.DrainClusterResponse(cluster=cluster_pb_of(self.rt, self.address))
 
     @unary
     async def UndrainCluster(self, request, context):
         self._check(request.cluster)
         self.rt.set_draining(False)
+        await self.rt.durable()
         return admin_pb.UndrainClusterResponse(cluster=cluster_pb_of(self.rt, self.address))
 
     @unary
@@ -191,6 +206,7 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
         changes = {f: getattr(p, f) for f in ("min_vms", "max_vms", "headroom_fraction", "autoscaler", "recycle")
                    if p.HasField(f)}
         self.rt.set_policy(request.pool, changes, reset=request.reset)
+        await self.rt.durable()
         return admin_pb.SetPoolPolicyResponse(pool=pool_pb(self.rt, self.rt.pool(request.pool)))
 
     @unary
@@ -200,6 +216,7 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
             raise InvalidArgument("count must not be negative", field="count")
         count = request.count or 1
         vm_ids = self.rt.prewarm(request.pool, request.image, count)
+        await self.rt.durable()
         return admin_pb.PrewarmImageResponse(vm_ids=vm_ids)
 
     @unary
@@ -217,7 +234,10 @@ class ClusterAdminServicer(admin_grpc.AdminServiceServicer):
     async def EvictVm(self, request, context):
         self._check(request.cluster)
         vm = self.rt.evict(request.vm_id, request.reason)
-        return admin_pb.EvictVmResponse(vm=convert.vm_to_pb(vm, vm.cache.images(self.rt.catalog), self.rt.clock.now()))
+        response = admin_pb.EvictVmResponse(vm=convert.vm_to_pb(vm, vm.cache.images(self.rt.catalog),
+                                                                self.rt.clock.now()))
+        await self.rt.durable()
+        return response
 
     @unary
     async def ListAuditRecords(self, request, context):
