@@ -22,6 +22,7 @@ from opentelemetry import propagate, trace
 
 from provisioner import telemetry
 from provisioner.clock import Clock
+from provisioner.cluster.capacity import CapacityCounts
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
     LABEL_POOL,
@@ -47,6 +48,7 @@ from provisioner.store import SqliteStore
 log = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 60.0
+HEALTH_CHUNK = 200  # VMs checked between two yields to the event loop (and written as one step)
 RECONCILE_S = 300.0
 WRITE_RETRY_S = 1.0  # wall time between attempts at a write that failed
 
@@ -65,6 +67,7 @@ class ClusterRuntime:
         self._unclaimed: dict[str, float] = {}  # VMs seen in the cloud with no record, since when
         # Replaced on every notice, so each capacity stream sees every change (none clears it for others).
         self._capacity_changed = asyncio.Event()
+        self.capacity = CapacityCounts(core)
         # Set when draining: open streams end instead of holding the shutdown.
         self.streams_closed = False
         # pool -> the policy fields operators set that differ from the config file (also in the store).
@@ -87,6 +90,7 @@ class ClusterRuntime:
             name = self.core.name
             sessions, vms = self.store.load_sessions(name), self.store.load_vms(name)
             step = self.core.handle(ev.Restored(self.clock.now(), tuple(sessions), tuple(vms)))
+            self.capacity.recount()
             for observe in self.observers:
                 observe(list(self.core.sessions.values()), True)
             self._apply(step)
@@ -170,12 +174,17 @@ class ClusterRuntime:
         self.handle(ev.Tick(self.clock.now()))
 
     async def _check_health(self) -> None:
-        reports = []
-        for vm in list(self.core.vms.values()):
-            if vm.state in (VmState.WARM, VmState.ASSIGNED) and vm.healthy:
-                report = await self.backend.health(vm.id, vm.zone)
-                reports.append(ev.HealthReported(self.clock.now(), vm.id, report))
-        self.handle(*reports)  # one step: one write
+        """Checks the warm and assigned VMs in chunks, yielding between them, so calls in flight
+        never wait for a sweep of the whole fleet; each chunk's reports are one step."""
+        vms = [vm for vm in self.core.vms.values() if vm.state in (VmState.WARM, VmState.ASSIGNED)]
+        for start in range(0, len(vms), HEALTH_CHUNK):
+            reports = []
+            for vm in vms[start:start + HEALTH_CHUNK]:
+                if vm.state in (VmState.WARM, VmState.ASSIGNED) and vm.healthy:
+                    report = await self.backend.health(vm.id, vm.zone)
+                    reports.append(ev.HealthReported(self.clock.now(), vm.id, report))
+            self.handle(*reports)
+            await asyncio.sleep(0)
 
     # ---- requests (called by the gRPC services) -------------------------------------------
 
@@ -234,12 +243,6 @@ class ClusterRuntime:
 
     def pool(self, name: str) -> PoolState:
         return self.core.pool(name)
-
-    def pool_vms(self, pool: PoolState) -> list[Vm]:
-        return list(pool.vms.values())
-
-    def assignable(self, pool: PoolState) -> list[Vm]:
-        return self.core.assignable(pool)
 
     def snapshot(self, pool: PoolState):
         return self.core.snapshot(pool)
@@ -326,9 +329,10 @@ class ClusterRuntime:
             if not self._watchers[session_id]:
                 del self._watchers[session_id]
 
-    async def capacity_changed(self) -> None:
-        if not self.streams_closed:
-            await self._capacity_changed.wait()
+    def capacity_notice(self) -> asyncio.Event:
+        """Set at the next change of capacity (or when the streams end): taken before a push, so
+        a change made while a stream waits out its interval is not missed."""
+        return self._capacity_changed
 
     def _notify_capacity(self) -> None:
         self._capacity_changed.set()
@@ -339,6 +343,7 @@ class ClusterRuntime:
     def _apply(self, step: Step) -> None:
         """Queues the step's changes for writing; what follows from them waits until they are
         durable (and after the steps before it, whose transactions commit first)."""
+        self.capacity.changed(step.vms)
         if self.store is None:
             self._carry_out(step)
             return

@@ -20,7 +20,9 @@ from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
 from provisioner.v1 import types_pb2 as pb
 
-DEFAULT_CAPACITY_INTERVAL_S = 1.0
+# Wall seconds between two pushes, whatever the runtime's clock: at a high time scale a model
+# second is a few milliseconds.
+DEFAULT_CAPACITY_INTERVAL_S = 0.25
 
 
 def filter_sessions(sessions, user_id: str, states: list[int]) -> list[Session]:
@@ -118,18 +120,17 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     async def WatchCapacity(self, request, context):
         interval = request.min_interval_s or DEFAULT_CAPACITY_INTERVAL_S
         while not self.rt.streams_closed:
+            changed = self.rt.capacity_notice()
             yield cluster_pb.WatchCapacityResponse(capacity=capacity_pb(self.rt))
-            await self.rt.clock.sleep(interval)
-            await self.rt.capacity_changed()
+            await self.wall.sleep(interval)
+            await changed.wait()
 
 
 def pool_capacity_pb(rt: ClusterRuntime, pool: PoolState) -> pb.PoolCapacity:
     snap = rt.snapshot(pool)
-    by_image: dict[str, int] = {}
-    for vm in rt.assignable(pool):  # exactly what an Allocate could be given now
-        for image in vm.cache.images(rt.catalog):
-            by_image[image] = by_image.get(image, 0) + 1
-    unhealthy = sum(1 for vm in rt.pool_vms(pool) if not vm.healthy)
+    name = pool.config.name
+    by_image = rt.capacity.warm_by_image.get(name, {})  # exactly what an Allocate could be given now
+    unhealthy = rt.capacity.unhealthy.get(name, 0)
     now = rt.clock.now()
     return pb.PoolCapacity(
         pool=pool.config.name, accelerator=pool.config.accelerator,

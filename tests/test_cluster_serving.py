@@ -1,0 +1,86 @@
+"""The cluster runtime's serving path: writes group-committed in the core's order, nothing acted
+on before its transaction commits, and capacity counts kept as VMs change."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from core_driver import make_core
+
+from provisioner.clock import ManualClock
+from provisioner.cloud.sim import SimCloud
+from provisioner.cluster.runtime import ClusterRuntime
+from provisioner.model import SessionSpec
+from provisioner.store import SqliteStore
+
+
+def runtime(store=None, **pool) -> tuple[ClusterRuntime, SimCloud, ManualClock]:
+    core = make_core(**pool)
+    clock = ManualClock(start=0.0)
+    cloud = SimCloud(core.config.sim, clock, tracer=None, record_calls=False)
+    return ClusterRuntime(core, cloud, clock, store), cloud, clock
+
+
+def walked(rt: ClusterRuntime) -> tuple[dict, dict]:
+    """The capacity counts as a walk over every VM finds them."""
+    by_image, unhealthy = {}, {}
+    for pool in rt.pools():
+        name = pool.config.name
+        for vm in rt.core.assignable(pool):
+            for image in vm.cache.images(rt.catalog):
+                by_image.setdefault(name, {}).setdefault(image, 0)
+                by_image[name][image] += 1
+        unhealthy[name] = sum(not vm.healthy for vm in pool.vms.values())
+    return by_image, unhealthy
+
+
+def counted(rt: ClusterRuntime) -> tuple[dict, dict]:
+    return ({p: c for p, c in rt.capacity.warm_by_image.items() if c},
+            {p.config.name: rt.capacity.unhealthy.get(p.config.name, 0) for p in rt.pools()})
+
+
+async def test_capacity_counts_follow_every_change_as_a_full_walk_finds_them():
+    rt, cloud, clock = runtime(min_vms=6)
+    await rt.start()
+    try:
+        await clock.advance(600)
+        assert counted(rt) == walked(rt)
+        sessions = [rt.allocate(SessionSpec(f"r{i}", "ada", "gpu-p100", "gpu:latest")) for i in range(3)]
+        assert counted(rt) == walked(rt)
+        await clock.advance(600)
+        for s in sessions[:2]:
+            rt.stop(s.id, "done")
+        await clock.advance(600)
+        assert walked(rt)[0] and counted(rt) == walked(rt)  # recycled VMs hold the image
+        warm = next(vm for vm in rt.core.vms.values() if vm.state.value == "warm")
+        cloud.mark_unhealthy(warm.id, "xid 79")
+        await rt._check_health()
+        assert counted(rt) == walked(rt) and sum(walked(rt)[1].values()) == 1
+        await clock.advance(600)
+        assert counted(rt) == walked(rt)
+    finally:
+        await rt.close()
+
+
+async def test_a_steps_watchers_and_commands_wait_for_its_transaction(tmp_path):
+    store = SqliteStore(tmp_path / "cluster.db")
+    rt, cloud, clock = runtime(store, min_vms=0, headroom_fraction=0.0)
+    await rt.start()
+    try:
+        gate = threading.Event()
+        store.writer.submit(lambda _cur: gate.wait(10))  # the writer is busy
+        first = rt.allocate(SessionSpec("r1", "ada", "gpu-p100", "gpu:latest"))
+        second = rt.allocate(SessionSpec("r2", "bob", "gpu-p100", "gpu:latest"))
+        durable = asyncio.create_task(rt.durable(second.id))
+        await asyncio.sleep(0.05)
+        assert not durable.done() and not cloud.vms  # no launch before the session is written
+        assert store.load_sessions(rt.name) == []
+        gate.set()
+        await durable
+        assert {s.id for s in store.load_sessions(rt.name)} == {first.id, second.id}
+        await clock.advance(1)
+        assert len(cloud.vms) == 2  # each cold start launched once written
+    finally:
+        await rt.close()
+        store.close()
