@@ -15,7 +15,7 @@ from provisioner import cli
 from provisioner import client as api
 from provisioner.abuse import Finding, Verdict
 from provisioner.agent.usage import Connection
-from provisioner.cli import render
+from provisioner.cli import render_admin
 from provisioner.client.credentials import local_ca
 from provisioner.clock import RealClock
 from provisioner.config import load_fleet
@@ -117,16 +117,16 @@ def test_the_cli_shows_a_block_and_the_decisions_as_text():
     block.block_time.FromSeconds(1_795_000_000)
     dry = admin_pb.AbuseDecision(session_id="us-central1.s-01", rules=["pool_connection"], reason="pool", dry_run=True)
     dry.decision_time.FromSeconds(1_795_000_000)
-    text = render.user_block_detail("mal", block, [dry])
+    text = render_admin.user_block_detail("mal", block, [dry])
     assert "blocked: since 2026-11-18T11:06:40Z" in text and "by:      detector" in text
     assert "us-central1.s-01  pool_connection  recorded (dry run)" in text
-    assert render.user_block_detail("bob", None, []) == "user:    bob\nblocked: no\nabuse detection: nothing flagged"
+    assert render_admin.user_block_detail("bob", None, []) == "user:    bob\nblocked: no\nabuse detection: nothing flagged"
     lifted = admin_pb.UserBlock(user_id="mal", blocked_by="ops", reason="ticket 7", lifted_by="ops2")
     lifted.block_time.FromSeconds(1_795_000_000)
     lifted.lift_time.FromSeconds(1_795_003_600)
-    text = render.user_block_detail("mal", None, [], [lifted])
+    text = render_admin.user_block_detail("mal", None, [], [lifted])
     assert "2026-11-18T11:06:40Z  2026-11-18T12:06:40Z  ops  ops2       ticket 7" in text
-    assert render.blocked_users_table([block]).splitlines()[1].split() == [
+    assert render_admin.blocked_users_table([block]).splitlines()[1].split() == [
         "mal", "2026-11-18T11:06:40Z", "detector", "miner_program:", "xmrig"]
 
 

@@ -10,7 +10,7 @@ import sys
 import grpc
 
 from provisioner.agent import cli as agent_cli
-from provisioner.cli import client
+from provisioner.cli import admin_commands, client, session_commands
 from provisioner.client import ProvisionerError
 from provisioner.client.errors import from_rpc_error
 
@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--front", default=argparse.SUPPRESS,
                         help=f"front address (default: $PROVISIONER_FRONT, else {client.DEFAULT_FRONT})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    client.register(sub)
+    common = client.client_flags()
+    session_commands.register(sub, common)
+    admin_commands.register(sub, common)
     servers = _servers()
     if servers is not None:
         servers.register(sub)

@@ -1,11 +1,12 @@
-"""Turns API messages into JSON-ready dicts and aligned text tables.
+"""Turns API messages into JSON-ready dicts and aligned text tables: the shared helpers (enums,
+durations, timestamps, tables), sessions and quotas, and the simulator's report. The admin
+commands' clusters, pools, VMs, audit records and blocks are in `render_admin`.
 
 Pure functions: anything time-relative takes `now` (epoch seconds) from the caller.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -98,7 +99,8 @@ def format_bytes(n: int) -> str:
 # --- timestamps ----------------------------------------------------------------------------
 
 
-def _ts(msg: Message, field: str) -> str | None:
+def ts(msg: Message, field: str) -> str | None:
+    """A Timestamp as RFC 3339 text; None when unset."""
     return getattr(msg, field).ToJsonString() if msg.HasField(field) else None
 
 
@@ -107,14 +109,14 @@ def _seconds(msg: Message, field: str) -> float | None:
     return getattr(msg, field).ToNanoseconds() / 1e9 if msg.HasField(field) else None
 
 
-_epoch = _seconds
+epoch = _seconds
 
 
 # --- messages -> dicts ---------------------------------------------------------------------
 
 
 def history_to_json(history: Iterable[types_pb2.StateChange]) -> list[dict]:
-    return [{"state": h.state, "reason": h.reason, "time": _ts(h, "time")} for h in history]
+    return [{"state": h.state, "reason": h.reason, "time": ts(h, "time")} for h in history]
 
 
 def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
@@ -137,11 +139,11 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
         "kind": enum_short(types_pb2.SessionKind, s.spec.kind),
         "accelerator": s.spec.accelerator,
         "queue_position": s.queue_position,
-        "estimated_ready_time": _ts(s, "estimated_ready_time"),
-        "create_time": _ts(s, "create_time"),
-        "ready_time": _ts(s, "ready_time"),
-        "end_time": _ts(s, "end_time"),
-        "last_activity_time": _ts(s, "last_activity_time"),
+        "estimated_ready_time": ts(s, "estimated_ready_time"),
+        "create_time": ts(s, "create_time"),
+        "ready_time": ts(s, "ready_time"),
+        "end_time": ts(s, "end_time"),
+        "last_activity_time": ts(s, "last_activity_time"),
         "idle_timeout_s": _seconds(s, "idle_timeout"),
         "max_runtime_s": _seconds(s, "max_runtime"),
         "request_id": s.spec.request_id,
@@ -151,99 +153,19 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
     }
 
 
-def policy_to_json(p: types_pb2.PoolPolicy) -> dict[str, Any]:
-    # Unset (proto3 optional) fields are null: "not configured here", not zero.
-    fields = ("min_vms", "max_vms", "headroom_fraction", "autoscaler", "recycle")
-    return {f: getattr(p, f) if p.HasField(f) else None for f in fields}
-
-
-def capacity_to_json(c: types_pb2.PoolCapacity) -> dict[str, Any]:
-    return {
-        "pool": c.pool,
-        "accelerator": c.accelerator,
-        "warm_by_image": [{"image": i.image, "count": i.count} for i in c.warm_by_image],
-        "warm": c.warm,
-        "booting": c.booting,
-        "assigned": c.assigned,
-        "queued": c.queued,
-        "unhealthy": c.unhealthy,
-        "min_vms": c.min_vms,
-        "max_vms": c.max_vms,
-        "cold_start_s": c.cold_start_s,
-        "stocked_out_zones": list(c.stocked_out_zones),
-    }
-
-
-def pool_to_json(p: types_pb2.Pool) -> dict[str, Any]:
-    return {
-        "cluster": p.cluster,
-        "name": p.name,
-        "accelerator": p.accelerator,
-        "machine_type": p.machine_type,
-        "zones": list(p.zones),
-        "hourly_price_usd": p.hourly_price_usd,
-        "policy": policy_to_json(p.policy) if p.HasField("policy") else None,
-        "capacity": capacity_to_json(p.capacity) if p.HasField("capacity") else None,
-    }
-
-
-def cluster_to_json(c: types_pb2.Cluster) -> dict[str, Any]:
-    return {
-        "name": c.name,
-        "region": c.region,
-        "address": c.address,
-        "healthy": c.healthy,
-        "draining": c.draining,
-        "pools": [pool_to_json(p) for p in c.pools],
-    }
-
-
-def vm_to_json(v: types_pb2.Vm) -> dict[str, Any]:
-    return {
-        "id": v.id,
-        "cluster": v.cluster,
-        "pool": v.pool,
-        "zone": v.zone,
-        "state": enum_short(types_pb2.VmState, v.state),
-        "reason": v.reason,
-        "images": list(v.images),
-        "cache_bytes": v.cache_bytes,
-        "session_id": v.session_id,
-        "healthy": v.healthy,
-        "health_detail": v.health_detail,
-        "create_time": _ts(v, "create_time"),
-        "history": history_to_json(v.history),
-    }
-
-
 def quota_to_json(q: types_pb2.Quota) -> dict[str, Any]:
     return {
         "user": q.user_id,
         "gpu_hours_limit": q.gpu_hours_limit,
         "gpu_hours_used": q.gpu_hours_used,
         "gpu_hours_left": q.gpu_hours_left,
-        "reset_time": _ts(q, "reset_time"),
+        "reset_time": ts(q, "reset_time"),
         "max_active_sessions": q.max_active_sessions,
         "active_sessions": q.active_sessions,
         "max_active_batch_sessions": q.max_active_batch_sessions,
         "active_batch_sessions": q.active_batch_sessions,
-        "exhaustion_time": _ts(q, "exhaustion_time"),
+        "exhaustion_time": ts(q, "exhaustion_time"),
     }
-
-
-def override_to_json(o) -> dict[str, Any]:
-    """What operators set for a user: only the limits set, and when."""
-    out: dict[str, Any] = {}
-    for field in ("gpu_hours_per_week", "max_active_sessions", "max_active_batch_sessions"):
-        if o.HasField(field):
-            out[field] = getattr(o, field)
-    if o.HasField("update_time"):
-        out["update_time"] = _ts(o, "update_time")
-    return out
-
-
-def user_quota_to_json(override, q: types_pb2.Quota) -> dict[str, Any]:
-    return {"user": q.user_id, "override": override_to_json(override), "quota": quota_to_json(q)}
 
 
 # --- text ----------------------------------------------------------------------------------
@@ -275,7 +197,7 @@ _PENDING = {
 def server_now(msg, now: float) -> float:
     """The serving cluster's clock if the message carries it: a simulated cluster's clock may run
     faster than the wall, and its timestamps are only comparable with each other."""
-    return _epoch(msg, "read_time") or now
+    return epoch(msg, "read_time") or now
 
 
 CLOCK_SKEW_S = 60.0  # a server clock this far from the wall is a model clock (--time-scale)
@@ -284,46 +206,26 @@ CLOCK_SKEW_S = 60.0  # a server clock this far from the wall is a model clock (-
 def clock_note(messages: Iterable, now: float) -> str | None:
     """Says so when the servers' clock runs ahead of (or behind) the wall, as a simulated fleet's
     does: their times are model times then, not wall-clock times."""
-    skews = [_epoch(m, "read_time") - now for m in messages if m.HasField("read_time")]
+    skews = [epoch(m, "read_time") - now for m in messages if m.HasField("read_time")]
     if not skews or abs(skew := max(skews, key=abs)) < CLOCK_SKEW_S:
         return None
     side = "ahead of" if skew > 0 else "behind"
     return f"times are the fleet's model time, {format_duration(abs(skew))} {side} the wall clock (--time-scale)"
 
 
-def summarize(items: Sequence[str], wide: bool, keep: int = 3) -> str:
-    """All items with `wide`, else the first `keep` and how many more (a VM holds ~40 versions)."""
-    if wide or len(items) <= keep + 1:
-        return ", ".join(items)
-    return f"{', '.join(items[:keep])} and {len(items) - keep} more (--wide lists all)"
-
-
-def _version_key(image: str) -> tuple:
-    """gpu:v99 before gpu:v100."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", image))
-
-
-def image_span(images: Sequence[str], wide: bool) -> str:
-    """A VM's images in a table cell: all with `wide`, else "38: gpu:v121..gpu:v160"."""
-    ordered = sorted(images, key=_version_key)
-    if wide or len(ordered) <= 2:
-        return ",".join(ordered) or "-"
-    return f"{len(ordered)}: {ordered[0]}..{ordered[-1]}"
-
-
-def _age(then: float | None, now: float) -> str:
+def age(then: float | None, now: float) -> str:
     return "" if then is None else format_duration(now - then)
 
 
 def session_timing(s: types_pb2.Session, now: float) -> str:
     """AGE/READY-IN: "in 1m30s" while waiting with an estimate, else time since ready/created."""
     now = server_now(s, now)
-    eta = _epoch(s, "estimated_ready_time")
+    eta = epoch(s, "estimated_ready_time")
     if s.state in _PENDING and eta is not None:
         return f"in {format_duration(eta - now)}"
     if s.state == types_pb2.SESSION_STATE_RUNNING and s.HasField("ready_time"):
-        return _age(_epoch(s, "ready_time"), now)
-    return _age(_epoch(s, "create_time"), now)
+        return age(epoch(s, "ready_time"), now)
+    return age(epoch(s, "create_time"), now)
 
 
 def pull_percent(s: types_pb2.Session) -> int | None:
@@ -369,12 +271,12 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
     start = enum_short(types_pb2.StartKind, s.start)
     if s.start in _START_MEANING:
         start = f"{start} ({_START_MEANING[s.start]})"
-    eta = _epoch(s, "estimated_ready_time")
+    eta = epoch(s, "estimated_ready_time")
     ready_in = format_duration(eta - now) if eta is not None and s.state in _PENDING else ""
 
     def when(field: str) -> str | None:
-        t = _epoch(s, field)
-        return None if t is None else f"{_ts(s, field)} ({format_duration(now - t)} ago)"
+        t = epoch(s, field)
+        return None if t is None else f"{ts(s, field)} ({format_duration(now - t)} ago)"
 
     return kv([
         ("id", s.id),
@@ -410,7 +312,7 @@ def progress_line(s: types_pb2.Session, now: float) -> str:
     pct = pull_percent(s)
     if pct is not None and s.state == types_pb2.SESSION_STATE_PULLING_IMAGE:
         parts.append(f"pull {pct}% of {format_bytes(s.pull.bytes_total)}")
-    eta = _epoch(s, "estimated_ready_time")
+    eta = epoch(s, "estimated_ready_time")
     if s.state in _PENDING and eta is not None:
         parts.append(f"ready in ~{format_duration(eta - now)}")
     if s.state == types_pb2.SESSION_STATE_RUNNING:
@@ -423,191 +325,26 @@ def progress_line(s: types_pb2.Session, now: float) -> str:
     return f"{line}: {s.reason}" if s.reason else line
 
 
-def cluster_table(clusters: Iterable[types_pb2.Cluster]) -> str:
-    rows = [
-        (c.name, c.region, c.address, _yes(c.healthy), _yes(c.draining), len(c.pools))
-        for c in clusters
-    ]
-    return table(rows, ("NAME", "REGION", "ADDRESS", "HEALTHY", "DRAINING", "POOLS"))
-
-
-def cluster_detail(c: types_pb2.Cluster) -> str:
-    return kv([
-        ("cluster", c.name),
-        ("region", c.region),
-        ("address", c.address),
-        ("healthy", _yes(c.healthy)),
-        ("draining", _yes(c.draining)),
-        ("pools", ", ".join(p.name for p in c.pools)),
-    ])
-
-
-def _policy_value(p: types_pb2.PoolPolicy, field: str) -> str:
-    return "" if not p.HasField(field) else str(getattr(p, field))
-
-
-def pool_table(pools: Iterable[types_pb2.Pool]) -> str:
-    rows = []
-    for p in pools:
-        c, pol = p.capacity, p.policy
-        rows.append((
-            p.cluster, p.name, p.accelerator, c.warm, c.booting, c.assigned, c.queued,
-            _policy_value(pol, "min_vms") or c.min_vms, _policy_value(pol, "max_vms") or c.max_vms,
-            _policy_value(pol, "autoscaler") or "-", _policy_value(pol, "headroom_fraction") or "-",
-        ))
-    return table(rows, ("CLUSTER", "POOL", "ACCELERATOR", "WARM", "BOOTING", "ASSIGNED", "QUEUED",
-                        "MIN", "MAX", "AUTOSCALER", "HEADROOM"))
-
-
-def pool_detail(p: types_pb2.Pool, wide: bool = False) -> str:
-    pol, c = p.policy, p.capacity
-    recycle = "" if not pol.HasField("recycle") else _yes(pol.recycle)
-    newest_first = sorted(c.warm_by_image, key=lambda i: _version_key(i.image), reverse=True)
-    by_count = sorted(newest_first, key=lambda i: -i.count)
-    warm_images = summarize([f"{i.image}={i.count}" for i in by_count], wide)
-    return kv([
-        ("cluster", p.cluster),
-        ("pool", p.name),
-        ("accelerator", p.accelerator),
-        ("machine type", p.machine_type),
-        ("zones", ", ".join(p.zones)),
-        ("min vms", _policy_value(pol, "min_vms")),
-        ("max vms", _policy_value(pol, "max_vms")),
-        ("headroom", _policy_value(pol, "headroom_fraction")),
-        ("autoscaler", _policy_value(pol, "autoscaler")),
-        ("recycle", recycle),
-        ("warm", c.warm if p.HasField("capacity") else ""),
-        ("warm by image", warm_images),
-        ("booting", c.booting if p.HasField("capacity") else ""),
-        ("assigned", c.assigned if p.HasField("capacity") else ""),
-        ("queued", c.queued if p.HasField("capacity") else ""),
-        ("stocked-out zones", ", ".join(c.stocked_out_zones)),
-    ])
-
-
-def vm_table(vms: Iterable[types_pb2.Vm], now: float, wide: bool = False) -> str:
-    rows = [
-        (
-            v.id, v.cluster, v.pool, v.zone, enum_short(types_pb2.VmState, v.state) or "-",
-            v.session_id or "-", image_span(v.images, wide),
-            _yes(v.healthy), _age(_epoch(v, "create_time"), server_now(v, now)) or "-",
-        )
-        for v in vms
-    ]
-    return table(rows, ("ID", "CLUSTER", "POOL", "ZONE", "STATE", "SESSION", "IMAGES", "HEALTHY",
-                        "AGE"))
-
-
-def vm_detail(v: types_pb2.Vm, wide: bool = False) -> str:
-    return kv([
-        ("id", v.id),
-        ("cluster", v.cluster),
-        ("pool", v.pool),
-        ("zone", v.zone),
-        ("state", enum_short(types_pb2.VmState, v.state)),
-        ("reason", v.reason),
-        ("session", v.session_id),
-        ("images", ", ".join(sorted(v.images, key=_version_key)) if wide or len(v.images) <= 4
-         else f"{image_span(v.images, False).replace(':', ' versions,', 1)} (--wide lists all)"),
-        ("cache", format_bytes(v.cache_bytes) if v.cache_bytes else ""),
-        ("healthy", _yes(v.healthy)),
-        ("health detail", v.health_detail),
-        ("created", _ts(v, "create_time")),
-    ])
-
-
 def quota_detail(q: types_pb2.Quota, now: float) -> str:
-    return kv(_quota_pairs(q, now))
+    return kv(quota_pairs(q, now))
 
 
-def _quota_pairs(q: types_pb2.Quota, now: float) -> list[tuple[str, Any]]:
+def quota_pairs(q: types_pb2.Quota, now: float) -> list[tuple[str, Any]]:
+    """A quota's `key: value` lines, also under what operators set in `admin quota`."""
     pct = f" ({100 * q.gpu_hours_used / q.gpu_hours_limit:.0f}%)" if q.gpu_hours_limit else ""
-    reset, runs_out = _epoch(q, "reset_time"), _epoch(q, "exhaustion_time")
+    reset, runs_out = epoch(q, "reset_time"), epoch(q, "exhaustion_time")
     return [
         ("user", q.user_id),
         ("gpu hours", f"{q.gpu_hours_used:.1f} / {q.gpu_hours_limit:.1f}{pct}"),
         ("gpu hours left", f"{q.gpu_hours_left:.1f}"),
         ("runs out", None if runs_out is None
-         else f"{_ts(q, 'exhaustion_time')} (in {format_duration(runs_out - now)}, at the running sessions' rate)"),
+         else f"{ts(q, 'exhaustion_time')} (in {format_duration(runs_out - now)}, at the running sessions' rate)"),
         ("active sessions", f"{q.active_sessions} / {q.max_active_sessions} interactive, "
                             f"{q.active_batch_sessions} / {q.max_active_batch_sessions} batch"),
         ("resets", None if reset is None
-         else f"{_ts(q, 'reset_time')} (in {format_duration(reset - now)})"),
+         else f"{ts(q, 'reset_time')} (in {format_duration(reset - now)})"),
     ]
 
-
-def user_quota_detail(override, q: types_pb2.Quota, now: float) -> str:
-    set_ = override_to_json(override)
-    names = {"gpu_hours_per_week": "gpu hours", "max_active_sessions": "interactive",
-             "max_active_batch_sessions": "batch"}
-    said = ", ".join(f"{names[k]} {v:g}" for k, v in set_.items() if k in names)
-    user, *rest = _quota_pairs(q, now)
-    return kv([user, ("set by operators", f"{said} (at {set_['update_time']})" if said else "nothing: the fleet config's"),
-               *rest])
-
-
-def audit_record_to_json(r) -> dict[str, Any]:
-    return {"time": _ts(r, "time"), "identity": r.identity, "roles": list(r.roles), "rpc": r.rpc,
-            "target": r.target, "outcome": r.outcome, "detail": r.detail}
-
-
-def audit_table(records: Iterable) -> str:
-    rows = [
-        (
-            _ts(r, "time") or "-", r.identity or "-", ",".join(r.roles) or "-",
-            r.rpc.removeprefix("/provisioner.v1.") or "-", r.target or "-", r.outcome or "-", r.detail,
-        )
-        for r in records
-    ]
-    return table(rows, ("TIME", "IDENTITY", "ROLES", "RPC", "TARGET", "OUTCOME", "DETAIL"))
-
-
-def user_block_to_json(b) -> dict[str, Any]:
-    """A block; its evidence (JSON text) parsed; when and by whom it was lifted, if it was."""
-    out = {"user": b.user_id, "block_time": _ts(b, "block_time"), "blocked_by": b.blocked_by, "reason": b.reason,
-           "evidence": json.loads(b.evidence) if b.evidence else None}
-    if b.HasField("lift_time"):
-        out |= {"lift_time": _ts(b, "lift_time"), "lifted_by": b.lifted_by}
-    return out
-
-
-def abuse_decision_to_json(d) -> dict[str, Any]:
-    return {"session": d.session_id, "decision_time": _ts(d, "decision_time"), "rules": list(d.rules),
-            "reason": d.reason, "dry_run": d.dry_run, "evidence": json.loads(d.evidence) if d.evidence else None}
-
-
-def user_block_state_to_json(user: str, block, decisions, past=()) -> dict[str, Any]:
-    """What `admin user show` prints with --json: the block (None if not blocked), the decisions
-    and the blocks lifted."""
-    return {"user": user, "block": user_block_to_json(block) if block is not None else None,
-            "decisions": [abuse_decision_to_json(d) for d in decisions],
-            "past_blocks": [user_block_to_json(b) for b in past]}
-
-
-def user_block_detail(user: str, block, decisions, past=()) -> str:
-    if block is None:
-        head = kv([("user", user), ("blocked", "no")])
-    else:
-        head = kv([("user", user), ("blocked", f"since {_ts(block, 'block_time')}"), ("by", block.blocked_by),
-                   ("reason", block.reason)])
-    if past:
-        rows = [(_ts(b, "block_time") or "-", _ts(b, "lift_time") or "-", b.blocked_by, b.lifted_by, b.reason)
-                for b in past]
-        head += "\n\nblocks lifted, newest first:\n" + table(rows, ("SINCE", "LIFTED", "BY", "LIFTED BY", "REASON"))
-    if not decisions:
-        return head + ("\n\n" if past else "\n") + "abuse detection: nothing flagged"
-    rows = [(_ts(d, "decision_time") or "-", d.session_id, ",".join(d.rules),
-             "recorded (dry run)" if d.dry_run else "blocked", d.reason) for d in decisions]
-    return head + "\n\nabuse detection, newest first:\n" + table(rows, ("TIME", "SESSION", "RULES", "ACTION", "REASON"))
-
-
-def blocked_users_table(blocks: Iterable) -> str:
-    rows = [(b.user_id, _ts(b, "block_time") or "-", b.blocked_by, b.reason) for b in blocks]
-    return table(rows, ("USER", "SINCE", "BY", "REASON"))
-
-
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
 
 
 # --- simulation ----------------------------------------------------------------------------

@@ -1,0 +1,142 @@
+"""The client commands' output: messages to JSON and text (render, render_admin), pure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_front import NOW, S, make_cluster, make_pool, make_session, make_vm, with_eta
+from provisioner.cli import render, render_admin
+from provisioner.v1 import types_pb2
+
+
+def _versions(lo: int, hi: int) -> list[str]:
+    return [f"gpu:v{n}" for n in range(hi, lo - 1, -1)]
+
+
+def test_many_images_are_summarised_unless_wide():
+    vm = types_pb2.Vm(id="vm-1", state=types_pb2.VM_STATE_WARM, images=_versions(99, 136), healthy=True)
+    line = render_admin.vm_table([vm], NOW).splitlines()[1]
+    assert "38: gpu:v99..gpu:v136" in line and len(line) < 120
+    assert ",".join(_versions(99, 136)[::-1]) in render_admin.vm_table([vm], NOW, wide=True)
+    pool = make_pool()
+    del pool.capacity.warm_by_image[:]
+    pool.capacity.warm_by_image.extend(types_pb2.ImageCount(image=i, count=1) for i in _versions(121, 160))
+    pool.capacity.warm_by_image[5].count = 3
+    detail = render_admin.pool_detail(pool)
+    assert "warm by image: gpu:v155=3, gpu:v160=1, gpu:v159=1 and 37 more (--wide lists all)" in detail
+    assert "gpu:v121=1" in render_admin.pool_detail(pool, wide=True)
+    assert "images:  38 versions, gpu:v99..gpu:v136 (--wide lists all)" in render_admin.vm_detail(vm)
+    assert "gpu:v99, gpu:v100, gpu:v101" in render_admin.vm_detail(vm, wide=True)
+
+
+def test_model_time_is_labelled():
+    s = make_session(start=types_pb2.START_KIND_PARTIAL, pull=types_pb2.PullProgress(bytes_total=24_600_000_000,
+                                                                              bytes_done=24_600_000_000))
+    s.read_time.FromSeconds(NOW + 3 * 3600)
+    detail = render.session_detail(s, NOW)
+    assert "clock:" in detail and "model time, 3h ahead of the wall clock" in detail
+    assert "start:      partial (a warm VM pulled the layers it lacked)" in detail
+    assert "pull:       100% of 24.6 GB (the layers the VM lacked)" in detail
+    s.read_time.FromSeconds(NOW + 5)
+    assert "clock:" not in render.session_detail(s, NOW)
+    assert render.clock_note([s], NOW) is None
+
+
+def test_trace_view_rounds_floats():
+    from provisioner.traceview import render_tree
+
+    span = {"trace_id": "t", "span_id": "a", "name": "SessionService/CreateSession", "start_ns": 0, "end_ns": 2_000_000,
+            "attributes": {}, "events": [{"name": "candidate", "time_ns": 1_000_000,
+                                          "attributes": {"expected_s": 41.39999999999999, "how": "warm"}}]}
+    assert "* candidate @+1.0 ms expected_s=41.4 how=warm" in render_tree([span], "t")
+
+
+def test_table_aligns_columns():
+    text = render.table([("a", "long value", 1), ("bbbb", "x", None)], ("ID", "V", "N"))
+    lines = text.splitlines()
+    assert lines == ["ID    V           N", "a     long value  1", "bbbb  x"]
+    for col in ("V", "N"):
+        assert lines[0].index(col) == lines[1].index("long value" if col == "V" else "1")
+
+
+def test_kv_skips_empty_values():
+    assert render.kv([("id", "s1"), ("endpoint", ""), ("queue position", 3)]) == (
+        "id:             s1\nqueue position: 3")
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("2h", 7200), ("90m", 5400), ("3600s", 3600), ("3600", 3600), ("1h30m", 5400),
+    ("1.5h", 5400), ("1d", 86400), (" 45S ", 45),
+])
+def test_parse_duration(text, seconds):
+    assert render.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "2x", "1h-5m", "30 m", "5m3"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(ValueError):
+        render.parse_duration(text)
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0, "0s"), (45, "45s"), (90, "1m30s"), (120, "2m"), (3600, "1h"), (7530, "2h5m"),
+    (90000, "1d1h"), (-5, "0s"), (59.9, "59s"),
+])
+def test_format_duration(seconds, text):
+    assert render.format_duration(seconds) == text
+
+
+def test_enum_short_names():
+    assert render.enum_short(types_pb2.SessionState, S.SESSION_STATE_PULLING_IMAGE) == "pulling_image"
+    assert render.enum_short(types_pb2.StartKind, types_pb2.START_KIND_WARM) == "warm"
+    assert render.enum_short(types_pb2.VmState, types_pb2.VM_STATE_RECYCLING) == "recycling"
+    assert render.enum_short(types_pb2.SessionState, 0) == ""
+    assert render.enum_short(types_pb2.SessionState, 99) == "99"
+    assert render.enum_value(types_pb2.SessionState, "Running") == S.SESSION_STATE_RUNNING
+    assert render.enum_value(types_pb2.SessionState, "SESSION_STATE_RUNNING") == S.SESSION_STATE_RUNNING
+    assert render.enum_value(types_pb2.SessionState, "pulling-image") == S.SESSION_STATE_PULLING_IMAGE
+    with pytest.raises(ValueError, match="queued"):
+        render.enum_value(types_pb2.SessionState, "unspecified")
+
+
+def test_session_to_json_nulls_and_history():
+    s = make_session(state=S.SESSION_STATE_RUNNING, start=types_pb2.START_KIND_WARM)
+    s.history.add(state="queued", reason="no warm VM")
+    s.history[0].time.FromSeconds(NOW)
+    data = render.session_to_json(s)
+    assert data["state"] == "running" and data["start"] == "warm" and data["kind"] == "interactive"
+    assert data["create_time"] == "2023-11-14T22:13:20Z"
+    assert data["ready_time"] is None and data["estimated_ready_time"] is None
+    assert data["pull"] is None
+    assert data["user"] == "ada" and data["request_id"] == "r1"
+    assert data["history"] == [{"state": "queued", "reason": "no warm VM",
+                                "time": "2023-11-14T22:13:20Z"}]
+    json.dumps(data)
+
+
+def test_session_table_timing_column():
+    waiting = with_eta(make_session("a"), 90)
+    running = make_session("b", S.SESSION_STATE_RUNNING, start=types_pb2.START_KIND_COLD)
+    running.ready_time.FromSeconds(NOW + 60)
+    lines = render.session_table([waiting, running], now=NOW + 660).splitlines()
+    assert lines[1].split() == ["a", "queued", "us-central1", "gpu:v154", "-", "in", "0s"]  # late
+    assert lines[2].split()[-1] == "10m"  # running for 10m
+    lines = render.session_table([waiting, running], now=NOW).splitlines()
+    assert "in 1m30s" in lines[1]
+    assert lines[2].split()[4] == "cold"
+
+
+def test_vm_pool_cluster_quota_json():
+    vm = render_admin.vm_to_json(make_vm())
+    assert vm["state"] == "warm" and vm["images"] == ["gpu:v154"] and vm["create_time"] is None
+    pool = render_admin.pool_to_json(make_pool())
+    assert pool["policy"]["min_vms"] == 1 and pool["policy"]["autoscaler"] is None
+    assert pool["capacity"]["warm_by_image"] == [{"image": "gpu:v154", "count": 3}]
+    cluster = render_admin.cluster_to_json(make_cluster())
+    assert cluster["pools"][0]["name"] == "gpu-p100"
+    quota = render.quota_to_json(types_pb2.Quota(user_id="ada", gpu_hours_limit=30))
+    assert quota == {"user": "ada", "gpu_hours_limit": 30.0, "gpu_hours_used": 0.0, "gpu_hours_left": 0.0,
+                     "reset_time": None, "max_active_sessions": 0, "active_sessions": 0,
+                     "max_active_batch_sessions": 0, "active_batch_sessions": 0, "exhaustion_time": None}
