@@ -142,6 +142,9 @@ class PoolConfig(_Model):
     hourly_price_usd: NonNegativeFloat  # a running VM, its disk included
     disk_hourly_price_usd: NonNegativeFloat = 0.03  # a stopped VM: its disk alone (250 GB pd-balanced)
     disk_cache_gb: PositiveFloat = 250.0
+    # Keep idle VMs beyond the warm target stopped (their disk, so their image cache, kept) rather
+    # than deleted, and start them before creating new ones. Not on the gke backend.
+    standby: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> PoolConfig:
@@ -190,6 +193,11 @@ class ClusterConfig(_Model):
         for j, z in enumerate(self.sim.stocked_out_zones):
             if not z.startswith(prefix):
                 raise _At(f"sim.stocked_out_zones[{j}]", f"zone {z!r} is not in region {self.region}")
+        if self.backend.kind == "gke":
+            for i, p in enumerate(self.pools):
+                if p.standby:
+                    raise _At(f"pools[{i}].standby", "backend gke cannot keep stopped VMs (a node pool's nodes "
+                                                     "are not stopped and started); set standby: false")
         for name in self.sim.pool_start_median_s:
             if name not in seen:
                 raise _At(f"sim.pool_start_median_s.{name}", f"no pool {name!r}; pools: {', '.join(sorted(seen))}")

@@ -15,7 +15,7 @@ from typing import Callable
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.config import FleetConfig, load_fleet
 from provisioner.decide import events as ev
-from provisioner.decide.commands import Command, Launch, Pull, Step, Wipe
+from provisioner.decide.commands import Command, Launch, Pull, Start, Step, Wipe
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.eventlog import EventLog
 from provisioner.decide.ids import IdSource
@@ -36,11 +36,11 @@ def make_core(cluster: str = "us-central1", pool: str = POOL, sessions: dict | N
               **pool_changes) -> ClusterCore:
     """A core for one shipped cluster, cut down to one pool (so other pools add no noise).
 
-    The pool runs the headroom autoscaler with at most 20 VMs unless told otherwise: small,
-    predictable numbers that tests can reason about."""
+    The pool runs the headroom autoscaler with at most 20 VMs and no standby tier unless told
+    otherwise: small, predictable numbers that tests can reason about."""
     f = fleet()
     c = f.cluster(cluster)
-    p = c.pool(pool).model_copy(update={"autoscaler": "headroom", "max_vms": 20, **pool_changes})
+    p = c.pool(pool).model_copy(update={"autoscaler": "headroom", "max_vms": 20, "standby": False, **pool_changes})
     c = c.model_copy(update={"pools": (p,)})
     settings = f.settings.sessions.model_copy(update=sessions or {})
     return ClusterCore(c, f.catalog, settings, IdSource(c.name, seed), event_log=EventLog())
@@ -121,9 +121,18 @@ class Driver(Engine):
     def delete_delay(self, core: ClusterCore) -> float:
         return self.sim.delete_s
 
-    def launch_outcome(self, core: ClusterCore, cmd: Launch) -> CloudFailure | None:
+    def stop_delay(self, core: ClusterCore) -> float:
+        return self.sim.stop_s
+
+    def start_delay(self, core: ClusterCore, pool: str) -> float:
+        return self.sim.start_median_s
+
+    def launch_outcome(self, core: ClusterCore, cmd: Launch | Start) -> CloudFailure | None:
         code = self.fail_zones.get(cmd.zone)
         return CloudFailure(code, f"injected {code} in {cmd.zone}", cmd.zone) if code else None
+
+    def start_outcome(self, core: ClusterCore, cmd: Start) -> CloudFailure | None:
+        return self.launch_outcome(core, cmd)
 
     def pull_outcome(self, core: ClusterCore, cmd: Pull) -> CloudFailure | None:
         return _failure("pull", cmd.zone) if self.fail_pulls else None
@@ -179,6 +188,18 @@ class Driver(Engine):
         self.send(ev.Restored(self.now, (), (vm,)))
         self.vms[vm.id] = vm
         return vm
+
+    def make_standby(self, n: int, image: str = "gpu:v160") -> list[Vm]:
+        """n VMs stopped into standby the way the autoscaler does it: n sessions make the pool's
+        peak, end, and their VMs idle past the scale-down window (the pool needs `standby: true`,
+        no warm target and no minimum)."""
+        sessions = [self.allocate(user=f"peak{i}", image=image) for i in range(n)]
+        self.run_until(lambda: all(s.state is SessionState.RUNNING for s in sessions), 1800)
+        for s in sessions:
+            self.stop(s)
+        vm_ids = [s.vm_id for s in sessions]
+        self.run_until(lambda: all(self.vms[v].state is VmState.STANDBY for v in vm_ids), 6 * 3600)
+        return [self.vms[v] for v in vm_ids]
 
     # ---- reading the log ----------------------------------------------------------------
 

@@ -124,6 +124,16 @@ def test_headroom_fraction_has_an_upper_bound(fleet_dir: Path):
     assert e.field == "pools[0].headroom_fraction" and "less than or equal to 100" in e.reason
 
 
+def test_a_standby_tier_is_refused_on_the_gke_backend(fleet_dir: Path):
+    def gke(d: dict) -> None:
+        d["backend"] = {"kind": "gke", "project": "p", "gke_cluster": "c"}
+    edit(fleet_dir / "us-central1.yaml", gke)
+    e = fails(fleet_dir)
+    assert e.field == "pools[0].standby" and "backend gke cannot keep stopped VMs" in e.reason
+    edit(fleet_dir / "us-central1.yaml", lambda d: [p.update(standby=False) for p in d["pools"]])
+    assert not load_fleet(fleet_dir).cluster("us-central1").pools[0].standby
+
+
 def test_zone_of_another_region(fleet_dir: Path):
     edit(fleet_dir / "asia-east1.yaml", lambda d: d["pools"][1]["zones"].append("us-central1-a"))
     e = fails(fleet_dir)

@@ -1,10 +1,10 @@
 """No VM or session stays in flight past its deadline, whatever the cloud or the executors do.
 
-Each kind of executor failure (a launch, pull, wipe or delete raising) and each lost answer
-(created, ready, pull done, wipe done, deleted, or a failure report) is injected into a busy
-pool; after every step, nothing has been in creating, booting, recycling, deleting, provisioning,
-pulling_image or stopping longer than the deadline the core derives from the config (plus the
-tick that notices it).
+Each kind of executor failure (a launch, pull, wipe, delete, stop or start raising) and each lost
+answer (created, ready, pull done, wipe done, deleted, stopped, started, or a failure report) is
+injected into a busy pool with a standby tier; after every step, nothing has been in creating,
+booting, recycling, deleting, stopping_standby, starting, provisioning, pulling_image or stopping
+longer than the deadline the core derives from the config (plus the tick that notices it).
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from provisioner.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.decide import events as ev
-from provisioner.decide.commands import Delete, Launch, Pull, Wipe
+from provisioner.decide.commands import Delete, Launch, Pull, Start, Stop, Wipe
 from provisioner.decide.states import SessionState as S
 from provisioner.decide.states import VmState as V
 
 CASES = [
-    *[pytest.param({"raising": {kind}}, id=f"{kind.__name__.lower()}-raises") for kind in (Launch, Pull, Wipe, Delete)],
+    pytest.param({}, id="nothing-injected"),
+    *[pytest.param({"raising": {kind}}, id=f"{kind.__name__.lower()}-raises") for kind in (Launch, Pull, Wipe, Delete, Stop, Start)],
     *[pytest.param({"lost": {kind}}, id=f"{kind.__name__}-lost")
-      for kind in (ev.VmCreated, ev.VmReady, ev.PullDone, ev.WipeDone, ev.VmDeleted)],
+      for kind in (ev.VmCreated, ev.VmReady, ev.PullDone, ev.WipeDone, ev.VmDeleted, ev.VmStopped, ev.VmStarted)],
     pytest.param({"lost": {ev.CommandFailed}, "fail_pulls": True, "fail_wipes": True}, id="failure-reports-lost"),
     pytest.param({"duplicate": True}, id="every-answer-twice"),
 ]
@@ -34,14 +35,16 @@ CASES = [
 def limit_of(d: Driver, state, obj) -> float:
     limits = d.core.limits
     return {V.CREATING: limits.launch_s, V.BOOTING: limits.launch_s, V.RECYCLING: limits.wipe_s,
-            V.DELETING: limits.delete_s, S.PROVISIONING: limits.launch_s,
+            V.DELETING: limits.delete_s, V.STOPPING_STANDBY: limits.stop_s, V.STARTING: limits.start_s,
+            S.PROVISIONING: max(limits.launch_s, limits.start_s),
             S.PULLING_IMAGE: limits.pull_s(getattr(obj, "pull_bytes_total", 0)),
             S.STOPPING: limits.wipe_s + limits.delete_s}[state]
 
 
 def nothing_overdue(d: Driver) -> None:
     for obj in [*d.core.vms.values(), *d.core.sessions.values()]:
-        if obj.state in (V.CREATING, V.BOOTING, V.RECYCLING, V.DELETING, S.PROVISIONING, S.PULLING_IMAGE, S.STOPPING):
+        if obj.state in (V.CREATING, V.BOOTING, V.RECYCLING, V.DELETING, V.STOPPING_STANDBY, V.STARTING,
+                         S.PROVISIONING, S.PULLING_IMAGE, S.STOPPING):
             entered = obj.history[-1].time  # a session placed again has a new VM, with its own deadline
             assert d.now - entered <= limit_of(d, obj.state, obj) + d.tick_s, \
                 f"{obj.id} {obj.state} since {entered}, now {d.now}: {obj.history}"
@@ -49,14 +52,22 @@ def nothing_overdue(d: Driver) -> None:
 
 @pytest.mark.parametrize("knobs", CASES)
 def test_nothing_stays_in_flight_past_its_deadline(knobs):
-    d = Driver(make_core(min_vms=2, max_vms=6))
+    d = Driver(make_core(min_vms=2, max_vms=6, standby=True))
     for name, value in knobs.items():
         setattr(d, name, value)
     d.checks.append(nothing_overdue)
     sessions = busy(d)
-    d.advance(3 * max(d.core.limits.launch_s, d.core.limits.pull_s(25 * 10**9)))
-    # Every kind of command was issued, and whatever was lost or failed, nothing is left in flight.
-    assert {type(c) for c in d.commands()} == {Launch, Pull, Wipe, Delete}
+    d.advance(5 * 3600)  # quiet: surplus VMs are stopped into standby
+    for i in range(4):  # more than the warm VMs: standby VMs are started
+        sessions.append(d.allocate(user=f"late{i}", image="gpu:v160"))
+    # Each of a session's three tries may take a start or launch and a pull to its deadline.
+    d.advance(3 * (d.core.limits.start_s + max(d.core.limits.launch_s, d.core.limits.pull_s(25 * 10**9))))
+    # The work was issued (every kind of it when nothing is injected), and whatever was lost or
+    # failed, nothing is left in flight.
+    kinds = {type(c) for c in d.commands()}
+    assert {Launch, Pull, Wipe, Delete} <= kinds
+    if not knobs:
+        assert kinds == {Launch, Pull, Wipe, Delete, Stop, Start}
     assert not [s.id for s in sessions if s.state in (S.PROVISIONING, S.PULLING_IMAGE, S.STOPPING)]
     if "duplicate" in knobs:
         assert d.core.dropped > 0 and all(s.state in (S.STOPPED, S.RUNNING, S.QUEUED) for s in sessions)

@@ -52,7 +52,7 @@ def gke_fleet(tmp_path, compute: FakeCompute, gke: FakeClusterManager):
                               "gke_endpoint": gke.address, "gke_cluster": GKE_CLUSTER, "poll_s": 1.0,
                               "retry_total_s": 10.0}
         for pool in cluster["pools"]:
-            pool.update(min_vms=2, max_vms=6)
+            pool.update(min_vms=2, max_vms=6, standby=False)  # node pools have no stopped nodes
     return fleet_config(tmp_path, edit)
 
 

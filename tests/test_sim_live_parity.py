@@ -1,7 +1,8 @@
 """The simulator and the live cluster service take the same decisions for the same events.
 
 One script of requests (creates, touches, stops), the same cloud physics (fixed durations, a
-zone stocked out for the first minutes) and the same clock start, played twice: through the
+zone stocked out for the first minutes), idle VMs stopped into standby and started again by a
+late burst, and the same clock start, played twice: through the
 simulator's engine, and through ClusterRuntime on the simulated cloud under a ManualClock. Every
 command the core issues, and every session's and VM's history, must be the same in both, to the
 last bit of every timestamp.
@@ -23,7 +24,7 @@ from provisioner.model import SessionKind, SessionSpec
 from provisioner.sim.engine import Engine
 
 T0 = 1_700_000_000.0  # both sides start here: the forecast buckets by hour of day and week
-END_S = 4_000.0
+END_S = 5_000.0
 STOCKED_OUT = "us-central1-c"
 STOCKOUT_ENDS_S = 301.3
 
@@ -39,7 +40,9 @@ def make_core() -> ClusterCore:
     fleet = load_fleet()
     cluster = fleet.cluster("us-central1")
     pool = cluster.pool("gpu-p100").model_copy(update={"autoscaler": "predictive", "min_vms": 2, "max_vms": 12})
-    sim = cluster.sim.model_copy(update={"boot_jitter_s": 0.0, "stocked_out_zones": (STOCKED_OUT,)})
+    sim = cluster.sim.model_copy(update={"boot_jitter_s": 0.0, "start_sigma": 0.0,
+                                         "start_median_s": 44.7,  # starts by the tick end off it
+                                         "stocked_out_zones": (STOCKED_OUT,)})
     cluster = cluster.model_copy(update={"pools": (pool,), "sim": sim})
     sessions = fleet.settings.sessions.model_copy(update={"idle_timeout_s": 600.0})
     return ClusterCore(cluster, fleet.catalog, sessions, IdSource(cluster.name, 7))
@@ -66,6 +69,8 @@ SCRIPT: list[tuple[float, Action]] = [
     (901.1, ("stop", "req-3")),
     (1_207.6, ("allocate", spec(11, "dee", "gpu:latest"))),
     (1_811.2, ("stop", "req-11")),
+    # A burst once idle VMs have gone to standby: more sessions than warm VMs, so some start.
+    *[(3_601.3 + i * 0.3, ("allocate", spec(20 + i, f"b{i}", "gpu:v160"))) for i in range(6)],
 ]
 
 
@@ -141,13 +146,14 @@ async def live() -> dict:
 
 def test_simulator_and_live_service_take_identical_decisions():
     sim, real = simulated(), asyncio.run(live())
-    # The script exercises what matters: a stockout, every kind of start, culling and scale-down.
+    # The script exercises what matters: a stockout, every kind of start, culling, scale-down
+    # into standby and starts from it.
     vm_reasons = [r for h in sim["vms"].values() for _, r, _ in h]
     session_states = [s for h in sim["sessions"].values() for s, _, _ in h]
     assert any("stockout" in r for r in vm_reasons)
     assert {"running", "pulling_image", "stopped"} <= set(session_states), set(session_states)
     assert any("idle" in r for h in sim["sessions"].values() for _, r, _ in h)
-    assert sum("Delete(" in c for _, c in sim["commands"]) >= 2
+    assert sum("Stop(" in c for _, c in sim["commands"]) >= 2 and any("Start(" in c for _, c in sim["commands"])
     assert len(sim["commands"]) > 20 and len(sim["vms"]) > 5
 
     assert sim["commands"] == real["commands"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from core_driver import Driver, busy, make_core
 
 from provisioner.cloud.base import CloudVm
-from provisioner.decide.commands import Delete, Launch
+from provisioner.decide.commands import Delete, Launch, Start, Stop
 from provisioner.decide.reconcile import reconcile
 from provisioner.decide.states import SESSION_TRANSITIONS, VM_TRANSITIONS
 from provisioner.decide.states import SessionState as S
@@ -171,8 +171,48 @@ def lost_mid_pull(d: Driver) -> None:
     assert s.state is S.FAILED
 
 
+def standby(d: Driver) -> None:
+    """Idle VMs stopped into standby and started for sessions: with their image, without it,
+    after a stockout (the VM stays stopped), after a failed start (deleted); a stop that fails;
+    standby beyond the target deleted."""
+    d.set_policy(standby=True, max_vms=6)
+    a, b, c, e = d.make_standby(4)
+    s = d.allocate(image="gpu:v160")  # standby -> starting -> warm; provisioning -> running
+    d.run_until(lambda: s.state is S.RUNNING, 600)
+    d.fail_zones = {a.zone: "stockout"}  # the pool's zones alternate: a and b are in different ones
+    t = d.allocate(image="gpu:v141")  # starting -> standby; provisioning -> provisioning on another
+    d.run_until(lambda: t.state is not S.PROVISIONING, 600)
+    d.fail_zones = {}
+    d.raising = {Start}
+    u = d.allocate(image="gpu:v160")  # starting -> deleting
+    d.run_until(lambda: u.vm_id == "" or d.vms[u.vm_id].state is not V.STARTING, 600)
+    d.raising = {Stop}
+    for x in (s, t, u):
+        d.stop(x)
+    d.advance(5 * 3600)  # the stop fails: stopping_standby -> deleting; the rest go too
+    d.raising = set()
+    d.set_policy(standby=False)  # standby -> deleting
+    d.advance(120)
+
+
+def standby_lost(d: Driver) -> None:
+    """VMs gone from the cloud while stopping, stopped and starting."""
+    d.set_policy(standby=True)
+    a, b = d.make_standby(2)
+    d.allocate(image="gpu:v160")
+    starting, stopped = (a, b) if a.state is V.STARTING else (b, a)
+    lost(d, stopped.id)
+    lost(d, starting.id)
+    s = d.allocate(user="bob", image="gpu:v160")
+    d.run_until(lambda: s.state is S.RUNNING, 1800)
+    d.stop(s)
+    vm_id = s.vm_id
+    d.run_until(lambda: d.vms[vm_id].state is V.STOPPING_STANDBY, 6 * 3600)
+    lost(d, vm_id)
+
+
 SCENARIOS = [queue, queue_timeout, launch_failed_with_a_warm_vm_free, stockouts, failed_pulls, failed_launches, failed_deletes_and_the_reconciler, failed_wipe, unhealthy,
-             stop_while_starting, lost_mid_pull]
+             stop_while_starting, lost_mid_pull, standby, standby_lost]
 
 
 def edges(objects) -> set[tuple]:

@@ -34,7 +34,7 @@ from provisioner.cloud.base import (
 )
 from provisioner.config import PoolConfig
 from provisioner.decide import events as ev
-from provisioner.decide.commands import Command, Delete, Launch, Pull, Step, Wipe
+from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.pools import PoolState
 from provisioner.decide.policy import FIELDS, merge_policy
@@ -427,6 +427,10 @@ class ClusterRuntime:
                         self._answered(cmd, await self.backend.wipe(cmd.vm_id, cmd.zone), ev.WipeDone)
                     case Delete():
                         self._answered(cmd, await self.backend.delete(cmd.vm_id, cmd.zone), ev.VmDeleted)
+                    case Stop():
+                        self._answered(cmd, await self.backend.stop(cmd.vm_id, cmd.zone), ev.VmStopped)
+                    case Start():
+                        await self._start(cmd)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -457,6 +461,15 @@ class ClusterRuntime:
             self.handle(ev.CommandFailed(self.clock.now(), cmd.id, ready))
         else:
             self.handle(ev.VmReady(self.clock.now(), cmd.id, ready.endpoint))
+
+    async def _start(self, cmd: Start) -> None:
+        started = await self.backend.start(cmd.vm_id, cmd.zone)
+        if not isinstance(started, CloudFailure):
+            started = await self.backend.wait_ready(cmd.vm_id, cmd.zone)
+        if isinstance(started, CloudFailure):
+            self.handle(ev.CommandFailed(self.clock.now(), cmd.id, started))
+        else:
+            self.handle(ev.VmStarted(self.clock.now(), cmd.id, started.endpoint))
 
     async def _pull(self, cmd: Pull) -> None:
         def progress(done: int) -> None:

@@ -1,7 +1,8 @@
 """Which VM a session gets, and in what order queued sessions are served. Pure functions.
 
 Preference: a warm VM that holds the exact image (running at once), else the warm VM missing the
-fewest bytes (a partial pull), else a new VM (cold). Candidates come most preferred first and
+fewest bytes (a partial pull), else the standby VM missing the fewest bytes (started, its disk
+kept), else a new VM (cold). Candidates come most preferred first and
 ties go to the earlier one, so the same inputs always give the same answer. (The core offers the
 most recently warmed VMs first: the longest idle then stay idle and are the ones scale-down
 takes.)
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from provisioner.decide.images import ImageCatalog
 from provisioner.model import Session, SessionKind, StartKind, Vm
@@ -40,6 +41,22 @@ def choose_vm(image: str, warm: Iterable[Vm], catalog: ImageCatalog) -> Choice:
         return Choice(StartKind.COLD)
     missing, vm_id = best
     return Choice(StartKind.WARM if missing == 0 else StartKind.PARTIAL, vm_id, missing)
+
+
+def choose_standby(image: str, standby: Iterable[Vm], catalog: ImageCatalog,
+                   usable: Callable[[Vm], bool]) -> Vm | None:
+    """The usable standby VM missing the fewest bytes of `image` (its disk kept its layers while
+    stopped); ties go to the earlier one. None when there is none."""
+    best: tuple[int, Vm] | None = None
+    for vm in standby:
+        if not usable(vm):
+            continue
+        missing = catalog.missing_bytes(image, vm.cache.layer_ids)
+        if best is None or missing < best[0]:
+            best = (missing, vm)
+            if missing == 0:
+                break
+    return best[1] if best else None
 
 
 def queue_order(queued: Sequence[Session], holding: Mapping[str, int] | None = None) -> list[Session]:

@@ -17,6 +17,9 @@ SCALE_DOWN_IDLE_S = 600.0
 STABILIZATION_S = 3600.0
 # The predictive autoscaler sees rises coming, so it can let go of VMs sooner.
 PREDICTIVE_STABILIZATION_S = 900.0
+# A stopped VM costs its disk alone (about a fiftieth of a running one): the standby tier keeps
+# the VMs the pool wanted at its peak over this window, ready for the next day's peak.
+STANDBY_HOLD_S = 86400.0
 # A zone that answered "stocked out" or "no quota" is skipped this long (as Karpenter does).
 STOCKOUT_MEMORY_S = 180.0
 
@@ -34,6 +37,9 @@ class PoolSnapshot:
     autoscaler: str
     warm_vms: int = 0  # `fixed`: warm VMs kept above demand
     forecast_warm: int = 0  # `predictive`: warm VMs the forecast asks for (forecast.Forecast)
+    standby: bool = False  # the pool keeps a standby tier (stopped VMs)
+    standby_vms: int = 0  # stopped or stopping
+    forecast_cover: int = 0  # `predictive`: warm and standby VMs for what arrives over a new VM's lead time
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,16 @@ def plan_scale(s: PoolSnapshot, hold: int, idle_long_enough: int) -> ScalePlan:
         return ScalePlan(launch=want - have)
     surplus = min(have - max(want, min(hold, s.max_vms)), idle_long_enough)
     return ScalePlan(delete=max(0, surplus))
+
+
+def standby_target(s: PoolSnapshot, day_peak: int) -> int:
+    """Stopped VMs to keep: what the pool wanted at its peak over STANDBY_HOLD_S beyond what it
+    wants now, and at least what the forecast's cover over a new VM's lead time asks beyond the
+    warm VMs (a burst then starts stopped VMs, not new ones). Within max_vms."""
+    if not s.standby:
+        return 0
+    burst = s.forecast_cover - s.forecast_warm if s.autoscaler == "predictive" else 0
+    return max(0, min(s.max_vms, max(day_peak - desired_vms(s), burst)))
 
 
 class WindowMax:

@@ -50,7 +50,28 @@ class Delete:
     session_id: str = ""
 
 
-Command = Launch | Pull | Wipe | Delete
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stops an idle warm VM into standby: its disk, so its image cache, is kept."""
+
+    id: int
+    vm_id: str
+    zone: str
+    session_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Starts a standby VM (for `session_id`, or to refill the warm pool)."""
+
+    id: int
+    vm_id: str
+    pool: str
+    zone: str
+    session_id: str = ""
+
+
+Command = Launch | Pull | Wipe | Delete | Stop | Start
 
 
 @dataclass(slots=True)

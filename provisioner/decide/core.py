@@ -18,7 +18,7 @@ import heapq
 from provisioner.cloud.base import CloudFailure
 from provisioner.config import ClusterConfig, SessionsConfig
 from provisioner.decide import events as ev
-from provisioner.decide.commands import Command, Delete, Launch, Pull, Step, Wipe
+from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
 from provisioner.decide.deadlines import Limits
 from provisioner.decide.eventlog import EventLog
 from provisioner.decide.ids import IdSource
@@ -98,7 +98,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
                     self._expire_queue(now)
                 self._tick_pools(now)
             case ev.VmCreated() | ev.VmReady() | ev.PullProgress() | ev.PullDone() | ev.WipeDone() \
-                    | ev.VmDeleted() | ev.CommandFailed():
+                    | ev.VmDeleted() | ev.VmStopped() | ev.VmStarted() | ev.CommandFailed():
                 self._answer(event)
             case ev.SessionRequested():
                 return self._allocate(event.spec, now, event.trace_context)
@@ -150,6 +150,10 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
                 self._wipe_done(cmd, now)
             case ev.VmDeleted():
                 self._vm_deleted(self.vms[cmd.vm_id], now)
+            case ev.VmStopped():
+                self._vm_stopped(cmd, now)
+            case ev.VmStarted():
+                self._vm_started(cmd, event.endpoint, now)
             case ev.CommandFailed():
                 self._failed(cmd, event.failure, now)
 
@@ -198,6 +202,10 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
                 return self.limits.wipe_s
             case Delete():
                 return self.limits.delete_s
+            case Stop():
+                return self.limits.stop_s
+            case Start():
+                return self.limits.start_s
         raise TypeError(cmd)
 
     def _settle(self, cmd: Command) -> None:

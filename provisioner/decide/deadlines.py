@@ -2,8 +2,9 @@
 
 A command whose answer has not come by its deadline is treated as failed (see ClusterCore): a
 launch's VM fails and is deleted, its session placed again; a pull's VM is deleted, its session
-placed again; a wipe's VM is deleted; a delete's VM fails and the reconciler retries. So no VM or
-session stays in creating, booting, pulling, recycling, deleting or stopping for ever because an
+placed again; a wipe's VM is deleted; a stop's VM is deleted; a start's VM is deleted, its
+session placed again; a delete's VM fails and the reconciler retries. So no VM or
+session stays in creating, booting, pulling, recycling, deleting, stopping or starting for ever because an
 answer was lost or its executor died.
 
 A limit is several times the expected duration (the simulated cloud's physics, which are also
@@ -21,6 +22,9 @@ SLACK = 4.0
 FLOOR_S = 120.0
 # Seconds from "create" to the cloud having the VM, as the core estimates it.
 CREATE_ESTIMATE_S = 5.0
+# A start's p99 over its median (the simulated cloud's lognormal start time, sigma 0.6): the
+# expected duration a start's limit is taken from.
+START_TAIL = 4.0
 
 
 class Limits:
@@ -30,12 +34,17 @@ class Limits:
         self.launch_s = _limit(CREATE_ESTIMATE_S + sim.boot_s + sim.boot_jitter_s)
         self.wipe_s = _limit(sim.wipe_s)
         self.delete_s = _limit(sim.delete_s)
+        self.stop_s = _limit(sim.stop_s)
+        # A start's time has a long tail: the limit covers the slowest pool's median many times.
+        self.start_s = _limit(max([sim.start_median_s, *sim.pool_start_median_s.values()]) * START_TAIL)
         self.pull_floor_s = FLOOR_S
         if backend.kind != "sim":
             calls = backend.retry_total_s + backend.call_timeout_s
             self.launch_s = max(self.launch_s, calls + backend.operation_timeout_s + backend.boot_timeout_s)
             self.wipe_s = max(self.wipe_s, calls + backend.command_timeout_s)
             self.delete_s = max(self.delete_s, calls + backend.operation_timeout_s)
+            self.stop_s = max(self.stop_s, calls + backend.operation_timeout_s)
+            self.start_s = max(self.start_s, calls + backend.operation_timeout_s + backend.boot_timeout_s)
             self.pull_floor_s = max(self.pull_floor_s, calls + backend.command_timeout_s)
 
     def pull_s(self, nbytes: int) -> float:

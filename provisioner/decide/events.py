@@ -169,6 +169,23 @@ class VmDeleted:
 
 
 @dataclass(frozen=True, slots=True)
+class VmStopped:
+    """A Stop is done: the VM is stopped, its disk kept."""
+
+    at: float
+    answering: int
+
+
+@dataclass(frozen=True, slots=True)
+class VmStarted:
+    """A Start is done: the VM runs again and its agent answers."""
+
+    at: float
+    answering: int
+    endpoint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class CommandFailed:
     """The cloud refused or failed the command, or its executor raised."""
 
@@ -180,5 +197,6 @@ class CommandFailed:
 Request = (SessionRequested | SessionTouched | StopRequested | DiscardRequested | SessionForgotten | DrainSet
            | PolicySet | PrewarmRequested | EvictRequested)
 Report = Restored | Tick | HealthReported | Reconciled
-Answer = VmCreated | VmReady | PullProgress | PullDone | WipeDone | VmDeleted | CommandFailed
+Answer = (VmCreated | VmReady | PullProgress | PullDone | WipeDone | VmDeleted | VmStopped | VmStarted
+          | CommandFailed)
 Event = Request | Report | Answer

@@ -8,8 +8,10 @@ back. Arrivals are forecast as the higher of two rates:
 - seasonal: the arrivals seen in the same hour on earlier days (and the same hour a week ago
   when there is a week of history), which rises before the daily peak does.
 
-Net demand over the lead time (arrivals minus departures) is treated as roughly normal, with the
-variance of two Poisson streams; the pool keeps its (1 - wait_probability) quantile warm.
+Net demand over the lead time (arrivals minus departures) is treated as roughly normal; arrivals
+come in bursts (rollouts, batch submissions), so their variance is the Poisson one times their
+index of dispersion (variance over mean of the arrivals per minute, estimated online with
+exponential decay), departures Poisson. The pool keeps its (1 - wait_probability) quantile warm.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ RECENT_HALF_LIFE_S = 900.0
 SEASONAL_DAYS = 7
 # At most this much weight on the same hour a week ago (day of week), when it exists.
 WEEKLY_WEIGHT = 0.5
+# Arrivals are counted per minute for their dispersion, which forgets with a six-hour half-life:
+# a burst raises it at once and it stays up through the bursts of the same day.
+DISPERSION_WINDOW_S = 60.0
+DISPERSION_HALF_LIFE_S = 6 * HOUR_S
+DISPERSION_EMPTY_MAX = 2000
 
 
 class Rate:
@@ -51,6 +58,43 @@ class Rate:
     def per_s(self, now: float) -> float:
         self._decay(now)
         return self._level * math.log(2) / self.half_life_s
+
+
+class Dispersion:
+    """The index of dispersion (variance / mean) of arrivals per `window_s`, exponentially
+    decayed over windows: 1 for Poisson arrivals, more for bursty ones. Never below 1."""
+
+    __slots__ = ("window_s", "_alpha", "_window", "_count", "_mean", "_var")
+
+    def __init__(self, window_s: float = DISPERSION_WINDOW_S, half_life_s: float = DISPERSION_HALF_LIFE_S):
+        self.window_s = window_s
+        self._alpha = 1.0 - 0.5 ** (window_s / half_life_s)
+        self._window = 0
+        self._count = 0
+        self._mean = 0.0
+        self._var = 0.0
+
+    def _close(self, n: float) -> None:
+        a, d = self._alpha, n - self._mean
+        self._mean += a * d
+        self._var = (1.0 - a) * (self._var + a * d * d)
+
+    def _roll(self, now: float) -> None:
+        window = int(now // self.window_s)
+        if window > self._window:
+            self._close(self._count)
+            # Empty windows since: past a few half-lives they change nothing that matters.
+            for _ in range(min(window - self._window - 1, DISPERSION_EMPTY_MAX)):
+                self._close(0.0)
+            self._window, self._count = window, 0
+
+    def add(self, now: float) -> None:
+        self._roll(now)
+        self._count += 1
+
+    def index(self, now: float) -> float:
+        self._roll(now)
+        return max(1.0, self._var / self._mean) if self._mean > 0 else 1.0
 
 
 class SeasonalCounts:
@@ -85,16 +129,18 @@ class SeasonalCounts:
 class Forecast:
     """One pool's arrivals and departures, and the warm VMs they call for."""
 
-    __slots__ = ("arrivals", "departures", "seasonal")
+    __slots__ = ("arrivals", "departures", "seasonal", "dispersion")
 
     def __init__(self, since: float = 0.0):
         self.arrivals = Rate(RECENT_HALF_LIFE_S)
         self.departures = Rate(RECENT_HALF_LIFE_S)
         self.seasonal = SeasonalCounts(since)
+        self.dispersion = Dispersion()
 
     def arrival(self, now: float) -> None:
         self.arrivals.add(now)
         self.seasonal.add(now)
+        self.dispersion.add(now)
 
     def departure(self, now: float) -> None:
         self.departures.add(now)
@@ -107,14 +153,14 @@ class Forecast:
     def warm_needed(self, now: float, lead_s: float, wait_probability: float) -> int:
         lam = self.arrival_rate(now, lead_s)
         mu = min(self.departures.per_s(now), lam)  # departures never count for more than arrivals
-        return warm_for(lam * lead_s, mu * lead_s, wait_probability)
+        return warm_for(lam * lead_s, mu * lead_s, wait_probability, self.dispersion.index(now))
 
 
-def warm_for(arrivals: float, departures: float, wait_probability: float) -> int:
-    """Warm VMs that cover net demand (arrivals - departures, both Poisson with these means) with
-    probability 1 - wait_probability."""
+def warm_for(arrivals: float, departures: float, wait_probability: float, dispersion: float = 1.0) -> int:
+    """Warm VMs that cover net demand (arrivals - departures, with these means; departures
+    Poisson, arrivals `dispersion` times as variable) with probability 1 - wait_probability."""
     if arrivals <= 0:
         return 0
     z = NormalDist().inv_cdf(1.0 - min(max(wait_probability, 1e-9), 0.5))
-    need = max(0.0, arrivals - departures) + z * math.sqrt(arrivals + departures)
+    need = max(0.0, arrivals - departures) + z * math.sqrt(arrivals * dispersion + departures)
     return math.ceil(need - 1e-9)

@@ -13,17 +13,20 @@ from provisioner.decide.autoscale import (
     PREDICTIVE_STABILIZATION_S,
     SCALE_DOWN_IDLE_S,
     STABILIZATION_S,
+    STANDBY_HOLD_S,
     PoolSnapshot,
     WindowMax,
     desired_vms,
     pick_deletions,
     plan_scale,
+    standby_target,
 )
+from provisioner.decide.assignment import choose_standby
 from provisioner.decide.commands import Pull
-from provisioner.decide.deadlines import CREATE_ESTIMATE_S
+from provisioner.decide.deadlines import CREATE_ESTIMATE_S, START_TAIL
 from provisioner.decide.forecast import Forecast
 from provisioner.decide.prewarm import RECENT_RELEASES, Demand, holdable, next_pull, rank_images
-from provisioner.decide.states import VM_ACTIVE, VmState
+from provisioner.decide.states import VM_ACTIVE, VM_STANDBY, VmState
 from provisioner.errors import NotFound, quote
 from provisioner.model import Vm
 
@@ -51,13 +54,16 @@ class PoolState:
     vms: dict[str, Vm] = field(default_factory=dict)  # every VM of the pool not yet deleted
     queue: dict[str, None] = field(default_factory=dict)  # queued session ids
     ready: dict[str, Vm] = field(default_factory=dict)  # assignable: warm and healthy
+    standby: dict[str, Vm] = field(default_factory=dict)  # stopped, startable
     count: dict[VmState, int] = field(default_factory=lambda: defaultdict(int))  # VMs by state
     per_zone: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     stocked_out_until: dict[str, float] = field(default_factory=dict)
     demand: Demand = field(default_factory=Demand)
     peak: WindowMax = field(default_factory=lambda: WindowMax(STABILIZATION_S))  # of VMs wanted
+    day_peak: WindowMax = field(default_factory=lambda: WindowMax(STANDBY_HOLD_S))  # of VMs wanted
     forecast: Forecast = field(default_factory=Forecast)
     forecast_warm: int = 0
+    forecast_cover: int = 0  # warm and standby VMs together, for what arrives over a new VM's lead time
     forecast_at: float = -FORECAST_REFRESH_S
     changed: bool = True  # VMs or queue changed since the autoscaler last looked
     scaled_at: float = -AUTOSCALE_QUIET_S
@@ -73,6 +79,8 @@ class PoolState:
         self.per_zone[vm.zone] += 1
         if vm.state is V.WARM and vm.healthy:
             self.ready[vm.id] = vm
+        elif vm.state is V.STANDBY:
+            self.standby[vm.id] = vm
 
     def count_out(self, vm: Vm) -> None:
         self.changed = True
@@ -80,10 +88,15 @@ class PoolState:
         self.count[vm.state] -= 1
         self.per_zone[vm.zone] -= 1
         self.ready.pop(vm.id, None)
+        self.standby.pop(vm.id, None)
 
     @property
     def total(self) -> int:
         return sum(self.count[state] for state in VM_ACTIVE)
+
+    @property
+    def standby_total(self) -> int:
+        return sum(self.count[state] for state in VM_STANDBY)
 
 
 class Pools:
@@ -99,10 +112,11 @@ class Pools:
     def snapshot(self, pool: PoolState) -> PoolSnapshot:
         c, p = pool.count, pool.policy
         return PoolSnapshot(
-            warm=c[V.WARM], starting=c[V.CREATING] + c[V.BOOTING], assigned=c[V.ASSIGNED],
+            warm=c[V.WARM], starting=c[V.CREATING] + c[V.BOOTING] + c[V.STARTING], assigned=c[V.ASSIGNED],
             recycling=c[V.RECYCLING], queued=len(pool.queue), min_vms=p.min_vms, max_vms=p.max_vms,
             headroom_fraction=p.headroom_fraction, autoscaler=p.autoscaler, warm_vms=p.warm_vms,
-            forecast_warm=pool.forecast_warm,
+            forecast_warm=pool.forecast_warm, standby=p.standby, standby_vms=pool.standby_total,
+            forecast_cover=pool.forecast_cover,
         )
 
     def assignable(self, pool: PoolState) -> list[Vm]:
@@ -118,6 +132,11 @@ class Pools:
 
     def _bandwidth(self) -> float:
         return self.config.sim.pull_bytes_per_s
+
+    def _start_estimate_s(self, pool: PoolState) -> float:
+        """A standby VM's start, its median (the core's estimate, like boot_s for a create)."""
+        sim = self.config.sim
+        return sim.pool_start_median_s.get(pool.config.name, sim.start_median_s)
 
     def _cold_start_s(self, image: str) -> float:
         return CREATE_ESTIMATE_S + self.config.sim.boot_s + self.catalog.size_bytes(image) / self._bandwidth()
@@ -136,22 +155,56 @@ class Pools:
         pool.changed, pool.scaled_at = False, now
         policy = pool.policy
         if policy.autoscaler == "predictive" and now - pool.forecast_at >= FORECAST_REFRESH_S:
-            lead_s = self._cold_start_s(pool.ranking[0] if pool.ranking else self.catalog.latest)
-            pool.forecast_warm = pool.forecast.warm_needed(now, lead_s, policy.wait_probability)
-            pool.forecast_at = now
+            self._forecast(pool, now)
         snap = self.snapshot(pool)
         pool.peak.window_s = PREDICTIVE_STABILIZATION_S if policy.autoscaler == "predictive" else STABILIZATION_S
-        hold = pool.peak.add(now, desired_vms(snap))
+        wanted = desired_vms(snap)
+        hold = pool.peak.add(now, wanted)
         # An upper bound on the VMs idle long enough: the real list is made only to delete some.
         plan = plan_scale(snap, hold, len(pool.ready))
-        for _ in range(plan.launch):
+        launch = plan.launch
+        # Standby VMs first: running in under a minute, their disks holding the pool's images.
+        image = pool.ranking[0] if pool.ranking else self.catalog.latest
+        while launch > 0 and self._can_start(pool):
+            vm = choose_standby(image, pool.standby.values(), self.catalog,
+                                lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now)
+            if vm is None:
+                break
+            self._start(vm, now)
+            launch -= 1
+        for _ in range(launch):
             if self._launch(pool, now, images=pool.ranking[:1]) is None:
                 break
+        keep = standby_target(snap, pool.day_peak.add(now, wanted)) if policy.standby else 0
         if plan.delete:
             # A prewarm under way does not save a surplus VM.
             idle = [vm for vm in pool.ready.values() if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
+            stopping = pool.standby_total
             for vm in pick_deletions(idle, plan.delete, lambda v: self._held_of_ranking(pool, v)):
-                self._delete(vm, "scale-down: surplus warm VM", now)
+                if stopping < keep:  # the most valuable surplus VMs are kept last: stop them
+                    self._to_standby(vm, "scale-down: surplus warm VM kept stopped", now)
+                    stopping += 1
+                else:
+                    self._delete(vm, "scale-down: surplus warm VM", now)
+        if (extra := len(pool.standby) - keep) > 0:
+            for vm in pick_deletions(list(pool.standby.values()), extra, lambda v: self._held_of_ranking(pool, v)):
+                self._delete(vm, "standby beyond the pool's standby target", now)
+
+    def _forecast(self, pool: PoolState, now: float) -> None:
+        """The warm VMs that cover what arrives while a VM is made ready, and (with a standby
+        tier) the warm and standby VMs together that cover what arrives while a new one is."""
+        policy = pool.policy
+        cold_s = self._cold_start_s(pool.ranking[0] if pool.ranking else self.catalog.latest)
+        cover = pool.forecast.warm_needed(now, cold_s, policy.wait_probability)
+        if policy.standby:
+            # A started standby VM is ready after its start (its disk holds the pool's images);
+            # the start's tail is what the warm VMs must bridge.
+            warm = pool.forecast.warm_needed(now, self._start_estimate_s(pool) * START_TAIL, policy.wait_probability)
+            pool.forecast_warm = max(warm, cover - len(pool.standby))
+        else:
+            pool.forecast_warm = cover
+        pool.forecast_cover = cover
+        pool.forecast_at = now
 
     def _set_policy(self, name: str, policy: PoolConfig) -> PoolConfig:
         pool = self.pool(name)

@@ -7,6 +7,8 @@ should have a record, and every live record a VM:
 - a warm, assigned or recycling record whose VM is gone: lost, the core fails it and any
   session on it; if the VM is there but terminated (it still bills for its disk, and may be
   restarted), the same, and the core deletes it;
+- a standby record (stopping, stopped or starting on purpose): adopted while its VM is there,
+  terminated or not (a stopped VM is terminated in the cloud's words); lost if it is gone;
 - a deleting or failed record whose VM is gone: the delete is done;
 - a booting record whose VM is gone (or terminated): lost like a live one; the session waiting
   for it gets another VM;
@@ -29,6 +31,8 @@ from provisioner.decide.states import VmState
 V = VmState
 LIVE = frozenset({V.BOOTING, V.WARM, V.ASSIGNED, V.RECYCLING})
 ENDING = frozenset({V.DELETING, V.FAILED})
+# Stopped on purpose, or on the way to or from it: "terminated" is expected, not a loss.
+STOPPED = frozenset({V.STOPPING_STANDBY, V.STANDBY, V.STARTING})
 GRACE_S = 60.0
 # A create's VM is in the cloud's inventory within seconds of the insert being accepted.
 CREATE_GRACE_S = 300.0
@@ -63,7 +67,9 @@ def reconcile(records: Iterable[Vm], cloud: Iterable[CloudVm], now: float,
             continue
         claimed.add(vm.id)
         there = vm.id in present
-        if vm.state in LIVE:
+        if vm.state in STOPPED:
+            (plan.adopted if there or vm.id in terminated else plan.lost).append(vm.id)
+        elif vm.state in LIVE:
             (plan.adopted if there else plan.terminated if vm.id in terminated else plan.lost).append(vm.id)
         elif vm.state in ENDING and not there:
             plan.deleted.append(vm.id)

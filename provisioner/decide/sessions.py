@@ -9,7 +9,7 @@ import heapq
 from collections import defaultdict
 from typing import Mapping
 
-from provisioner.decide.assignment import choose_vm, queue_order
+from provisioner.decide.assignment import choose_standby, choose_vm, queue_order
 from provisioner.decide.commands import Pull
 from provisioner.decide.pools import PoolState
 from provisioner.decide.states import SessionState, VmState
@@ -142,6 +142,17 @@ class Sessions:
             vm = self.vms[choice.vm_id]
             self._assign(s, vm, choice.start, now)
             return True
+        if self._can_start(pool):
+            standby = choose_standby(s.image, pool.standby.values(), self.catalog,
+                                     lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now)
+            if standby is not None:
+                self._start(standby, now, reserved_for=s)
+                s.vm_id = standby.id
+                s.start = StartKind.PARTIAL
+                missing = self.catalog.missing_bytes(s.image, standby.cache.layer_ids)
+                s.estimated_ready_at = now + self._start_estimate_s(pool) + missing / self._bandwidth()
+                self._set_session(s, S.PROVISIONING, f"starting standby VM {standby.id} in {standby.zone}", now)
+                return True
         if not self._can_launch(pool, now):
             return False
         vm = self._launch(pool, now, images=(s.image,), reserved_for=s)

@@ -20,6 +20,9 @@ class VmState(StrEnum):
     WARM = "warm"
     ASSIGNED = "assigned"
     RECYCLING = "recycling"
+    STOPPING_STANDBY = "stopping_standby"
+    STANDBY = "standby"
+    STARTING = "starting"
     DELETING = "deleting"
     DELETED = "deleted"
     FAILED = "failed"
@@ -50,8 +53,25 @@ VM_TRANSITIONS: dict[VmState | None, dict[VmState, str]] = {
     },
     V.WARM: {
         V.ASSIGNED: "given to a session",
+        V.STOPPING_STANDBY: "idle beyond the warm target: stopped into standby, its disk (image cache) kept",
         V.DELETING: "scale-down, eviction or unhealthy",
         V.FAILED: "the VM vanished (preempted, deleted outside)",
+    },
+    V.STOPPING_STANDBY: {
+        V.STANDBY: "stopped: it bills for its disk alone",
+        V.DELETING: "the stop failed or never answered: a VM in an unknown state is not kept",
+        V.FAILED: "the VM vanished while stopping",
+    },
+    V.STANDBY: {
+        V.STARTING: "a session (or the warm target) needs it: started, its image cache intact",
+        V.DELETING: "standby beyond the pool's standby target, or evicted",
+        V.FAILED: "the VM vanished (deleted outside)",
+    },
+    V.STARTING: {
+        V.WARM: "started and its agent answers",
+        V.STANDBY: "the start failed with a stockout: the VM stays stopped, its disk kept",
+        V.DELETING: "the start failed otherwise, or never answered",
+        V.FAILED: "the VM vanished while starting",
     },
     V.ASSIGNED: {
         V.RECYCLING: "the session ended; wipe user data, keep the image cache",
@@ -78,7 +98,7 @@ S = SessionState
 SESSION_TRANSITIONS: dict[SessionState | None, dict[SessionState, str]] = {
     None: {
         S.QUEUED: "nothing fits now: the pool is at its maximum or stocked out",
-        S.PROVISIONING: "a new VM is being created for the session (cold start)",
+        S.PROVISIONING: "a new VM is being created, or a standby VM started, for the session",
         S.PULLING_IMAGE: "a warm VM lacking some layers was assigned (partial hit)",
         S.RUNNING: "a warm VM holding the exact image was assigned (warm hit)",
     },
@@ -90,9 +110,9 @@ SESSION_TRANSITIONS: dict[SessionState | None, dict[SessionState, str]] = {
         S.FAILED: "waited longer than the queue allows (sessions.queue_timeout_s)",
     },
     S.PROVISIONING: {
-        S.PROVISIONING: "the VM could not be created; another is being created (e.g. in another zone)",
+        S.PROVISIONING: "the VM could not be created or started; another is (e.g. in another zone)",
         S.PULLING_IMAGE: "the VM booted and pulls the image (or its launch failed and a warm VM was free)",
-        S.RUNNING: "its launch failed and a warm VM holding the image was free",
+        S.RUNNING: "a started standby VM held the image, or its launch failed and a warm VM holding it was free",
         S.QUEUED: "the VM could not be created; wait for capacity",
         S.STOPPED: "stopped before the VM was ready; the VM joins the pool",
         S.FAILED: "its VMs failed too many times (decide.sessions.PLACEMENT_ATTEMPTS)",
@@ -116,7 +136,10 @@ SESSION_TRANSITIONS: dict[SessionState | None, dict[SessionState, str]] = {
     S.FAILED: {},
 }
 
-VM_ACTIVE = frozenset({V.CREATING, V.BOOTING, V.WARM, V.ASSIGNED, V.RECYCLING})
+# Running (or about to run) VMs: they count against max_vms and bill at the running price.
+VM_ACTIVE = frozenset({V.CREATING, V.BOOTING, V.STARTING, V.WARM, V.ASSIGNED, V.RECYCLING})
+# The standby tier: stopped (or being stopped), disk kept, billed for the disk alone.
+VM_STANDBY = frozenset({V.STOPPING_STANDBY, V.STANDBY})
 SESSION_TERMINAL = frozenset({S.STOPPED, S.FAILED})
 # States in which a session holds (or is about to hold) a VM of its pool.
 SESSION_HOLDS_VM = frozenset({S.PROVISIONING, S.PULLING_IMAGE, S.RUNNING, S.STOPPING})

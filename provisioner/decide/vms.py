@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.decide.autoscale import STOCKOUT_MEMORY_S, pick_zone, zones_available
-from provisioner.decide.commands import Delete, Launch, Pull, Wipe
+from provisioner.decide.commands import Delete, Launch, Pull, Start, Stop, Wipe
 from provisioner.decide.images import LayerCache
 from provisioner.decide.pools import PoolState
 from provisioner.decide.reconcile import Plan
@@ -42,6 +42,25 @@ class VmLifecycle:
         self._issue(Launch, now, vm.id, pool.config.name, zone, images, reserved_for.id if reserved_for else "")
         return vm
 
+    def _can_start(self, pool: PoolState) -> bool:
+        return bool(pool.standby) and pool.total < pool.policy.max_vms
+
+    def _start(self, vm: Vm, now: float, reserved_for: Session | None = None) -> None:
+        """Starts a standby VM, for a session waiting on it or to refill the warm pool."""
+        vm.reserved_for = reserved_for.id if reserved_for else ""
+        why = f"started for {reserved_for.id}" if reserved_for else "started to refill the warm pool"
+        self._set_vm(vm, V.STARTING, why, now)
+        self._issue(Start, now, vm.id, vm.pool, vm.zone, vm.reserved_for)
+
+    def _to_standby(self, vm: Vm, reason: str, now: float) -> None:
+        """Stops an idle warm VM: it keeps its disk (image cache) and bills for the disk alone. A
+        prewarm under way dies with it: its answer, whatever it is, no longer applies."""
+        for cid in list(self._vm_commands.get(vm.id, ())):
+            self._settle(self._in_flight[cid])
+        vm.pulling = ""
+        self._set_vm(vm, V.STOPPING_STANDBY, reason, now)
+        self._issue(Stop, now, vm.id, vm.zone)
+
     def _release(self, vm: Vm, now: float) -> None:
         """After a session: wipe and keep, or delete, per pool policy. Never reuse unwiped."""
         pool = self.pools[vm.pool]
@@ -66,6 +85,10 @@ class VmLifecycle:
             self._issue(Wipe, now, vm.id, vm.zone, vm.session_id)
         elif vm.state is V.DELETING:
             self._issue(Delete, now, vm.id, vm.zone, vm.session_id)
+        elif vm.state is V.STOPPING_STANDBY:
+            self._issue(Stop, now, vm.id, vm.zone)
+        elif vm.state is V.STARTING:
+            self._issue(Start, now, vm.id, vm.pool, vm.zone, vm.reserved_for)
         elif vm.pulling:
             missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
             self._issue(Pull, now, vm.id, vm.zone, vm.pulling, missing, vm.session_id)
@@ -83,14 +106,50 @@ class VmLifecycle:
         vm = self.vms[cmd.vm_id]
         if vm.state is V.CREATING:  # the create's own answer was lost on the way
             self._vm_created(cmd, endpoint, now)
+        self._warm_for_reserved(vm, endpoint, "booted", StartKind.COLD, now)
+
+    def _vm_started(self, cmd: Start, endpoint: str, now: float) -> None:
+        vm = self.vms[cmd.vm_id]
+        s = self.sessions.get(vm.reserved_for)
+        # Its disk came back with it: a session finds the layers it had.
+        start = StartKind.WARM if s is not None and vm.cache.has_image(s.image, self.catalog) else StartKind.PARTIAL
+        self._warm_for_reserved(vm, endpoint, "started from standby", start, now)
+
+    def _warm_for_reserved(self, vm: Vm, endpoint: str, why: str, start: StartKind, now: float) -> None:
+        """The VM is up: the session it was made or started for gets it, else the pool does."""
         vm.endpoint = endpoint or vm.endpoint
-        self._set_vm(vm, V.WARM, "booted", now)
+        self._set_vm(vm, V.WARM, why, now)
         s = self.sessions.get(vm.reserved_for)
         if s is not None and s.state is S.PROVISIONING and s.vm_id == vm.id:
-            self._assign(s, vm, StartKind.COLD, now)
+            self._assign(s, vm, start, now)
             return
         vm.reserved_for = ""
         self._after_vm_freed(vm, now)
+
+    def _vm_stopped(self, cmd: Stop, now: float) -> None:
+        self._set_vm(self.vms[cmd.vm_id], V.STANDBY, "stopped: its disk and image cache kept", now)
+
+    def _stop_failed(self, cmd: Stop, failure: CloudFailure, now: float) -> None:
+        self._delete(self.vms[cmd.vm_id], f"stop failed: {failure.code}: {failure.message}", now)
+
+    def _start_failed(self, cmd: Start, failure: CloudFailure, now: float, expired: bool = False) -> None:
+        """Like a failed create: after a stockout the VM stays stopped (its zone is skipped for a
+        while) and the session is placed again without it counting; any other failure, or no
+        answer, and the VM is deleted and the failure counts against the session."""
+        vm = self.vms[cmd.vm_id]
+        pool = self.pools[vm.pool]
+        s = self.sessions.get(vm.reserved_for)
+        vm.reserved_for = ""
+        what = f"{failure.code}: {failure.message}"
+        stockout = failure.zone_exhausted and not expired
+        if stockout:
+            pool.stocked_out_until[failure.zone or vm.zone] = now + STOCKOUT_MEMORY_S
+            self._set_vm(vm, V.STANDBY, f"start failed ({what}); stays stopped", now)
+        else:
+            self._delete(vm, f"start failed: {what}", now)
+        if s is not None and s.state is S.PROVISIONING and s.vm_id == vm.id:
+            self._replace(s, f"starting standby VM {vm.id} in {vm.zone} failed ({failure.code}); waiting for capacity",
+                          now, "" if stockout else f"start failed: {what}")
 
     def _launch_failed(self, cmd: Launch, failure: CloudFailure, now: float, maybe_there: bool = False) -> None:
         """The create or the boot failed (or never answered: `maybe_there`). Remember a
@@ -200,6 +259,10 @@ class VmLifecycle:
                 self._wipe_failed(cmd, failure, now)
             case Delete():
                 self._delete_failed(cmd, failure, now)
+            case Stop():
+                self._stop_failed(cmd, failure, now)
+            case Start():
+                self._start_failed(cmd, failure, now, expired)
 
     # ---- reports -------------------------------------------------------------------------
 
@@ -267,7 +330,7 @@ class VmLifecycle:
             if not s.terminal:
                 self._end(s, S.FAILED, f"VM evicted: {reason}", now)
             self._delete(vm, f"evicted: {reason}", now)
-        elif vm.state in (V.WARM, V.FAILED):
+        elif vm.state in (V.WARM, V.STANDBY, V.FAILED):
             self._delete(vm, f"evicted: {reason}", now)
         else:
             raise FailedPrecondition(f"VM {vm_id} is {vm.state}; evict it once it is warm or assigned",

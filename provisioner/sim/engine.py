@@ -2,7 +2,8 @@
 
 Each command a core issues is answered, as an event naming the command, after the delay the
 physics gives it (Launch: VmCreated after create_s, VmReady after boot_s more, or CommandFailed;
-Pull: PullDone after the bytes at the pull bandwidth; Wipe: WipeDone; Delete: VmDeleted).
+Pull: PullDone after the bytes at the pull bandwidth; Wipe: WipeDone; Delete: VmDeleted; Stop:
+VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed on a stockout).
 Scheduled work sits in a heap of (time, seq, core, callback, args); each event goes to its core's
 `handle`, and the step it returns is carried out at once. Work due at the same time as a tick
 runs before it. Whether an answer still applies is the core's business, not the engine's.
@@ -21,9 +22,11 @@ from typing import Callable, Iterable
 
 from provisioner.cloud.base import CloudFailure
 from provisioner.cloud.sim import SimPhysics
-from provisioner.decide.commands import Command, Delete, Launch, Pull, Step, Wipe
+from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
 from provisioner.decide.core import ClusterCore
-from provisioner.decide.events import CommandFailed, Event, PullDone, Tick, VmCreated, VmDeleted, VmReady, WipeDone
+from provisioner.decide.events import (
+    CommandFailed, Event, PullDone, Tick, VmCreated, VmDeleted, VmReady, VmStarted, VmStopped, WipeDone,
+)
 from provisioner.model import Session, Vm
 
 
@@ -140,6 +143,16 @@ class Engine:
                 case Delete():
                     delay = self.delete_delay(core)
                     answer(core, VmDeleted(now + delay, cmd.id))
+                case Stop():
+                    answer(core, VmStopped(now + self.stop_delay(core), cmd.id))
+                case Start():
+                    # A stopped VM holds no GPU: its start meets stockouts as a create does.
+                    failure = self.start_outcome(core, cmd)
+                    if failure is not None:
+                        answer(core, CommandFailed(now + self.create_delay(core), cmd.id, failure))
+                    else:
+                        answer(core, VmStarted(now + self.start_delay(core, cmd.pool), cmd.id,
+                                               f"sim://{cmd.vm_id}"))
 
     def _created(self, core: ClusterCore, cmd: Launch, now: float) -> None:
         """The cloud has the VM: it says so, and the boot starts (its time drawn only now)."""
@@ -164,7 +177,16 @@ class Engine:
     def delete_delay(self, core: ClusterCore) -> float:
         return self.physics[core.name].delete_s()
 
+    def stop_delay(self, core: ClusterCore) -> float:
+        return self.physics[core.name].stop_s()
+
+    def start_delay(self, core: ClusterCore, pool: str) -> float:
+        return self.physics[core.name].start_s(pool)
+
     def launch_outcome(self, core: ClusterCore, cmd: Launch) -> CloudFailure | None:
+        return self.physics[core.name].launch_outcome(cmd.zone)
+
+    def start_outcome(self, core: ClusterCore, cmd: Start) -> CloudFailure | None:
         return self.physics[core.name].launch_outcome(cmd.zone)
 
     def pull_outcome(self, core: ClusterCore, cmd: Pull) -> CloudFailure | None:

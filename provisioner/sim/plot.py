@@ -1,5 +1,5 @@
 """A replay as a PNG an operator can act on: one row per cluster (region) and pool, with the
-pool's VMs by what they do against its queue, the waits of the sessions that started, and what
+pool's VMs by what they do (assigned, warm, starting; standby, stopped, as a line) against its queue, the waits of the sessions that started, and what
 the pool costs, over time. An over-provisioned pool shows as warm VMs far above the queue; a
 starved one as a queue and waits.
 
@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 from provisioner.sim.replay import PoolSample
 
 DAY_S = 86_400.0
-COLORS = {"assigned": "#3b75af", "warm": "#9ecae1", "starting": "#fdae6b", "queued": "#d62728"}
+COLORS = {"assigned": "#3b75af", "warm": "#9ecae1", "starting": "#fdae6b", "standby": "#7f7f7f", "queued": "#d62728"}
 
 
 def write_plot(path: str | Path, pools: Mapping[str, Sequence[PoolSample]], title: str) -> None:
@@ -37,6 +37,9 @@ def write_plot(path: str | Path, pools: Mapping[str, Sequence[PoolSample]], titl
             vms.stackplot(days, [s.assigned for s in samples], [s.warm for s in samples],
                           [s.starting for s in samples], labels=["assigned", "warm (idle, ready)", "starting"],
                           colors=[COLORS["assigned"], COLORS["warm"], COLORS["starting"]], linewidth=0)
+            # Stopped VMs bill for their disks alone: a line beside what runs, not part of the stack.
+            vms.plot(days, [s.standby for s in samples], color=COLORS["standby"], linewidth=1.0, linestyle="--",
+                     label="standby (stopped)")
             vms.plot(days, [s.queued for s in samples], color=COLORS["queued"], linewidth=1.0, label="queued sessions")
             vms.set_ylabel(key.replace("/", "\n"), fontsize="small")
             vms.set_ylim(bottom=0)

@@ -20,8 +20,9 @@ from provisioner.decide.events import SessionForgotten, SessionRequested, Sessio
 from provisioner.decide.ids import IdSource
 from provisioner.config import FleetConfig
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.sim.cost import Price, PoolKey, VmTime, costs, prices
 from provisioner.sim.engine import Engine
-from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
+from provisioner.decide.states import SESSION_TERMINAL, VM_ACTIVE, SessionState, VmState
 
 HEADER = ["arrival_s", "user", "kind", "accelerator", "image", "region_hint", "duration_s", "abandon"]
 FAST_START_S = 60.0
@@ -35,6 +36,8 @@ POLICIES = ("fixed", "headroom", "predictive")
 
 V = VmState
 _RUNNING = SessionState.RUNNING
+# Billed at the running price: a VM stopping into standby runs until it is stopped.
+BILLED_RUNNING = VM_ACTIVE | {V.STOPPING_STANDBY}
 
 
 class TraceError(ValueError):
@@ -80,10 +83,14 @@ def read_trace(path: str | Path) -> list[TraceRow]:
 
 
 def with_policy(fleet: FleetConfig, policy: str | None = None, headroom_fraction: float | None = None,
-                warm_vms: int | None = None, wait_probability: float | None = None) -> FleetConfig:
-    """The fleet with every pool's autoscaler settings replaced where given."""
+                warm_vms: int | None = None, wait_probability: float | None = None,
+                standby: bool | None = None) -> FleetConfig:
+    """The fleet with every pool's autoscaler settings replaced where given. `fixed` and
+    `headroom`, the baselines, run without a standby tier unless `standby` says otherwise."""
+    if standby is None and policy in ("fixed", "headroom"):
+        standby = False
     update = {k: v for k, v in {"autoscaler": policy, "headroom_fraction": headroom_fraction, "warm_vms": warm_vms,
-                                "wait_probability": wait_probability}.items() if v is not None}
+                                "wait_probability": wait_probability, "standby": standby}.items() if v is not None}
     if policy is not None and policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     if not update:
@@ -128,7 +135,8 @@ class PoolSample(NamedTuple):
     t_s: float
     assigned: int  # VMs serving sessions
     warm: int  # idle VMs ready for a session
-    starting: int  # VMs being created or booting
+    starting: int  # VMs being created, booting or started
+    standby: int  # VMs stopped (or stopping), their disks kept
     queued: int  # sessions waiting for a VM
     wait_max_s: float  # the longest wait of the sessions that started since the previous sample
     cost_usd_per_h: float  # what the pool's billed VMs cost now
@@ -164,13 +172,16 @@ class Tally:
     starts: dict[str, int] = field(default_factory=dict)
     vm_s: float = 0.0
     assigned_vm_s: float = 0.0
-    cost_usd_s: float = 0.0
     bytes_pulled: int = 0
     events: int = 0
     fixed_peak_vms: int = 0
     fixed_peak_price: float = 0.0
     samples: list[Sample] = field(default_factory=list)
     pools: dict[str, list[PoolSample]] = field(default_factory=dict)  # "cluster/pool" -> samples
+    pool_time: dict[PoolKey, VmTime] = field(default_factory=dict)
+    price: dict[PoolKey, Price] = field(default_factory=dict)
+    # Sessions that ended without running, by what they were doing and why they ended.
+    never_started: dict[str, int] = field(default_factory=dict)
 
     def __add__(self, other: Tally) -> Tally:
         if self.end_s != other.end_s or len(self.samples) != len(other.samples) or self.pools.keys() & other.pools:
@@ -178,11 +189,13 @@ class Tally:
         return Tally(
             self.end_s, self.sessions + other.sessions, self.waits + other.waits,
             {k: self.starts.get(k, 0) + other.starts.get(k, 0) for k in {**self.starts, **other.starts}},
-            self.vm_s + other.vm_s, self.assigned_vm_s + other.assigned_vm_s, self.cost_usd_s + other.cost_usd_s,
+            self.vm_s + other.vm_s, self.assigned_vm_s + other.assigned_vm_s,
             self.bytes_pulled + other.bytes_pulled, self.events + other.events,
             self.fixed_peak_vms + other.fixed_peak_vms, self.fixed_peak_price + other.fixed_peak_price,
             [Sample(a.t_s, *(x + y for x, y in zip(a[1:], b[1:]))) for a, b in zip(self.samples, other.samples)],
-            {**self.pools, **other.pools},
+            {**self.pools, **other.pools}, {**self.pool_time, **other.pool_time}, {**self.price, **other.price},
+            {k: self.never_started.get(k, 0) + other.never_started.get(k, 0)
+             for k in {**self.never_started, **other.never_started}},
         )
 
     def results(self) -> dict:
@@ -195,6 +208,7 @@ class Tally:
             "sessions": n,
             "started": started,
             "never_started": n - started,
+            "never_started_reasons": dict(sorted(self.never_started.items(), key=lambda kv: (-kv[1], kv[0]))),
             "starts": starts,
             "model_hours": round(hours, 3),
             "vm_hours": round(self.vm_s / 3600.0, 3),
@@ -202,7 +216,7 @@ class Tally:
             "fixed_peak_vm_hours": round(self.fixed_peak_vms * hours, 3),
             "fixed_peak_vms": self.fixed_peak_vms,
             "idle_vm_hours": round((self.vm_s - self.assigned_vm_s) / 3600.0, 3),
-            "cost_usd": round(self.cost_usd_s / 3600.0, 2),
+            **costs(self.pool_time, self.price),
             "fixed_peak_cost_usd": round(self.fixed_peak_price * hours, 2),
             "bytes_pulled": self.bytes_pulled,
             "fast_start_ratio": round(sum(1 for w in waits if w <= FAST_START_S) / n, 4) if n else 0.0,
@@ -249,11 +263,15 @@ class Replay(Engine):
         # VM counts, integrated over time on each change: live VMs, assigned ones, and the
         # price per hour of the live ones.
         self._vm_state: dict[str, VmState] = {}
-        self._price = {(c.name, p.name): p.hourly_price_usd for c in cores for p in c.config.pools}
+        self.price = prices(fleet)
+        self._price = {key: p.running_usd_per_h for key, p in self.price.items()}
         self._live = self._assigned = 0
-        self._live_price = 0.0
+        # Per pool: [running, assigned, standby] VMs now, and their VM-seconds so far.
+        self._counts: dict[PoolKey, list[int]] = {key: [0, 0, 0] for key in self.price}
+        self._seconds: dict[PoolKey, list[float]] = {key: [0.0, 0.0, 0.0] for key in self.price}
         self._t = 0.0
-        self.vm_s = self.assigned_vm_s = self.cost_usd_s = 0.0
+        self.vm_s = self.assigned_vm_s = 0.0
+        self.never_started: dict[str, int] = {}
         self.samples: list[Sample] = []
         self.pool_samples: dict[str, list[PoolSample]] = {f"{c.name}/{p}": [] for c in cores for p in c.pools}
         self._wait_max: dict[str, float] = {}  # per pool, since the last sample
@@ -302,12 +320,15 @@ class Replay(Engine):
                 demand += c[V.ASSIGNED] + len(pool.queue)
                 assigned += c[V.ASSIGNED]
                 warm += c[V.WARM]
-                starting += c[V.CREATING] + c[V.BOOTING]
+                starting += c[V.CREATING] + c[V.BOOTING] + c[V.STARTING]
                 key = f"{core.name}/{name}"
                 billed = sum(c[state] for state in VM_ACTIVE)
+                price = self.price[(core.name, name)]
+                stopped = c[V.STANDBY]
                 self.pool_samples[key].append(PoolSample(
-                    now, c[V.ASSIGNED], c[V.WARM], c[V.CREATING] + c[V.BOOTING], len(pool.queue),
-                    self._wait_max.pop(key, 0.0), billed * self._price[(core.name, name)]))
+                    now, c[V.ASSIGNED], c[V.WARM], c[V.CREATING] + c[V.BOOTING] + c[V.STARTING],
+                    stopped + c[V.STOPPING_STANDBY], len(pool.queue), self._wait_max.pop(key, 0.0),
+                    (billed + c[V.STOPPING_STANDBY]) * price.running_usd_per_h + stopped * price.stopped_usd_per_h))
         self.samples.append(Sample(now, demand, assigned, warm, starting, self._live))
         if now + SAMPLE_S <= self.end_s:
             self.at(now + SAMPLE_S, self._sample)
@@ -344,6 +365,9 @@ class Replay(Engine):
                 self._wait_max[key] = max(self._wait_max.get(key, 0.0), wait)
                 self.starts[s.start.value] += 1
             elif s.terminal:
+                if s.id not in started:
+                    why = _never_started(s)
+                    self.never_started[why] = self.never_started.get(why, 0) + 1
                 started.discard(s.id)
                 core.handle(SessionForgotten(self.now, s.id))  # or the cull would scan every session ever made
         if vms:
@@ -356,14 +380,14 @@ class Replay(Engine):
             old, new = known.get(vm.id), vm.state
             if old is new:
                 continue
-            price = self._price[(core.name, vm.pool)]
-            if old in VM_ACTIVE:
-                self._live -= 1
-                self._live_price -= price
-            if new in VM_ACTIVE:
-                self._live += 1
-                self._live_price += price
-            self._assigned += (new is V.ASSIGNED) - (old is V.ASSIGNED)
+            counts = self._counts[(core.name, vm.pool)]
+            was, now = old in BILLED_RUNNING, new in BILLED_RUNNING
+            self._live += now - was
+            counts[0] += now - was
+            assigned = (new is V.ASSIGNED) - (old is V.ASSIGNED)
+            self._assigned += assigned
+            counts[1] += assigned
+            counts[2] += (new is V.STANDBY) - (old is V.STANDBY)
             if new is V.DELETED:
                 known.pop(vm.id, None)
             else:
@@ -374,18 +398,31 @@ class Replay(Engine):
         if dt > 0:
             self.vm_s += self._live * dt
             self.assigned_vm_s += self._assigned * dt
-            self.cost_usd_s += self._live_price * dt
+            for key, (running, assigned, standby) in self._counts.items():
+                if running or standby:
+                    acc = self._seconds[key]
+                    acc[0] += running * dt
+                    acc[1] += assigned * dt
+                    acc[2] += standby * dt
             self._t = now
 
     # ---- results ------------------------------------------------------------------------
 
     def tally(self) -> Tally:
         return Tally(self.now, self.sessions, list(self.waits), dict(self.starts), self.vm_s, self.assigned_vm_s,
-                     self.cost_usd_s, self.bytes_pulled, self.events, self.fixed_peak_vms, self.fixed_peak_price,
-                     list(self.samples), {k: list(v) for k, v in self.pool_samples.items()})
+                     self.bytes_pulled, self.events, self.fixed_peak_vms, self.fixed_peak_price,
+                     list(self.samples), {k: list(v) for k, v in self.pool_samples.items()},
+                     {k: VmTime(*v) for k, v in self._seconds.items()}, dict(self.price), dict(self.never_started))
 
     def results(self) -> dict:
         return self.tally().results()
+
+
+def _never_started(s: Session) -> str:
+    """What a session that ended without running was doing, and why it ended."""
+    doing = next((h.state for h in reversed(s.history)
+                  if h.state not in SESSION_TERMINAL and h.state != SessionState.STOPPING), "new")
+    return f"{s.state} while {doing}: {s.reason}"
 
 
 def _pct(values: list[float], p: float) -> float:
