@@ -1,0 +1,148 @@
+"""The standby tier: idle VMs stopped with their disks, started for sessions before any new VM,
+and a start that fails falling back the way a failed create does."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from core_driver import Driver, make_core
+
+from provisioner.cloud.base import CloudVm
+from provisioner.decide.assignment import choose_standby
+from provisioner.decide.autoscale import PoolSnapshot, standby_target
+from provisioner.decide.commands import Launch, Start, Stop
+from provisioner.decide.events import Restored
+from provisioner.decide.forecast import Dispersion, warm_for
+from provisioner.decide.reconcile import reconcile
+from provisioner.decide.states import SessionState as S
+from provisioner.decide.states import VmState as V
+from provisioner.model import StartKind
+
+
+def standby_pool(**pool) -> Driver:
+    return Driver(make_core(min_vms=0, headroom_fraction=0.0, standby=True, **pool))
+
+
+def test_idle_vms_go_to_standby_and_a_session_starts_the_one_holding_its_image():
+    d = standby_pool()
+    first, second = d.make_standby(2)
+    d.add_warm("gpu:v141", "gpu:v150")
+    # The standby VMs kept their disks: both hold v160, neither v141 fully.
+    assert all(vm.cache.has_image("gpu:v160", d.core.catalog) for vm in (first, second))
+    d.evict(next(vm.id for vm in d.core.vms.values() if vm.state is V.WARM))
+    s = d.allocate(image="gpu:v160")
+    assert s.state is S.PROVISIONING and s.vm_id in (first.id, second.id)
+    started = d.vms[s.vm_id]
+    assert started.state is V.STARTING and [c.vm_id for c in d.commands(Start)] == [started.id]
+    d.run_until(lambda: s.state is S.RUNNING, 600)
+    assert s.start is StartKind.WARM and not d.commands(Launch, since=d.log[-1][0] - 600)
+    assert s.ready_at - s.created_at == d.sim.start_median_s
+
+
+def test_a_start_that_stocks_out_falls_back_to_a_standby_vm_in_another_zone():
+    d = standby_pool()
+    a, b = d.make_standby(2)
+    assert a.zone != b.zone  # the pool spreads its VMs over its zones
+    launches = len(d.commands(Launch))
+    a.cache.add("gpu:v101", d.core.catalog, d.now)  # a is the best-cached for the session
+    d.fail_zones = {a.zone: "stockout"}
+    s = d.allocate(image="gpu:v101")
+    assert s.vm_id == a.id
+    d.advance(d.create_s)  # the start's operation fails
+    assert a.state is V.STANDBY  # stopped still, its disk kept
+    assert s.state is S.PROVISIONING and s.vm_id == b.id and b.state is V.STARTING
+    d.run_until(lambda: s.state is S.RUNNING, 600)
+    assert len(d.commands(Launch)) == launches  # no new VM was needed
+    assert d.core._failed_tries.get(s.id) is None  # a stockout does not count against the session
+
+
+def test_a_start_that_stocks_out_with_no_other_standby_vm_falls_back_to_a_new_vm_in_another_zone():
+    d = standby_pool()
+    (vm,) = d.make_standby(1)
+    d.fail_zones = {vm.zone: "stockout"}
+    s = d.allocate(image="gpu:v160")
+    assert s.vm_id == vm.id
+    d.advance(d.create_s)
+    assert vm.state is V.STANDBY and s.state is S.PROVISIONING
+    new = d.core.vms[s.vm_id]
+    assert new.id != vm.id and new.zone != vm.zone and new.state in (V.CREATING, V.BOOTING)
+    d.run_until(lambda: s.state is S.RUNNING, 1800)
+    assert s.start is StartKind.COLD
+
+
+def test_a_start_that_fails_otherwise_deletes_the_vm_and_counts_against_the_session():
+    d = standby_pool()
+    (vm,) = d.make_standby(1)
+    d.raising = {Start}
+    s = d.allocate(image="gpu:v160")
+    d.advance(d.create_s)
+    assert vm.state is V.DELETING and d.core._failed_tries[s.id] == 1
+    assert s.state is S.PROVISIONING and d.core.vms[s.vm_id].state is V.CREATING
+
+
+def test_a_failed_stop_deletes_the_vm():
+    d = standby_pool()
+    d.raising = {Stop}
+    s = d.allocate(image="gpu:v160")
+    d.run_until(lambda: s.state is S.RUNNING, 1800)
+    d.stop(s)
+    vm_id = s.vm_id
+    d.run_until(lambda: d.vms[vm_id].state in (V.DELETING, V.DELETED), 6 * 3600)
+    assert d.commands(Stop) and "stop failed" in d.vms[vm_id].history[-1].reason + d.vms[vm_id].history[-2].reason
+
+
+def test_standby_beyond_the_target_is_deleted_when_the_tier_is_turned_off():
+    d = standby_pool()
+    vms = d.make_standby(2)
+    d.set_policy(standby=False)
+    d.advance(2 * d.tick_s)
+    assert all(vm.state in (V.DELETING, V.DELETED) for vm in vms)
+
+
+def test_the_reconciler_adopts_stopped_vms_and_loses_vanished_ones():
+    d = standby_pool()
+    a, b = d.make_standby(2)
+    plan = reconcile(d.core.vms.values(), [CloudVm(a.id, a.zone, "terminated")], d.now)
+    assert a.id in plan.adopted and b.id in plan.lost and a.id not in plan.terminated
+
+
+def test_a_restarted_core_starts_again_what_was_starting_and_stops_what_was_stopping():
+    d = standby_pool()
+    a, b = d.make_standby(2)
+    s = d.allocate(image="gpu:v160")
+    starting = d.core.vms[s.vm_id]
+    fresh = Driver(make_core(min_vms=0, headroom_fraction=0.0, standby=True), now=d.now)
+    step = fresh.send(Restored(d.now, (s,), tuple(d.core.vms.values())))
+    assert [(type(c), c.vm_id, c.session_id) for c in step.commands] == [(Start, starting.id, s.id)]
+    fresh.run_until(lambda: fresh.core.sessions[s.id].state is S.RUNNING, 600)
+
+
+def test_choose_standby_prefers_the_fewest_missing_bytes_in_a_usable_zone():
+    d = standby_pool()
+    a, b = d.make_standby(2)
+    catalog = d.core.catalog
+    b.cache.add("gpu:v101", catalog, d.now)
+    assert choose_standby("gpu:v101", [a, b], catalog, lambda vm: True) is b
+    assert choose_standby("gpu:v101", [a, b], catalog, lambda vm: vm is not b) is a
+    assert choose_standby("gpu:v101", [a, b], catalog, lambda vm: False) is None
+
+
+def test_dispersion_is_one_for_steady_arrivals_and_large_for_bursts():
+    steady, bursty = Dispersion(), Dispersion()
+    for minute in range(600):
+        steady.add(minute * 60.0 + 1.0)  # one a minute
+        if minute % 30 == 0:
+            for _ in range(30):  # thirty at once every half hour: the same mean
+                bursty.add(minute * 60.0 + 1.0)
+    assert steady.index(36_000.0) == 1.0
+    assert bursty.index(36_000.0) > 10
+    assert warm_for(10, 0, 0.02, dispersion=bursty.index(36_000.0)) > warm_for(10, 0, 0.02)
+
+
+def test_standby_target_holds_the_days_peak_and_the_forecasts_burst_cover():
+    snap = PoolSnapshot(warm=2, starting=0, assigned=3, recycling=0, queued=0, min_vms=0, max_vms=50,
+                        headroom_fraction=0.0, autoscaler="predictive", forecast_warm=2, standby=True,
+                        forecast_cover=9)
+    assert standby_target(snap, day_peak=20) == 15  # 20 at the peak, 5 wanted now
+    assert standby_target(snap, day_peak=5) == 7  # cover 9 minus 2 warm
+    assert standby_target(dataclasses.replace(snap, standby=False), day_peak=20) == 0
