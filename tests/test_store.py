@@ -94,6 +94,16 @@ def test_the_winning_session_settles_its_attempt_in_the_same_write(store):
     assert store.open_attempts("r1") == [("r1", "c2", 100.0)]  # the loser's stays open until discarded
 
 
+async def test_reads_from_the_event_loop_see_what_group_commit_acknowledged(store):
+    """What the front does: write through the writer thread, then read (PostgreSQL: in the reader
+    thread) what it committed."""
+    assert await store.commit(store.remember_request, "r1", "c1.s-a", "c1", 1.0) == "c1.s-a"
+    await store.commit(store.note_attempt, "r2", "c1", 100.0)
+    assert await store.read(store.session_for_request, "r1") == "c1.s-a"
+    assert await store.read(store.session_for_request, "r2") is None
+    assert await store.read(store.open_attempts, "r2") == [("r2", "c1", 100.0)]
+
+
 def test_wall_clock_times_keep_their_precision(store):
     commit_by = 1_795_000_000.123  # a wall-clock deadline: a 4-byte float would round it to 128 s
     store.note_attempt("r1", "c1", commit_by)

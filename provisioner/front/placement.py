@@ -80,7 +80,8 @@ class Placement:
         """Tries the candidates in order until one makes the session; `deadline` is the clock's time."""
         span = trace.get_current_span()
         key = request_key(request.user_id, request.request_id)
-        open_at = {cluster for _, cluster, state, _ in self.store.attempts_to_resolve(key) if state in STICKY}
+        open_at = {cluster for _, cluster, state, _ in await self.store.read(self.store.attempts_to_resolve, key)
+                   if state in STICKY}
         run = PlacementRun(sticky_first(open_at, [c.cluster for c in candidates]), deadline, self.rng)
         msg = cluster_pb.AllocateRequest(spec=request)
         action = run.handle(Start(), self.clock.now())
@@ -178,7 +179,7 @@ class Placement:
                 log.info("request %s: placed as %s; discarded its duplicate in %s", key, winner, cluster)
                 return Discarded(True)
             case FetchWinner(session_id=sid):
-                sid = sid or self.store.session_for_request(key)
+                sid = sid or await self.store.read(self.store.session_for_request, key)
                 owner = self.clients[cluster_of(sid)]
                 return Fetched((await call(owner.sessions.Get, cluster_pb.GetRequest(session_id=sid),
                                            ATTEMPT_TIMEOUT_S)).session)
@@ -190,7 +191,7 @@ class Placement:
         """Settles open attempts whose commit_by has passed; returns how many it settled."""
         settled = 0
         await self.store.commit(self.store.prune_attempts, self.clock.now() - PRUNE_AFTER_S)
-        for key, cluster, state, commit_by in self.store.attempts_to_resolve():
+        for key, cluster, state, commit_by in await self.store.read(self.store.attempts_to_resolve):
             client = self.clients.get(cluster)
             if key in self._locks or client is None or not client.healthy:
                 continue  # being placed here now, or the cluster cannot answer

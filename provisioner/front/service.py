@@ -127,7 +127,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         async with self._one_user(spec.user_id), \
                 self.leases.held(spec.user_id, min(LEASE_WAIT_S, _remaining(context))), \
                 self.placement.exclusive(spec.key):
-            if known := self.store.session_for_request(spec.key):
+            if known := await self.store.read(self.store.session_for_request, spec.key):
                 span.add_event("duplicate request", {"session.id": known})
                 resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
                 return session_pb.CreateSessionResponse(session=resp.session)
@@ -176,10 +176,10 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         return quota.Metered(gpus=self.gpus.get((s.cluster, s.pool), 1.0),
                              ready_at=ready or None, ended_at=end or None)
 
-    def quotas(self, user_id: str) -> QuotaConfig:
+    async def quotas(self, user_id: str) -> QuotaConfig:
         """The fleet's quotas with what operators set for this user, read from the shared store on
         each call, so that every front replica applies a change at once."""
-        return self.limits.quotas.with_override(self.store.quota_override(user_id)[0])
+        return self.limits.quotas.with_override((await self.store.read(self.store.quota_override, user_id))[0])
 
     def _usage(self, sessions: list[pb.Session], now: float, q: QuotaConfig) -> quota.Usage:
         window = quota.week_window(now, q.reset_weekday, q.reset_hour_utc)
@@ -199,7 +199,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         # A session already made for this very request (its answer lost) is this create's own,
         # not one more: a retry must find it, never be refused for it.
         sessions = [s for s in sessions if s.spec.request_id != request_id]
-        q = self.quotas(user_id)
+        q = await self.quotas(user_id)
         refusal = quota.check_create(self._usage(sessions, self.clock.now(), q), kind, q.max_active(kind),
                                      q.min_budget_to_start_s)
         if refusal is not None:
@@ -298,7 +298,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     async def quota(self, user_id: str) -> pb.Quota:
         """The user's limits in force (overrides applied) and this week's usage."""
         sessions = await self._user_sessions(user_id, [])
-        q = self.quotas(user_id)
+        q = await self.quotas(user_id)
         now = self.clock.now()
         u = self._usage(sessions, now, q)
         out = pb.Quota(
@@ -409,7 +409,7 @@ class FrontAdminServicer(BlockAdmin, admin_grpc.AdminServiceServicer):
         if not request.user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
         store = self.sessions.store
-        body = {} if request.clear else store.quota_override(request.user_id)[0]
+        body = {} if request.clear else (await store.read(store.quota_override, request.user_id))[0]
         if request.HasField("gpu_hours_per_week"):
             body["gpu_hours_per_week"] = request.gpu_hours_per_week
         caps = body.get("max_active_sessions_per_user", {})
@@ -419,18 +419,19 @@ class FrontAdminServicer(BlockAdmin, admin_grpc.AdminServiceServicer):
         if caps:
             body["max_active_sessions_per_user"] = caps
         await store.commit(store.save_quota_override, request.user_id, body, self.sessions.clock.now())
-        return admin_pb.SetUserQuotaResponse(override=self._override(request.user_id),
+        return admin_pb.SetUserQuotaResponse(override=await self._override(request.user_id),
                                              quota=await self.sessions.quota(request.user_id))
 
     @unary
     async def GetUserQuota(self, request, context):
         if not request.user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
-        return admin_pb.GetUserQuotaResponse(override=self._override(request.user_id),
+        return admin_pb.GetUserQuotaResponse(override=await self._override(request.user_id),
                                              quota=await self.sessions.quota(request.user_id))
 
-    def _override(self, user_id: str) -> admin_pb.QuotaOverride:
-        body, updated = self.sessions.store.quota_override(user_id)
+    async def _override(self, user_id: str) -> admin_pb.QuotaOverride:
+        store = self.sessions.store
+        body, updated = await store.read(store.quota_override, user_id)
         out = admin_pb.QuotaOverride(user_id=user_id)
         if "gpu_hours_per_week" in body:
             out.gpu_hours_per_week = body["gpu_hours_per_week"]
