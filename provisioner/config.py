@@ -226,6 +226,9 @@ class SessionsConfig(_Model):
     batch_max_runtime_s: PositiveFloat = 43200.0
     max_runtime_limit_s: PositiveFloat = 86400.0  # the most any request may ask for
     queue_timeout_s: NonNegativeFloat = 0.0  # a session queued this long fails (0: it waits as long as it takes)
+    # An ended session leaves the cluster's memory this long after it ended (0: never); the store
+    # keeps it, and reads of it go there.
+    retention_s: NonNegativeFloat = 3600.0
 
     @model_validator(mode="after")
     def _check(self) -> SessionsConfig:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from provisioner.group_commit import GroupCommit, WriterClosed
-from provisioner.decide.states import VmState
+from provisioner.decide.states import SESSION_TERMINAL, SessionState, VmState
 from provisioner.front.attempts import SETTLED, UNSETTLED, Attempt, Event, check_change, sources
 from provisioner.model import Session, Vm
 
@@ -163,6 +163,13 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX user_block_history_user ON user_block_history (user_id, lifted_at);
     """,
+    # A cluster restarts with its live sessions and the recently ended ones, however long its
+    # history; an older one is read by its id, its request or its user.
+    """
+    ALTER TABLE sessions ADD COLUMN ended_at DOUBLE PRECISION NOT NULL DEFAULT 0;
+    CREATE INDEX sessions_state ON sessions (cluster, state);
+    CREATE INDEX sessions_ended ON sessions (cluster, ended_at);
+    """,
 ]
 
 # The front's attempt states; their transitions are the table in front/attempts.py.
@@ -172,6 +179,7 @@ PENDING, UNRESOLVED, REFUSED, MADE, NONE = (Attempt.PENDING, Attempt.UNRESOLVED,
 MIGRATION_LOCK = 0x70726F76
 
 T = TypeVar("T")
+_LIVE = frozenset(SessionState) - SESSION_TERMINAL  # sessions not ended
 
 
 @dataclass(frozen=True)
@@ -342,7 +350,7 @@ class Store:
     def _save_rows(self, sessions: Iterable[Session], vms: Iterable[Vm]) -> Callable[[], None]:
         """The rows of a save, made now; the returned function writes them."""
         # The request_id column holds the user-scoped request key, unique within the cluster.
-        s_rows = [(s.id, s.cluster, s.spec.key, s.spec.user_id, s.state.value, s.revision,
+        s_rows = [(s.id, s.cluster, s.spec.key, s.spec.user_id, s.state.value, s.revision, s.ended_at,
                    json.dumps(s.to_dict())) for s in sessions]
         v_rows, layers, gone, history, rewritten, written = [], [], [], [], [], {}
         for v in vms:
@@ -375,18 +383,37 @@ class Store:
                     "used_at = excluded.used_at"), layers)
             if s_rows:
                 cur.executemany(self._sql(
-                    "INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, body) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
-                    "revision = excluded.revision, body = excluded.body"), s_rows)
+                    "INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, ended_at, body) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
+                    "revision = excluded.revision, ended_at = excluded.ended_at, body = excluded.body"), s_rows)
             if v_rows:
                 cur.executemany(self._sql(
                     "INSERT INTO vms (id, cluster, pool, state, revision, body) VALUES (?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT (id) DO UPDATE SET state = excluded.state, revision = excluded.revision, "
                     "body = excluded.body"), v_rows)
 
-    def load_sessions(self, cluster: str) -> list[Session]:
-        rows = self._rows("SELECT body FROM sessions WHERE cluster = ?", (cluster,))
+    def load_sessions(self, cluster: str, ended_since: float | None = None) -> list[Session]:
+        """The cluster's sessions; given `ended_since`, only those not ended and those ended since."""
+        if ended_since is None:
+            rows = self._rows("SELECT body FROM sessions WHERE cluster = ?", (cluster,))
+        else:
+            rows = self._rows(f"SELECT body FROM sessions WHERE cluster = ? AND state IN ({_marks(_LIVE)}) "
+                              "UNION ALL SELECT body FROM sessions WHERE cluster = ? AND ended_at >= ? "
+                              f"AND state NOT IN ({_marks(_LIVE)})",
+                              (cluster, *_values(_LIVE), cluster, ended_since, *_values(_LIVE)))
         return sorted((Session.from_dict(json.loads(body)) for (body,) in rows), key=lambda s: (s.created_at, s.id))
+
+    def load_session(self, cluster: str, session_id: str) -> Session | None:
+        rows = self._rows("SELECT body FROM sessions WHERE id = ? AND cluster = ?", (session_id, cluster))
+        return Session.from_dict(json.loads(rows[0][0])) if rows else None
+
+    def load_session_by_request(self, cluster: str, key: str) -> Session | None:
+        rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND request_id = ?", (cluster, key))
+        return Session.from_dict(json.loads(rows[0][0])) if rows else None
+
+    def load_user_sessions(self, cluster: str, user_id: str) -> list[Session]:
+        rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND user_id = ?", (cluster, user_id))
+        return [Session.from_dict(json.loads(body)) for (body,) in rows]
 
     def _remember_vm_rows(self, written: dict[str, _VmRows | None]) -> None:
         for vm_id, rows in written.items():

@@ -88,7 +88,9 @@ class ClusterRuntime:
         """Restores from the store, reconciles with the cloud, then runs the control loops."""
         if self.store is not None:
             name = self.core.name
-            sessions, vms = self.store.load_sessions(name), self.store.load_vms(name)
+            retention = self.core.sessions_config.retention_s
+            ended_since = self.clock.now() - retention if retention else None  # older ones stay in the store
+            sessions, vms = self.store.load_sessions(name, ended_since), self.store.load_vms(name)
             step = self.core.handle(ev.Restored(self.clock.now(), tuple(sessions), tuple(vms)))
             self.capacity.recount()
             for observe in self.observers:
@@ -189,14 +191,20 @@ class ClusterRuntime:
     # ---- requests (called by the gRPC services) -------------------------------------------
 
     def allocate(self, spec: SessionSpec) -> Session:
+        if (old := self._stored_for_request(spec.key)) is not None:  # made long ago: the same answer
+            return old
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         return self.handle(ev.SessionRequested(self.clock.now(), spec, carrier)).reply
 
     def touch(self, session_id: str, user_id: str = "") -> Session:
+        if (old := self._stored(session_id, user_id)) is not None:  # ended long ago: nothing to do
+            return old
         return self.handle(ev.SessionTouched(self.clock.now(), session_id, user_id)).reply
 
     def stop(self, session_id: str, reason: str, user_id: str = "") -> Session:
+        if (old := self._stored(session_id, user_id)) is not None:
+            return old
         return self.handle(ev.StopRequested(self.clock.now(), session_id, reason, user_id)).reply
 
     def discard(self, key: str, reason: str) -> bool:
@@ -226,17 +234,36 @@ class ClusterRuntime:
     def catalog(self):
         return self.core.catalog
 
+    # Sessions ended longer ago than sessions.retention_s are no longer in memory: the store has them.
+
     def get(self, session_id: str, user_id: str = "") -> Session:
-        return self.core.get(session_id, user_id)
+        return self._stored(session_id, user_id) or self.core.get(session_id, user_id)
 
     def get_by_request(self, key: str) -> Session:
-        return self.core.get_by_request(key)
+        return self._stored_for_request(key) or self.core.get_by_request(key)
 
     def knows_request(self, key: str) -> bool:
-        return key in self.core.by_request
+        return key in self.core.by_request or self._stored_for_request(key) is not None
 
-    def sessions(self) -> list[Session]:
-        return list(self.core.sessions.values())
+    def sessions(self, user_id: str = "") -> list[Session]:
+        """The sessions in memory; given a user, theirs ended long ago too."""
+        if not user_id or self.store is None:
+            return list(self.core.sessions.values())
+        held = {s.id: s for s in self.core.sessions.values() if s.spec.user_id == user_id}
+        return [*held.values(), *(s for s in self.store.load_user_sessions(self.core.name, user_id)
+                                  if s.id not in held)]
+
+    def _stored(self, session_id: str, user_id: str = "") -> Session | None:
+        """A session no longer in memory, from the store (None if it is in memory, or nowhere)."""
+        if session_id in self.core.sessions or self.store is None:
+            return None
+        s = self.store.load_session(self.core.name, session_id)
+        return s if s is not None and (not user_id or s.spec.user_id == user_id) else None
+
+    def _stored_for_request(self, key: str) -> Session | None:
+        if key in self.core.by_request or self.store is None:
+            return None
+        return self.store.load_session_by_request(self.core.name, key)
 
     def pools(self) -> list[PoolState]:
         return list(self.core.pools.values())
@@ -307,7 +334,7 @@ class ClusterRuntime:
 
     async def watch(self, session_id: str, after_revision: int = 0, user_id: str = "") -> AsyncIterator[Session]:
         """The session now (if newer than after_revision), then each change, until it ends."""
-        current = self.core.get(session_id, user_id)
+        current = self.get(session_id, user_id)
         if self.streams_closed:
             raise Unavailable("the cluster is shutting down")
         queue: asyncio.Queue[Session | None] = asyncio.Queue()

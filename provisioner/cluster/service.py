@@ -22,7 +22,7 @@ from provisioner.v1 import types_pb2 as pb
 
 # Wall seconds between two pushes, whatever the runtime's clock: at a high time scale a model
 # second is a few milliseconds.
-DEFAULT_CAPACITY_INTERVAL_S = 0.25
+DEFAULT_CAPACITY_INTERVAL_S = 0.1
 
 
 def filter_sessions(sessions, user_id: str, states: list[int]) -> list[Session]:
@@ -78,7 +78,7 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
 
     @unary
     async def List(self, request, context):
-        sessions = filter_sessions(self.rt.sessions(), request.user_id, list(request.states))
+        sessions = filter_sessions(self.rt.sessions(request.user_id), request.user_id, list(request.states))
         items, token = page(sessions, request.page_size, request.page_token)
         response = cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, self.rt.clock.now()) for s in items],
                                            next_page_token=token)

@@ -53,6 +53,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
         # (time, session id) when a running session may need culling; checked lazily by the tick.
         self._cull_due: list[tuple[float, str]] = []
         self._queue_due: list[tuple[float, str]] = []  # (time, session id) when a queued session times out
+        self._forget_due: list[tuple[float, str]] = []  # (time, session id) when an ended one leaves memory
         self._failed_tries: dict[str, int] = {}  # session id -> its VMs that failed before it ran
         self._age = {v: i for i, v in enumerate(catalog.newest(len(catalog)))}
         # vm id -> (ranking_gen, position in the ranking up to which the VM holds every image).
@@ -96,6 +97,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
                 self._cull(now)
                 if self._queue_due and self._queue_due[0][0] <= now:
                     self._expire_queue(now)
+                if self._forget_due and self._forget_due[0][0] <= now:
+                    self._forget_ended(now)
                 self._tick_pools(now)
             case ev.VmCreated() | ev.VmReady() | ev.PullProgress() | ev.PullDone() | ev.WipeDone() \
                     | ev.VmDeleted() | ev.VmStopped() | ev.VmStarted() | ev.CommandFailed():
@@ -173,7 +176,9 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
         for s in sessions:
             self.sessions[s.id] = s
             self.by_request[s.spec.key] = s.id
-            if s.state is S.QUEUED:
+            if s.terminal:
+                self._retain(s, s.ended_at or s.history[-1].time)
+            elif s.state is S.QUEUED:
                 self.pools[s.pool].queue[s.id] = None
                 self._watch_queue(s, s.history[-1].time)
             elif s.state is S.RUNNING:
@@ -244,6 +249,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
     def _set_session(self, s: Session, state: SessionState, reason: str, now: float) -> None:
         s.to(state, reason, now)
         self._session_changed(s)
+        if s.terminal:
+            self._retain(s, now)
 
     def _set_vm(self, vm: Vm, state: VmState, reason: str, now: float) -> None:
         pool = self.pools[vm.pool]

@@ -118,6 +118,25 @@ class Sessions:
         if self.by_request.get(s.spec.key) == session_id:
             del self.by_request[s.spec.key]
 
+    def _retain(self, s: Session, ended_at: float) -> None:
+        """An ended session stays in memory for sessions.retention_s (0: for ever), then only in
+        the store."""
+        if retention := self.sessions_config.retention_s:
+            heapq.heappush(self._forget_due, (ended_at + retention, s.id))
+
+    def _forget_ended(self, now: float) -> None:
+        heap = self._forget_due
+        while heap and heap[0][0] <= now:
+            _, sid = heapq.heappop(heap)
+            s = self.sessions.get(sid)
+            if s is None or not s.terminal:
+                continue
+            vm = self.vms.get(s.vm_id)
+            if vm is not None and vm.session_id == s.id:  # its VM still names it: kept till it lets go
+                heapq.heappush(heap, (now + self.sessions_config.retention_s, sid))
+                continue
+            self._forget(sid)
+
     def _discard(self, key: str, reason: str, now: float) -> Session | None:
         """Stops the session made for request `key`, which the front never acknowledged. Its
         record stays (ended, with the reason and any GPU time it used), so billing and quotas see

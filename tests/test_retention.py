@@ -1,0 +1,81 @@
+"""Ended sessions leave the cluster's memory after sessions.retention_s; reads of them go to the
+store, and a restart loads only the live sessions and the recently ended ones."""
+
+from __future__ import annotations
+
+from core_driver import make_core
+
+from provisioner.clock import ManualClock
+from provisioner.cloud.sim import SimCloud
+from provisioner.cluster.runtime import ClusterRuntime
+from provisioner.model import SessionSpec
+from provisioner.store import SqliteStore
+
+RETENTION_S = 600.0
+
+
+def runtime(store: SqliteStore, clock: ManualClock) -> ClusterRuntime:
+    core = make_core(min_vms=2, sessions={"retention_s": RETENTION_S})
+    return ClusterRuntime(core, SimCloud(core.config.sim, clock, tracer=None, record_calls=False), clock, store)
+
+
+async def advance(rt: ClusterRuntime, clock: ManualClock, seconds: float) -> None:
+    """Model time goes on in steps, each after the writes before it are durable (the cloud work
+    waits for them, and the writer runs in wall time)."""
+    for _ in range(int(seconds // 10)):
+        await rt.durable()
+        await clock.advance(10)
+    await rt.durable()
+
+
+def spec(request_id: str, user: str = "ada") -> SessionSpec:
+    return SessionSpec(request_id, user, "gpu-p100", "gpu:latest")
+
+
+async def test_an_ended_session_leaves_memory_and_is_still_read_from_the_store(tmp_path):
+    store, clock = SqliteStore(tmp_path / "cluster.db"), ManualClock(start=0.0)
+    rt = runtime(store, clock)
+    await rt.start()
+    try:
+        await advance(rt, clock, 300)
+        old, live = rt.allocate(spec("old")), rt.allocate(spec("live"))
+        await advance(rt, clock, 300)
+        rt.stop(old.id, "done")
+        await advance(rt, clock, 60)
+        assert rt.core.sessions[old.id].terminal
+        await advance(rt, clock, RETENTION_S)
+        await rt.durable()
+        assert old.id not in rt.core.sessions and live.id in rt.core.sessions
+        assert rt.get(old.id).to_dict() == old.to_dict() == rt.get_by_request(old.spec.key).to_dict()
+        assert rt.allocate(spec("old")).id == old.id  # a retry long after: the same session, no new one
+        assert rt.knows_request(old.spec.key) and rt.stop(old.id, "again").state == old.state
+        assert {s.id for s in rt.sessions("ada")} == {old.id, live.id}
+        assert {s.id for s in rt.sessions()} == {live.id}  # without a user: what memory holds
+    finally:
+        await rt.close()
+        store.close()
+
+
+async def test_a_restart_loads_the_live_and_the_recently_ended_sessions_only(tmp_path):
+    store, clock = SqliteStore(tmp_path / "cluster.db"), ManualClock(start=0.0)
+    rt = runtime(store, clock)
+    await rt.start()
+    await advance(rt, clock, 300)
+    made = {name: rt.allocate(spec(name)) for name in ("long-ago", "lately", "live")}
+    await advance(rt, clock, 300)
+    rt.stop(made["long-ago"].id, "done")
+    await advance(rt, clock, RETENTION_S)
+    rt.stop(made["lately"].id, "done")
+    await advance(rt, clock, 60)
+    await rt.close()  # the long-ago session is out of memory by now; the restart must not load it
+    store.close()
+
+    store = SqliteStore(tmp_path / "cluster.db")
+    again = runtime(store, clock)
+    await again.start()
+    try:
+        assert set(again.core.sessions) == {made["lately"].id, made["live"].id}
+        assert again.get(made["long-ago"].id).terminal
+    finally:
+        await again.close()
+        store.close()
