@@ -365,6 +365,9 @@ def simulation_report(r: dict[str, Any]) -> str:
                         None))
     rows.append(row("lower bound (assigned)", r["assigned_vm_hours"], None))
     cost = table(rows, ["", "VM-hours", "vs bound", "cost"])
+    # Per pool: what ran for sessions, what ran idle (warm, starting, wiping), what waited stopped.
+    pools = table([[k, f"{p['assigned_vm_hours']:,.0f}", f"{p['idle_vm_hours']:,.0f}", f"{p['standby_vm_hours']:,.0f}"]
+                   for k, p in r["pools"].items()], ["pool", "assigned VM-h", "warm VM-h", "standby VM-h"])
     saving = 1 - r["vm_hours"] / r["fixed_peak_vm_hours"] if r["fixed_peak_vm_hours"] else 0.0
     starts = r["starts"]
     n = r["sessions"] or 1
@@ -372,7 +375,10 @@ def simulation_report(r: dict[str, Any]) -> str:
         f"{r['trace']} x{r['scale']}: {r['sessions']:,} sessions over {r['model_hours'] / 24:.1f} days "
         f"(replayed in {r['wall_s']:.1f}s)",
         cost,
-        kv([("saving vs fixed", f"{saving:.1%}"),
+        pools,
+        kv([("cost vs assigned", f"${r['cost_usd']:,.0f} = {r['cost_usd'] / (r['assigned_cost_usd'] or 1e-9):.3f}x "
+                                 f"${r['assigned_cost_usd']:,.0f}, standby ${r['standby_cost_usd']:,.0f}"),
+            ("saving vs fixed", f"{saving:.1%}"),
             ("idle VM-hours", f"{r['idle_vm_hours']:,.0f}"),
             ("image bytes", format_bytes(r["bytes_pulled"]))]),
         kv([("fast starts", f"{r['fast_start_ratio']:.2%} running within 60 s"),
@@ -380,6 +386,7 @@ def simulation_report(r: dict[str, Any]) -> str:
             ("partial pull", f"{starts['partial']:,} ({starts['partial'] / n:.2%})"),
             ("cold start", f"{starts['cold']:,} ({starts['cold'] / n:.2%})"),
             ("never started", f"{r['never_started']:,} (ended before a VM was ready)"),
+            *[(f"  {n:,}", why) for why, n in list(r["never_started_reasons"].items())[:5]],
             ("wait", f"p50 {r['wait_p50_s']:.0f}s  p95 {r['wait_p95_s']:.0f}s  p99 {r['wait_p99_s']:.0f}s  "
                      f"max {r['wait_max_s']:.0f}s")]),
     ])

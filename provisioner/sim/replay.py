@@ -217,6 +217,10 @@ class Tally:
             "fixed_peak_vms": self.fixed_peak_vms,
             "idle_vm_hours": round((self.vm_s - self.assigned_vm_s) / 3600.0, 3),
             **costs(self.pool_time, self.price),
+            "pools": {f"{c}/{p}": {"assigned_vm_hours": round(t.assigned_s / 3600.0, 3),
+                                   "idle_vm_hours": round((t.running_s - t.assigned_s) / 3600.0, 3),
+                                   "standby_vm_hours": round(t.standby_s / 3600.0, 3)}
+                      for (c, p), t in sorted(self.pool_time.items())},
             "fixed_peak_cost_usd": round(self.fixed_peak_price * hours, 2),
             "bytes_pulled": self.bytes_pulled,
             "fast_start_ratio": round(sum(1 for w in waits if w <= FAST_START_S) / n, 4) if n else 0.0,
