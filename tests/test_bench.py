@@ -27,11 +27,11 @@ def test_table_has_a_row_per_policy_and_trace_with_its_command(tmp_path, capsys)
 
 
 def test_best_is_the_cheapest_run_that_meets_the_target_else_the_fastest():
-    fast_dear = ("a", {"fast_start_ratio": 0.999, "vm_hours": 50})
-    fast_cheap = ("b", {"fast_start_ratio": 0.996, "vm_hours": 20})
-    slow = ("c", {"fast_start_ratio": 0.9, "vm_hours": 5})
+    fast_dear = ("a", {"fast_start_ratio": 0.999, "cost_usd": 50})
+    fast_cheap = ("b", {"fast_start_ratio": 0.996, "cost_usd": 20})
+    slow = ("c", {"fast_start_ratio": 0.9, "cost_usd": 5})
     assert bench.best([fast_dear, fast_cheap, slow])[0] == "b"
-    assert bench.best([slow, ("d", {"fast_start_ratio": 0.95, "vm_hours": 9})])[0] == "d"
+    assert bench.best([slow, ("d", {"fast_start_ratio": 0.95, "cost_usd": 9})])[0] == "d"
 
 
 def test_missing_tuned_on_trace_is_an_error(tmp_path, capsys):

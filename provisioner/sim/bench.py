@@ -3,7 +3,7 @@
     python -m provisioner.sim.bench [--scales 1,50] [--jobs N] [--out FILE]
 
 For `fixed` and `headroom` the knob (warm VMs, headroom fraction) is searched over a grid and the
-cheapest setting that reaches the fast-start target is reported (or, if none does, the one that
+cheapest setting (in cost, standby included) that reaches the fast-start target is reported (or, if none does, the one that
 comes closest); `predictive` runs with the shipped settings. Every row names the command that
 reproduces it. Progress goes to stderr, the table to stdout (and --out).
 """
@@ -50,8 +50,8 @@ def best(candidates: list[tuple[Run, dict]]) -> tuple[Run, dict]:
     """The cheapest run that meets the fast-start target, else the one with the most fast starts."""
     meeting = [c for c in candidates if c[1]["fast_start_ratio"] >= FAST_START_TARGET]
     if meeting:
-        return min(meeting, key=lambda c: c[1]["vm_hours"])
-    return max(candidates, key=lambda c: (c[1]["fast_start_ratio"], -c[1]["vm_hours"]))
+        return min(meeting, key=lambda c: c[1]["cost_usd"])
+    return max(candidates, key=lambda c: (c[1]["fast_start_ratio"], -c[1]["cost_usd"]))
 
 
 def measure(run: Run, jobs: int) -> dict:
@@ -63,7 +63,7 @@ def measure(run: Run, jobs: int) -> dict:
 
     results = results_of(run, simulate(run, jobs, progress))
     results["wall_s"] = round(time.monotonic() - started, 1)
-    print(f"\r  {label}: {results['wall_s']}s, {results['vm_hours'] / results['assigned_vm_hours']:.3f}x bound, "
+    print(f"\r  {label}: {results['wall_s']}s, {results['cost_usd'] / results['assigned_cost_usd']:.3f}x assigned cost, "
           f"fast starts {results['fast_start_ratio']:.2%}", file=sys.stderr, flush=True)
     return results
 
@@ -84,14 +84,15 @@ def bench_trace(trace: Path, scale: int, jobs: int, policies: tuple[str, ...]) -
 
 
 def table(rows: list[Row]) -> str:
-    head = ("| trace | scale | policy | setting | VM-hours | vs assigned | vs fixed at peak | vs K x base peak "
-            "| fast starts | exact image | wait p99 | wall | command |")
+    head = ("| trace | scale | policy | setting | VM-hours | vs assigned | standby VM-hours | cost vs assigned "
+            "| vs fixed at peak | vs K x base peak | fast starts | exact image | wait p99 | wall | command |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         x = r.results
         lines.append(
             f"| {r.trace}{' (tuned on)' if r.trace == TUNED_ON else ''} | {r.scale} | {r.policy} | {r.knob} "
             f"| {x['vm_hours']:,.0f} | {x['vm_hours'] / x['assigned_vm_hours']:.2f}x "
+            f"| {x['standby_vm_hours']:,.0f} | {x['cost_usd'] / x['assigned_cost_usd']:.3f}x "
             f"| {1 - x['vm_hours'] / x['fixed_peak_vm_hours']:.0%} less "
             f"| {1 - x['vm_hours'] / x['scaled_peak_vm_hours']:.0%} less | {x['fast_start_ratio']:.2%} "
             f"| {x['exact_start_ratio']:.2%} | {x['wait_p99_s']:.0f} s | {x['wall_s']:.0f} s | `{r.command}` |")
