@@ -24,7 +24,8 @@ from provisioner.decide.states import VmState as V
 
 CASES = [
     pytest.param({}, id="nothing-injected"),
-    *[pytest.param({"raising": {kind}}, id=f"{kind.__name__.lower()}-raises") for kind in (Launch, Pull, Wipe, Delete, Stop, Start)],
+    *[pytest.param({"raising": {kind}}, id=f"{kind.__name__.lower()}-raises")
+      for kind in (Launch, Pull, Wipe, Delete, Stop, Start)],
     *[pytest.param({"lost": {kind}}, id=f"{kind.__name__}-lost")
       for kind in (ev.VmCreated, ev.VmReady, ev.PullDone, ev.WipeDone, ev.VmDeleted, ev.VmStopped, ev.VmStarted)],
     pytest.param({"lost": {ev.CommandFailed}, "fail_pulls": True, "fail_wipes": True}, id="failure-reports-lost"),

@@ -2,10 +2,10 @@
 
 A command whose answer has not come by its deadline is treated as failed (see ClusterCore): a
 launch's VM fails and is deleted, its session placed again; a pull's VM is deleted, its session
-placed again; a wipe's VM is deleted; a stop's VM is deleted; a start's VM is deleted, its
-session placed again; a delete's VM fails and the reconciler retries. So no VM or
-session stays in creating, booting, pulling, recycling, deleting, stopping or starting for ever because an
-answer was lost or its executor died.
+placed again; a wipe's or a stop's VM is deleted; a start's VM is deleted, its session placed
+again; a delete's VM fails and the reconciler retries. So no VM or session stays in creating,
+booting, pulling, recycling, deleting, stopping or starting for ever because an answer was lost
+or its executor died.
 
 A limit is several times the expected duration (the simulated cloud's physics, which are also
 the core's estimates), plus a floor for small ones. A real cloud backend gives up by its own

@@ -1,7 +1,7 @@
 """A replay as a PNG an operator can act on: one row per cluster (region) and pool, with the
-pool's VMs by what they do (assigned, warm, starting; standby, stopped, as a line) against its queue, the waits of the sessions that started, and what
-the pool costs, over time. An over-provisioned pool shows as warm VMs far above the queue; a
-starved one as a queue and waits.
+pool's VMs by what they do (assigned, warm, starting; standby, stopped, as a line) against its
+queue, the waits of the sessions that started, and what the pool costs, over time. An
+over-provisioned pool shows as warm VMs far above the queue; a starved one as a queue and waits.
 
 matplotlib is imported here only, so the rest of the simulator never pays for it.
 """
