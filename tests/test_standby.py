@@ -7,6 +7,7 @@ import dataclasses
 
 from core_driver import Driver, make_core
 
+from provisioner.api import convert
 from provisioner.cloud.base import CloudVm
 from provisioner.decide.assignment import choose_standby
 from provisioner.decide.autoscale import PoolSnapshot, standby_target
@@ -146,3 +147,8 @@ def test_standby_target_holds_the_days_peak_and_the_forecasts_burst_cover():
     assert standby_target(snap, day_peak=20) == 15  # 20 at the peak, 5 wanted now
     assert standby_target(snap, day_peak=5) == 7  # cover 9 minus 2 warm
     assert standby_target(dataclasses.replace(snap, standby=False), day_peak=20) == 0
+
+
+def test_every_vm_state_the_core_has_is_in_the_api():
+    for state in V:
+        assert convert.vm_state_from_pb(convert.vm_state_to_pb(state)) is state

@@ -46,6 +46,9 @@ class VmState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VM_STATE_DELETING: _ClassVar[VmState]
     VM_STATE_DELETED: _ClassVar[VmState]
     VM_STATE_FAILED: _ClassVar[VmState]
+    VM_STATE_STOPPING_STANDBY: _ClassVar[VmState]
+    VM_STATE_STANDBY: _ClassVar[VmState]
+    VM_STATE_STARTING: _ClassVar[VmState]
 SESSION_KIND_UNSPECIFIED: SessionKind
 SESSION_KIND_INTERACTIVE: SessionKind
 SESSION_KIND_BATCH: SessionKind
@@ -70,6 +73,9 @@ VM_STATE_RECYCLING: VmState
 VM_STATE_DELETING: VmState
 VM_STATE_DELETED: VmState
 VM_STATE_FAILED: VmState
+VM_STATE_STOPPING_STANDBY: VmState
+VM_STATE_STANDBY: VmState
+VM_STATE_STARTING: VmState
 
 class SessionSpec(_message.Message):
     __slots__ = ("request_id", "user_id", "notebook_id", "kind", "accelerator", "image", "region_hint", "region_required", "max_runtime")
