@@ -31,6 +31,7 @@ CLUSTER = "us-central1"
 KILLS = 20
 LIVE = ("provisioning", "pulling_image", "running")
 STOPPED_PB = (pb.SESSION_STATE_STOPPING, pb.SESSION_STATE_STOPPED)
+AT_REST = ("warm", "standby", "deleted")  # a VM no session holds and no cloud work is under way on
 
 
 def read_store(data_dir) -> tuple[dict, dict]:
@@ -126,11 +127,11 @@ async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_pat
             _, vms = read_store(data_dir)
             cloud = sim_cloud_vms(data_dir, CLUSTER)
             records = {vid for vid, v in vms.items() if v["state"] != "deleted"}
-            settled = before == cloud and all(v["state"] in ("warm", "deleted") for v in vms.values())
+            settled = before == cloud and all(v["state"] in AT_REST for v in vms.values())
             if (settled and records == cloud) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)
-        unsettled = {vid: (v["state"], v["reason"]) for vid, v in vms.items() if v["state"] not in ("warm", "deleted")}
+        unsettled = {vid: (v["state"], v["reason"]) for vid, v in vms.items() if v["state"] not in AT_REST}
         assert unsettled == {}, "VMs still busy with every session stopped"
         assert cloud - records == set(), "VMs in the cloud that no record claims (leaked)"
         assert records - cloud == set(), "records pointing to VMs the cloud does not have"
