@@ -10,6 +10,7 @@ from core_driver import make_core
 
 from provisioner.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
+from provisioner.cluster import runtime as runtime_module
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.model import SessionSpec
 from provisioner.store import SqliteStore
@@ -84,3 +85,30 @@ async def test_a_steps_watchers_and_commands_wait_for_its_transaction(tmp_path):
     finally:
         await rt.close()
         store.close()
+
+
+async def test_the_health_pass_lets_other_calls_in_between_its_chunks(monkeypatch):
+    rt, cloud, clock = runtime(min_vms=12)
+    await rt.start()
+    try:
+        await clock.advance(600)
+        checked = [vm for vm in rt.core.vms.values() if vm.state.value == "warm"]
+        assert len(checked) >= 12
+        monkeypatch.setattr(runtime_module, "HEALTH_CHUNK", 5)
+        steps, seen = [], []
+        handle = rt.handle
+        monkeypatch.setattr(rt, "handle", lambda *events: steps.append(len(events)) or handle(*events))
+
+        async def another_call():  # what a request sees of the pass while it runs
+            while True:
+                seen.append(sum(steps))
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(another_call())
+        await asyncio.sleep(0)
+        await rt._check_health()
+        other.cancel()
+        assert max(steps) == 5 and len(steps) == -(-len(checked) // 5) and sum(steps) == len(checked)
+        assert any(0 < n < len(checked) for n in seen)  # it ran mid-pass
+    finally:
+        await rt.close()
