@@ -101,10 +101,19 @@ class FleetHandle:
         """Until every pool holds its minimum of warm VMs with the latest image."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(_pool_warm(c) for c in self.fleet.clusters):
+            if all(_pool_warm(c) for c in self.fleet.clusters) and self._front_sees_warm():
                 return
             await asyncio.sleep(0.05)
         raise TimeoutError("pools did not warm up")
+
+    def _front_sees_warm(self) -> bool:
+        """The front's capacity view (pushed on a wall-time throttle) has caught up with the pools."""
+        for proc in self.fleet.clusters:
+            view = self.fleet.front.fleet.clients[proc.config.name].view()
+            if not view.healthy or any(view.pools.get(name) is None or view.pools[name].warm < p.policy.min_vms
+                                       for name, p in proc.runtime.core.pools.items()):
+                return False
+        return True
 
 
 def _pool_warm(proc) -> bool:
