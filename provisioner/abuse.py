@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Literal, Sequence
 from provisioner.agent.usage import Connection, Usage
 
 if TYPE_CHECKING:
-    from provisioner.config import AbuseConfig
+    from provisioner.config_policy import AbuseConfig
 
 Rule = Literal["miner_program", "pool_connection", "busy_without_activity", "unknown_gpu_program"]
 Kind = Literal["interactive", "batch"]

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from provisioner.abuse import Sample, judge, matches
 from provisioner.agent.usage import Connection, Usage
-from provisioner.config import AbuseConfig, ConfigError, FleetSettings, load_settings
+from provisioner.config import ConfigError, FleetSettings, load_settings
+from provisioner.config_policy import AbuseConfig
 
 CFG = AbuseConfig()
 POOL = Connection("45.9.148.21", 3333)

@@ -12,7 +12,8 @@ from provisioner.agent.host import Process
 from provisioner.clock import ManualClock
 from provisioner.cloud.base import LABEL_CLUSTER, LABEL_POOL, LaunchSpec
 from provisioner.cloud.sim import Inventory, SimCloud
-from provisioner.config import AbuseConfig, SimCloudConfig
+from provisioner.config import SimCloudConfig
+from provisioner.config_policy import AbuseConfig
 
 CFG = AbuseConfig()
 ZONE = "us-central1-a"

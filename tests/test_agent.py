@@ -16,7 +16,7 @@ from provisioner.agent.fakes import FakeContainers, FakeHost, FakeMetadata, Fake
 from provisioner.agent.gpu import Gpus
 from provisioner.agent.usage import Connection, Usage
 from provisioner.clock import RealClock
-from provisioner.config import AbuseConfig
+from provisioner.config_policy import AbuseConfig
 
 HOME, SCRATCH = "/home/notebook", "/scratch"
 

@@ -13,8 +13,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.config import (ConfigError, FleetSettings, PriorityClassConfig, default_clusters_dir, load_fleet,
-                                load_settings)
+from provisioner.config import ConfigError, FleetSettings, default_clusters_dir, load_fleet, load_settings
+from provisioner.config_policy import PriorityClassConfig
 from provisioner.decide import preempt
 from provisioner.decide.preempt import Request, Running, Share, Victim, choose_victims, grace_plan
 

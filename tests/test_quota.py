@@ -20,7 +20,8 @@ from provisioner import cli
 from provisioner.cli import render
 from provisioner import client as api
 from provisioner.clock import RealClock
-from provisioner.config import ConfigError, QuotaConfig, load_fleet
+from provisioner.config import ConfigError, load_fleet
+from provisioner.config_policy import QuotaConfig
 from provisioner.quota import (WEEK_S, Metered, Usage, check_create, exhaustion_time, gpu_seconds, usage,
                                week_window)
 from provisioner.client.credentials import local_ca

@@ -21,7 +21,8 @@ from provisioner.api import convert, guard
 from provisioner.api.paging import audit_page, page
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
-from provisioner.config import FleetConfig, QuotaConfig
+from provisioner.config import FleetConfig
+from provisioner.config_policy import QuotaConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
 from provisioner.front import blocks
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
