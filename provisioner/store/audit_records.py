@@ -1,0 +1,39 @@
+"""The audit log."""
+
+from __future__ import annotations
+
+
+class AuditRecords:
+    # ---- the audit log ----------------------------------------------------------------------
+
+    def append_audit(self, record_id: str, source: str, at: float, identity: str, roles: str, rpc: str,
+                     method: str, target: str, outcome: str, detail: str) -> None:
+        """One record; `method` is the RPC's last part (DrainCluster), for filtering by it."""
+        with self.transaction() as cur:
+            cur.execute(self._sql(
+                "INSERT INTO audit_log (id, source, at, identity, roles, rpc, method, target, outcome, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                (record_id, source, at, identity, roles, rpc, method, target, outcome, detail))
+
+    def audit_records(self, source: str, *, identity: str | None = None, rpc: str | None = None,
+                      method: str | None = None, outcome: str | None = None, since: float | None = None, until: float | None = None,
+                      before: tuple[float, str] | None = None, limit: int = 50) -> list[tuple]:
+        """(id, at, identity, roles, rpc, target, outcome, detail) of one source's records, newest
+        first: at >= since, at < until, and strictly older than `before` (at, id) when given."""
+        where, args = ["source = ?"], [source]
+        for column, value in (("identity", identity), ("rpc", rpc), ("method", method), ("outcome", outcome)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            where.append("at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("at < ?")
+            args.append(until)
+        if before is not None:
+            where.append("(at < ? OR (at = ? AND id < ?))")
+            args += [before[0], before[0], before[1]]
+        return [tuple(r) for r in self._rows(
+            "SELECT id, at, identity, roles, rpc, target, outcome, detail FROM audit_log "
+            f"WHERE {' AND '.join(where)} ORDER BY at DESC, id DESC LIMIT ?", (*args, limit))]

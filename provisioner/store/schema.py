@@ -1,0 +1,150 @@
+"""The schema: its migrations, in order, and the lock that serializes applying them."""
+
+# Append only: each entry upgrades the schema by one version.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        cluster TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        UNIQUE (cluster, request_id)
+    );
+    CREATE INDEX sessions_user ON sessions (cluster, user_id);
+    CREATE TABLE vms (
+        id TEXT PRIMARY KEY,
+        cluster TEXT NOT NULL,
+        pool TEXT NOT NULL,
+        state TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX vms_cluster ON vms (cluster, state);
+    CREATE TABLE front_requests (
+        request_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        cluster TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL
+    );
+    """,
+    # Every attempt the front made at placing a request, so an outcome it never heard (a lost
+    # reply, a crash) is looked up later instead of guessed.
+    """
+    CREATE TABLE front_attempts (
+        request_id TEXT NOT NULL,
+        cluster TEXT NOT NULL,
+        commit_by DOUBLE PRECISION NOT NULL,
+        outcome TEXT NOT NULL,
+        PRIMARY KEY (request_id, cluster)
+    );
+    CREATE INDEX front_attempts_outcome ON front_attempts (outcome);
+    """,
+    # What operators set on a cluster, which outlives its processes: the drain flag (pool '') and
+    # each pool's policy overrides, as JSON. And the audit log: who did what, when, with what
+    # outcome (`source` tells apart the logs of processes sharing one database).
+    """
+    CREATE TABLE operator_state (
+        cluster TEXT NOT NULL,
+        pool TEXT NOT NULL,
+        body TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (cluster, pool)
+    );
+    CREATE TABLE audit_log (
+        id TEXT PRIMARY KEY,
+        source TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        identity TEXT NOT NULL,
+        roles TEXT NOT NULL,
+        rpc TEXT NOT NULL,
+        method TEXT NOT NULL,
+        target TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX audit_log_at ON audit_log (source, at, id);
+    """,
+    # Quotas across front replicas: a per-user lease that serializes check-and-place (wall-time
+    # expiry, so a dead holder's lease lapses), and the per-user limits operators set, as JSON.
+    """
+    CREATE TABLE user_leases (
+        user_id TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE quota_overrides (
+        user_id TEXT PRIMARY KEY,
+        body TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
+    """,
+    # A VM's cached layers and its state changes, apart from its body: an assignment changes the
+    # last-use time of a few layers and adds a state change, not the ~40 images a disk holds.
+    # Bodies written before keep theirs inline until the VM is next written.
+    """
+    CREATE TABLE vm_layers (
+        vm_id TEXT NOT NULL,
+        layer_id TEXT NOT NULL,
+        size_bytes BIGINT NOT NULL,
+        used_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (vm_id, layer_id)
+    );
+    CREATE TABLE vm_history (
+        vm_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (vm_id, seq)
+    );
+    """,
+    # Users blocked from new GPU sessions (by an operator or the abuse detector), read on every
+    # create; and every decision the detector made, with its evidence, one per flagged session
+    # (`blocked` 0: a dry run's, recorded only).
+    """
+    CREATE TABLE user_blocks (
+        user_id TEXT PRIMARY KEY,
+        blocked_at DOUBLE PRECISION NOT NULL,
+        blocked_by TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        evidence TEXT NOT NULL
+    );
+    CREATE INDEX user_blocks_at ON user_blocks (blocked_at, user_id);
+    CREATE TABLE abuse_decisions (
+        session_id TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        rules TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        blocked INTEGER NOT NULL
+    );
+    CREATE INDEX abuse_decisions_user ON abuse_decisions (user_id, at);
+    """,
+    # Blocks lifted, with who lifted them and when: an unblock does not erase why a user was blocked.
+    """
+    CREATE TABLE user_block_history (
+        user_id TEXT NOT NULL,
+        blocked_at DOUBLE PRECISION NOT NULL,
+        blocked_by TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        lifted_at DOUBLE PRECISION NOT NULL,
+        lifted_by TEXT NOT NULL
+    );
+    CREATE INDEX user_block_history_user ON user_block_history (user_id, lifted_at);
+    """,
+    # A cluster restarts with its live sessions and the recently ended ones, however long its
+    # history; an older one is read by its id, its request or its user.
+    """
+    ALTER TABLE sessions ADD COLUMN ended_at DOUBLE PRECISION NOT NULL DEFAULT 0;
+    CREATE INDEX sessions_state ON sessions (cluster, state);
+    CREATE INDEX sessions_ended ON sessions (cluster, ended_at);
+    """,
+]
+
+# Serializes schema upgrades between replicas starting at once (PostgreSQL advisory lock key).
+MIGRATION_LOCK = 0x70726F76
