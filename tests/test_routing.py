@@ -104,3 +104,24 @@ def test_an_answer_resets_the_count():
     b.success()
     b.failure(1.0)
     assert b.state(1.0) == "closed"
+
+
+def test_a_burst_of_creates_spreads_once_the_warm_vms_it_was_shown_are_taken():
+    # Capacity pushes are throttled: between two pushes the front counts each create it routed as
+    # holding a warm VM, so a burst does not send everyone to the one cluster the last push favoured.
+    from provisioner.front.clusters import taken
+
+    def cluster(name: str, warm: int) -> ClusterView:
+        return ClusterView(name, "us-central1", True, False, {"gpu-p100": PoolView(
+            {"gpu:v160": warm}, warm=warm, booting=0, assigned=0, queued=0, max_vms=20, cold_start_s=600)})
+
+    views = [cluster("a", 3), cluster("b", 2)]
+    routed = []
+    for _ in range(6):
+        best = rank(views, "gpu-p100", "gpu:v160", "us-central1", False, PENALTY_S)[0]
+        routed.append((best.cluster, best.how))
+        views = [ClusterView(v.name, v.region, v.healthy, v.draining,
+                             {"gpu-p100": taken(v.pools["gpu-p100"], "gpu:v160")}) if v.name == best.cluster else v
+                 for v in views]
+    assert sorted(routed[:5]) == [("a", "warm")] * 3 + [("b", "warm")] * 2
+    assert routed[5][1] == "cold"  # the sixth finds no warm VM left anywhere

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import grpc
@@ -28,6 +30,14 @@ KEEPALIVE = [("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_timeout_ms", 200
              ("grpc.http2.max_pings_without_data", 0), ("grpc.http2.min_time_between_pings_ms", 1000)]
 
 
+@dataclass
+class Hold:
+    """A session routed to a cluster that its capacity stream may not show yet."""
+    pool: str
+    image: str
+    settled_at_push: int | None = None  # the pushes received when its placement ended
+
+
 class ClusterClient:
     """One cluster: its stubs, and its capacity as last streamed. Unhealthy while the stream is down."""
 
@@ -48,6 +58,11 @@ class ClusterClient:
         self.capacity: pb.ClusterCapacity | None = None
         self.healthy = False
         self.updated = asyncio.Event()
+        # Pushes are throttled, so a burst of creates would all see the same warm VMs and go to
+        # the same cluster; each routed create holds one until a push after its placement ended.
+        self._holds: dict[int, Hold] = {}
+        self._hold_ids = itertools.count()
+        self._pushes = 0
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -64,6 +79,9 @@ class ClusterClient:
             try:
                 async for resp in self.sessions.WatchCapacity(cluster_pb.WatchCapacityRequest()):
                     self.capacity, self.healthy = resp.capacity, True
+                    self._pushes += 1
+                    self._holds = {k: h for k, h in self._holds.items()
+                                   if h.settled_at_push is None or h.settled_at_push >= self._pushes}
                     self.updated.set()
             except asyncio.CancelledError:
                 raise
@@ -75,6 +93,17 @@ class ClusterClient:
             self.healthy = False
             await self.clock.sleep(RECONNECT_S)
 
+    def hold(self, pool: str, image: str) -> int:
+        """Counts a create routed here as taking a VM of `pool` until the cluster's pushes show it."""
+        key = next(self._hold_ids)
+        self._holds[key] = Hold(pool, image)
+        return key
+
+    def settle(self, key: int) -> None:
+        """The create's placement ended: its hold goes with the next push received."""
+        if hold := self._holds.get(key):
+            hold.settled_at_push = self._pushes
+
     def view(self) -> ClusterView:
         cap = self.capacity
         pools = {}
@@ -83,8 +112,21 @@ class ClusterClient:
                 pools[p.pool] = PoolView(
                     warm_by_image={ic.image: ic.count for ic in p.warm_by_image}, warm=p.warm, booting=p.booting,
                     assigned=p.assigned, queued=p.queued, max_vms=p.max_vms, cold_start_s=p.cold_start_s)
+            for hold in self._holds.values():
+                if pool := pools.get(hold.pool):
+                    pools[hold.pool] = taken(pool, hold.image)
         routable = self.healthy and cap is not None and self.breaker.allows(self.clock.now())
         return ClusterView(self.name, self.region, routable, bool(cap and cap.draining), pools)
 
     def breaker_state(self) -> str:
         return self.breaker.state(self.clock.now())
+
+
+def taken(pool: PoolView, image: str) -> PoolView:
+    """`pool` with one more session assigned, on a warm VM with `image` if one is left."""
+    by_image = dict(pool.warm_by_image)
+    if by_image.get(image, 0) > 0:
+        by_image[image] -= 1
+    if pool.warm > 0:
+        return replace(pool, warm_by_image=by_image, warm=pool.warm - 1, assigned=pool.assigned + 1)
+    return replace(pool, queued=pool.queued + 1)

@@ -143,7 +143,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             if not candidates:
                 views = [c.view() for c in self.fleet.clients.values()]
                 raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
-            session = await self.placement.place(request.spec, candidates, deadline)
+            first = self.fleet.clients[candidates[0].cluster]
+            hold = first.hold(spec.accelerator, image)
+            try:
+                session = await self.placement.place(request.spec, candidates, deadline)
+            finally:
+                first.settle(hold)
             return session_pb.CreateSessionResponse(session=session)
 
     def _check_rate(self, user_id: str, caller: str) -> None:
