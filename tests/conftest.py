@@ -107,10 +107,13 @@ class FleetHandle:
         raise TimeoutError("pools did not warm up")
 
     def _front_sees_warm(self) -> bool:
-        """The front's capacity view (pushed on a wall-time throttle) has caught up with the pools."""
+        """The front's capacity view (pushed on a wall-time throttle) has caught up with the pools:
+        warm VMs holding the latest image, as routing counts them."""
         for proc in self.fleet.clusters:
             view = self.fleet.front.fleet.clients[proc.config.name].view()
-            if not view.healthy or any(view.pools.get(name) is None or view.pools[name].warm < p.policy.min_vms
+            latest = proc.runtime.core.catalog.latest
+            if not view.healthy or any(view.pools.get(name) is None
+                                       or view.pools[name].warm_by_image.get(latest, 0) < p.policy.min_vms
                                        for name, p in proc.runtime.core.pools.items()):
                 return False
         return True
