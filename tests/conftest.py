@@ -168,9 +168,15 @@ async def warm_fleet(config: FleetConfig, data_dir: Path, **options) -> AsyncIte
         await handle.fleet.stop(0.5)
 
 
+def quick_warm_up(cluster: dict) -> None:
+    """Boots and pulls ten times as fast, so a fleet warms in a fraction of a second of wall time;
+    cold starts still take several model minutes, longer than any warm one."""
+    cluster["sim"].update(boot_s=9, boot_jitter_s=1, pull_bytes_per_s=cluster["sim"]["pull_bytes_per_s"] * 10)
+
+
 @pytest.fixture
 async def local_fleet(tmp_path):
-    async with warm_fleet(fleet_config(tmp_path), tmp_path / "data") as handle:
+    async with warm_fleet(fleet_config(tmp_path, quick_warm_up), tmp_path / "data") as handle:
         yield handle
 
 
