@@ -11,7 +11,7 @@ from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import fleet_config, warm_fleet
+from conftest import fleet_config, quick_warm_up, warm_fleet
 from provisioner.metrics import Metrics
 from provisioner.v1 import admin_service_pb2 as a_pb
 from provisioner.v1 import session_service_pb2 as s_pb
@@ -38,7 +38,7 @@ def total(samples, name: str, **where) -> float:
 
 async def test_scraped_counts_agree_with_the_api(tmp_path):
     metrics = Metrics()
-    async with warm_fleet(fleet_config(tmp_path), tmp_path / "data", metrics=metrics) as fleet:
+    async with warm_fleet(fleet_config(tmp_path, quick_warm_up), tmp_path / "data", metrics=metrics) as fleet:
         server = await metrics.serve("127.0.0.1:0")
         try:
             await check(fleet, server.port)

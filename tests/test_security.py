@@ -11,7 +11,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import fleet_config, start_fleet, warm_fleet
+from conftest import fleet_config, quick_warm_up, start_fleet, warm_fleet
 from provisioner.security.client import dev_token
 from provisioner.config import load_fleet
 from provisioner.security.tokens import ensure_local_key, mint
@@ -52,7 +52,7 @@ async def call_raw(channel: grpc.aio.Channel, method: str, streaming: bool, body
 
 def with_roles(tmp_path):
     """The shipped fleet plus a service identity and an admin identity on the local issuer."""
-    fleet_config(tmp_path)  # copies the shipped config under tmp_path
+    fleet_config(tmp_path, quick_warm_up)  # copies the shipped config under tmp_path
     path = tmp_path / "clusters" / "fleet.yaml"
     data = yaml.safe_load(path.read_text())
     data["security"]["issuers"][0]["roles"].update({"notebook-backend": ["service"], "ops": ["admin"]})
