@@ -28,6 +28,7 @@ from provisioner.front import service as front_service
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
 from provisioner.front.service import Fleet
+from provisioner.front.user_lease import UserLeases
 from provisioner.metrics import Metrics
 from provisioner.cluster import leader
 from provisioner.security import auth, tls
@@ -189,6 +190,7 @@ class FrontProcess:
     server: Server
     store: Store
     placement: Placement
+    leases: UserLeases
     resolver: asyncio.Task
 
     @property
@@ -199,6 +201,7 @@ class FrontProcess:
         await self.server.stop(grace_s)
         self.resolver.cancel()
         await asyncio.gather(self.resolver, return_exceptions=True)
+        await self.leases.flush()
         for client in self.fleet.clients.values():
             await client.close()
         # Commits the writes still queued (the group committer drains), off the event loop.
@@ -243,7 +246,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
                     plaintext_anywhere=plaintext_anywhere, health_port=health_port)
     await server.start()
     log.info("front listening on %s", server.address)
-    return FrontProcess(fleet, server, store, sessions.placement,
+    return FrontProcess(fleet, server, store, sessions.placement, sessions.leases,
                         asyncio.create_task(sessions.placement.run_resolver()))
 
 

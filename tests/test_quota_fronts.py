@@ -85,8 +85,10 @@ async def test_a_create_waits_a_bounded_time_for_the_lease_then_says_so(tmp_path
                 pytest.fail("the lease was held elsewhere")
         assert "another create for user 'u'" in e.value.message and e.value.retryable
         store.release_user_lease("u", "another-front")
-        async with UserLeases(store).held("u", wait_s=0.05):
+        leases = UserLeases(store)
+        async with leases.held("u", wait_s=0.05):
             assert not store.try_user_lease("u", "another-front", 1e12, 0.0)
+        await leases.flush()  # the release does not hold up the create's answer
         assert store.try_user_lease("u", "another-front", 1e12, 0.0)  # released on the way out
     finally:
         store.close()
@@ -97,11 +99,13 @@ async def test_a_held_lease_is_renewed_while_its_create_works(tmp_path, monkeypa
     store = open_store(None, tmp_path / "front.db")
     wall = [NOW]
     try:
-        async with UserLeases(store, wall=lambda: wall[0]).held("u", wait_s=1.0):
+        leases = UserLeases(store, wall=lambda: wall[0])
+        async with leases.held("u", wait_s=1.0):
             wall[0] += LEASE_S - 1
             await asyncio.sleep(0.1)  # renewals run
             wall[0] += LEASE_S - 1  # past the expiry it was taken with
             assert not store.try_user_lease("u", "another-front", wall[0] + LEASE_S, wall[0])
+        await leases.flush()
         assert store.try_user_lease("u", "another-front", wall[0] + LEASE_S, wall[0])
     finally:
         store.close()

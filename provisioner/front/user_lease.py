@@ -32,6 +32,7 @@ class UserLeases:
     def __init__(self, store: Store, wall: Callable[[], float] = time.time):
         self.store = store
         self.wall = wall
+        self._releasing: set[asyncio.Task] = set()
 
     @asynccontextmanager
     async def held(self, user_id: str, wait_s: float) -> AsyncIterator[None]:
@@ -50,12 +51,23 @@ class UserLeases:
             yield
         finally:
             renewing.cancel()
-            try:
-                # Shielded: a create its caller cancelled still frees the lease at once.
-                await asyncio.shield(self.store.commit(self.store.release_user_lease, user_id, holder))
-            except Exception:
-                # The create's outcome stands; the lease lapses on its own after LEASE_S.
-                log.exception("could not release the create lease of user %s", quote(user_id))
+            # The create's answer does not wait for the release: its session is already in its
+            # cluster's records, where the next check counts it. A task, so a create its caller
+            # cancelled still frees the lease at once.
+            release = asyncio.create_task(self._release(user_id, holder))
+            self._releasing.add(release)
+            release.add_done_callback(self._releasing.discard)
+
+    async def _release(self, user_id: str, holder: str) -> None:
+        try:
+            await self.store.commit(self.store.release_user_lease, user_id, holder)
+        except Exception:
+            # The create's outcome stands; the lease lapses on its own after LEASE_S.
+            log.exception("could not release the create lease of user %s", quote(user_id))
+
+    async def flush(self) -> None:
+        """Waits for the releases under way (before the store closes)."""
+        await asyncio.gather(*self._releasing, return_exceptions=True)
 
     async def _renew(self, user_id: str, holder: str) -> None:
         while True:
