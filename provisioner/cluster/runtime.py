@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -68,6 +68,9 @@ class ClusterRuntime:
         # Replaced on every notice, so each capacity stream sees every change (none clears it for others).
         self._capacity_changed = asyncio.Event()
         self.capacity = CapacityCounts(core)
+        # user -> ids of their sessions, so a user's List (every create's quota check) reads theirs
+        # only, not every session in memory; ids of sessions that left memory are pruned on read.
+        self._by_user: dict[str, set[str]] = {}
         # Set when draining: open streams end instead of holding the shutdown.
         self.streams_closed = False
         # pool -> the policy fields operators set that differ from the config file (also in the store).
@@ -93,6 +96,7 @@ class ClusterRuntime:
             sessions, vms = self.store.load_sessions(name, ended_since), self.store.load_vms(name)
             step = self.core.handle(ev.Restored(self.clock.now(), tuple(sessions), tuple(vms)))
             self.capacity.recount()
+            self._index_users(self.core.sessions.values())
             for observe in self.observers:
                 observe(list(self.core.sessions.values()), True)
             self._apply(step)
@@ -249,9 +253,17 @@ class ClusterRuntime:
         """The sessions in memory; given a user, theirs ended long ago too."""
         if not user_id or self.store is None:
             return list(self.core.sessions.values())
-        held = {s.id: s for s in self.core.sessions.values() if s.spec.user_id == user_id}
+        ids = self._by_user.get(user_id, set())
+        ids.intersection_update(self.core.sessions)
+        if not ids:
+            self._by_user.pop(user_id, None)
+        held = {sid: self.core.sessions[sid] for sid in ids}
         return [*held.values(), *(s for s in self.store.load_user_sessions(self.core.name, user_id)
                                   if s.id not in held)]
+
+    def _index_users(self, sessions: Iterable[Session]) -> None:
+        for session in sessions:
+            self._by_user.setdefault(session.spec.user_id, set()).add(session.id)
 
     def _stored(self, session_id: str, user_id: str = "") -> Session | None:
         """A session no longer in memory, from the store (None if it is in memory, or nowhere)."""
@@ -371,6 +383,7 @@ class ClusterRuntime:
         """Queues the step's changes for writing; what follows from them waits until they are
         durable (and after the steps before it, whose transactions commit first)."""
         self.capacity.changed(step.vms)
+        self._index_users(step.sessions)
         if self.store is None:
             self._carry_out(step)
             return
