@@ -1,8 +1,8 @@
 """OpenTelemetry tracing: one trace follows a request from the client through the front, the
 cluster and every cloud call.
 
-W3C trace context travels in gRPC metadata, carried by the grpc.aio interceptors from
-opentelemetry-instrumentation-grpc. The exporter is chosen per process: none, console, otlp
+W3C trace context travels in gRPC metadata, carried by `provisioner.rpc_tracing` (a span per
+call on each side, named and described as OpenTelemetry's gRPC instrumentation names them). The exporter is chosen per process: none, console, otlp
 (OTLP over gRPC) or file (JSON lines, readable with `provisioner.traceview`). Spans leave
 through a batch processor for every exporter, so exporting never runs on the request path; a
 trace is kept or dropped where it starts (a ratio of new traces) and every hop follows that
@@ -26,8 +26,6 @@ from urllib.parse import urlparse
 
 import grpc
 from opentelemetry import trace
-from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
-from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_prefix
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -37,6 +35,8 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+from provisioner import rpc_tracing
 
 # Span attribute keys for the domain.
 ATTR_SESSION_ID = "session.id"
@@ -62,12 +62,11 @@ ENV_SAMPLE = "PROVISIONER_TRACE_SAMPLE"
 # Calls that are not part of any request: probes, tooling, and the OTLP exporter's own export
 # (tracing the export would feed itself).
 _UNTRACED_SERVICE_PREFIXES = ("grpc.health.v1.Health", "grpc.reflection", "opentelemetry.proto.collector")
-_traced = negate(any_of(*(service_prefix(p) for p in _UNTRACED_SERVICE_PREFIXES)))
 
 
-def is_traced(call_details) -> bool:
-    """True if a call (handler or client call details) gets a span."""
-    return _traced(call_details)
+def is_traced(method: str) -> bool:
+    """True if calls of `method` ("/package.Service/Method") get spans."""
+    return not method.lstrip("/").startswith(_UNTRACED_SERVICE_PREFIXES)
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -227,11 +226,15 @@ class _StreamsCloseInTheirCall(grpc.aio.ServerInterceptor):
 def server_interceptors(tracer_provider: TracerProvider | None = None) -> list:
     """For grpc.aio.server(interceptors=...), outermost first: one server span per traced call,
     child of the caller's context from the metadata."""
-    return [_StreamsCloseInTheirCall(), aio_server_interceptor(tracer_provider=tracer_provider, filter_=_traced)]
+    return [_StreamsCloseInTheirCall(), rpc_tracing.ServerTracing(_tracer(tracer_provider), is_traced)]
 
 
-def client_interceptors(tracer_provider: TracerProvider | None = None) -> list:
-    """For grpc.aio.insecure_channel/secure_channel(interceptors=...): one client span per
-    traced call, its context injected into the metadata. All four call shapes are covered."""
-    return aio_client_interceptors(tracer_provider=tracer_provider, filter_=_traced)
+def traced_channel(channel: grpc.aio.Channel, tracer_provider: TracerProvider | None = None) -> rpc_tracing.TracedChannel:
+    """`channel` for stubs: one client span per traced call, its context sent in the metadata.
+    No client interceptor: grpc.aio runs every call of an intercepted channel on a slower path."""
+    return rpc_tracing.TracedChannel(channel, _tracer(tracer_provider), is_traced)
+
+
+def _tracer(provider: TracerProvider | None) -> trace.Tracer:
+    return trace.get_tracer("provisioner.rpc", tracer_provider=provider)
 

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections import namedtuple
 
 import grpc
 import pytest
@@ -31,7 +30,6 @@ from provisioner.telemetry import (
     ATTR_SESSION_ID,
     ATTR_START,
     JsonLinesSpanExporter,
-    client_interceptors,
     server_interceptors,
     setup_tracing,
 )
@@ -57,7 +55,7 @@ async def _serve(provider, *handlers: grpc.GenericRpcHandler, extra=None):
 
 
 def _channel(provider, target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, interceptors=client_interceptors(provider))
+    return telemetry.traced_channel(grpc.aio.insecure_channel(target), provider)
 
 
 @pytest.fixture
@@ -195,8 +193,7 @@ async def test_abort_and_server_streaming_pass_through(memory_provider):
     ],
 )
 def test_filter(method, traced):
-    details = namedtuple("Details", "method")(method)
-    assert telemetry.is_traced(details) is traced
+    assert telemetry.is_traced(method) is traced
 
 
 def _write_sample_traces(path):

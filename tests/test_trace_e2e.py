@@ -70,7 +70,7 @@ async def traced(tmp_path, otlp_receiver):  # noqa: F811
 async def test_one_trace_from_client_to_cloud(traced):
     fleet, provider, receiver = traced
     tracer = provider.get_tracer("test")
-    async with fleet.front_channel(interceptors=telemetry.client_interceptors(provider)) as ch:
+    async with telemetry.traced_channel(fleet.front_channel(), provider) as ch:
         sessions = s_grpc.SessionServiceStub(ch)
         spec = pb.SessionSpec(request_id="trace-e2e", user_id="alice", accelerator="gpu-p100",
                               image="gpu:latest", region_hint="us-central1")

@@ -99,12 +99,20 @@ class Guard(grpc.aio.ServerInterceptor):
         self.audit = audit
         self.max_streams = max_streams
         self._streams: dict[str, int] = {}  # open streams by caller identity
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler | None]] = {}
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
         method = details.method
         if handler is None or method.split("/")[1] in ANONYMOUS_SERVICES:
             return handler
+        inner, guarded = self._guarded.get(method, (None, None))
+        if inner is not handler:  # made once per method: nothing in it is per call
+            guarded = self._guard(method, handler)
+            self._guarded[method] = handler, guarded
+        return guarded
+
+    def _guard(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler | None:
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(method, handler), response_serializer=handler.response_serializer)

@@ -51,10 +51,11 @@ class ClusterClient:
         self.clock = clock
         self.channel = grpc.aio.secure_channel(
             address, credentials, options=[*KEEPALIVE, ("grpc.ssl_target_name_override", server_name)],
-            interceptors=[*telemetry.client_interceptors(tracer_provider), *interceptors])
+            interceptors=list(interceptors) or None)  # none in production: see rpc_tracing
         self.breaker = CircuitBreaker()
-        self.sessions = cluster_grpc.ClusterServiceStub(self.channel)
-        self.admin = admin_grpc.AdminServiceStub(self.channel)
+        traced = telemetry.traced_channel(self.channel, tracer_provider)
+        self.sessions = cluster_grpc.ClusterServiceStub(traced)
+        self.admin = admin_grpc.AdminServiceStub(traced)
         self.capacity: pb.ClusterCapacity | None = None
         self.healthy = False
         self.updated = asyncio.Event()

@@ -89,7 +89,7 @@ class Sessions:
     """The provisioner's side: calls through the front as a service (acting for any user)."""
 
     def __init__(self, address: str, data_dir: Path):
-        from provisioner.client.credentials import front_credentials, local_ca
+        from provisioner.client.credentials import bearer, local_ca
         from provisioner.security.client import dev_token
         from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
         from provisioner.v1 import session_service_pb2 as s_pb
@@ -97,8 +97,10 @@ class Sessions:
         from provisioner.v1 import types_pb2 as pb
 
         self.pb, self.s_pb = pb, s_pb
-        self.channel = grpc.aio.secure_channel(address, front_credentials(local_ca(data_dir).read_bytes(),
-                                                                           dev_token(data_dir)))
+        # The token as call metadata, as a backend holding one token would send it: grpc's call
+        # credentials run a Python plugin on a thread for every call.
+        self.channel = grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(local_ca(data_dir).read_bytes()))
+        self.md = bearer(dev_token(data_dir))
         self.stub = s_grpc.SessionServiceStub(self.channel)
         self.admin = admin_grpc.AdminServiceStub(self.channel)
         self.live: list[str] = []  # sessions made and not stopped
@@ -115,7 +117,7 @@ class Sessions:
         deadline, shown, last, steady = time.monotonic() + timeout_s, None, None, 0
         while time.monotonic() < deadline:
             try:
-                resp = await self.admin.ListPools(a_pb.ListPoolsRequest(cluster=CLUSTER), timeout=10)
+                resp = await self.admin.ListPools(a_pb.ListPoolsRequest(cluster=CLUSTER), timeout=10, metadata=self.md)
             except grpc.aio.AioRpcError as e:  # the front has not reached the cluster yet
                 warm, detail, counts = 0, e.code().name, None
             else:
@@ -138,22 +140,22 @@ class Sessions:
         i = next(self._ids)
         spec = self.pb.SessionSpec(request_id=f"perf-{self._tag}-{i}", user_id=f"perf-user-{i % USERS}",
                                    accelerator=POOL, image="gpu:latest", region_hint=CLUSTER)
-        resp = await self.stub.CreateSession(self.s_pb.CreateSessionRequest(spec=spec), timeout=10)
+        resp = await self.stub.CreateSession(self.s_pb.CreateSessionRequest(spec=spec), timeout=10, metadata=self.md)
         self.live.append(resp.session.id)
         if resp.session.start != self.pb.START_KIND_WARM:
             self.not_warm += 1
 
     async def get(self) -> None:
-        await self.stub.GetSession(self.s_pb.GetSessionRequest(session_id=random.choice(self.live)), timeout=10)
+        await self.stub.GetSession(self.s_pb.GetSessionRequest(session_id=random.choice(self.live)), timeout=10, metadata=self.md)
 
     async def touch(self) -> None:
-        await self.stub.TouchSession(self.s_pb.TouchSessionRequest(session_id=random.choice(self.live)), timeout=10)
+        await self.stub.TouchSession(self.s_pb.TouchSessionRequest(session_id=random.choice(self.live)), timeout=10, metadata=self.md)
 
     async def stop(self) -> None:
         if len(self.live) <= SEEDED_SESSIONS // 2:  # keep enough to read
             return await self.get()
         session_id = self.live.pop(random.randrange(len(self.live)))
-        await self.stub.StopSession(self.s_pb.StopSessionRequest(session_id=session_id), timeout=10)
+        await self.stub.StopSession(self.s_pb.StopSessionRequest(session_id=session_id), timeout=10, metadata=self.md)
 
     async def mix(self) -> None:
         r, acc = random.random(), 0.0
@@ -172,7 +174,7 @@ class Sessions:
             while pending:
                 session_id = pending.pop()
                 try:
-                    await self.stub.StopSession(self.s_pb.StopSessionRequest(session_id=session_id), timeout=30)
+                    await self.stub.StopSession(self.s_pb.StopSessionRequest(session_id=session_id), timeout=30, metadata=self.md)
                 except grpc.aio.AioRpcError:
                     pass  # ended already (culled); the pool gets it back either way
 
