@@ -1,9 +1,10 @@
 """OpenTelemetry tracing: one trace follows a request from the client through the front, the
 cluster and every cloud call.
 
-W3C trace context travels in gRPC metadata, carried by `provisioner.rpc_tracing` (a span per
-call on each side, named and described as OpenTelemetry's gRPC instrumentation names them). The exporter is chosen per process: none, console, otlp
-(OTLP over gRPC) or file (JSON lines, readable with `provisioner.traceview`). Spans leave
+W3C trace context travels in gRPC metadata, carried by `provisioner.rpc_tracing` on the servers
+and the front's channels (a span per call on each side, named and described as OpenTelemetry's
+gRPC instrumentation names them) and by that instrumentation in the CLI. The exporter is chosen
+per process: none, console, otlp (OTLP over gRPC) or file (JSON lines, readable with `provisioner.traceview`). Spans leave
 through a batch processor for every exporter, so exporting never runs on the request path; a
 trace is kept or dropped where it starts (a ratio of new traces) and every hop follows that
 choice, carried in the trace context.
