@@ -51,6 +51,17 @@ async def test_an_ended_session_leaves_memory_and_is_still_read_from_the_store(t
         assert rt.knows_request(old.spec.key) and rt.stop(old.id, "again").state == old.state
         assert {s.id for s in rt.sessions("ada")} == {old.id, live.id}
         assert {s.id for s in rt.sessions()} == {live.id}  # without a user: what memory holds
+        # A quota check asks for the sessions that can meter this week: the live ones, and those
+        # that ended since the week began, from memory or from the store.
+        ended = rt.get(old.id).ended_at
+        assert {s.id for s in rt.sessions("ada", ended_after=ended)} == {old.id, live.id}
+        assert {s.id for s in rt.sessions("ada", ended_after=ended + 1)} == {live.id}
+        recent = rt.allocate(spec("recent"))
+        await advance(rt, clock, 60)
+        rt.stop(recent.id, "done")
+        await advance(rt, clock, 60)
+        assert recent.id in rt.core.sessions and rt.core.sessions[recent.id].terminal
+        assert {s.id for s in rt.sessions("ada", ended_after=ended + 1)} == {live.id, recent.id}
     finally:
         await rt.close()
         store.close()

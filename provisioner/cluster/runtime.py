@@ -249,8 +249,8 @@ class ClusterRuntime:
     def knows_request(self, key: str) -> bool:
         return key in self.core.by_request or self._stored_for_request(key) is not None
 
-    def sessions(self, user_id: str = "") -> list[Session]:
-        """The sessions in memory; given a user, theirs ended long ago too."""
+    def sessions(self, user_id: str = "", ended_after: float | None = None) -> list[Session]:
+        """The sessions in memory; given a user, theirs ended long ago too (since `ended_after`)."""
         if not user_id or self.store is None:
             return list(self.core.sessions.values())
         ids = self._by_user.get(user_id, set())
@@ -258,7 +258,7 @@ class ClusterRuntime:
         if not ids:
             self._by_user.pop(user_id, None)
         held = {sid: self.core.sessions[sid] for sid in ids}
-        return [*held.values(), *(s for s in self.store.load_user_sessions(self.core.name, user_id)
+        return [*held.values(), *(s for s in self.store.load_user_sessions(self.core.name, user_id, ended_after)
                                   if s.id not in held)]
 
     def _index_users(self, sessions: Iterable[Session]) -> None:

@@ -12,6 +12,7 @@ from provisioner.api.status import stream, unary
 from provisioner.clock import Clock, RealClock
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.decide.pools import PoolState
+from provisioner.decide.states import SESSION_TERMINAL
 from provisioner.errors import Aborted, InvalidArgument, NotFound, quote
 from provisioner.model import Session, request_key
 from provisioner.v1 import admin_service_pb2 as admin_pb
@@ -25,9 +26,10 @@ from provisioner.v1 import types_pb2 as pb
 DEFAULT_CAPACITY_INTERVAL_S = 0.1
 
 
-def filter_sessions(sessions, user_id: str, states: list[int]) -> list[Session]:
+def filter_sessions(sessions, user_id: str, states: list[int], ended_after: float | None = None) -> list[Session]:
     wanted = {convert.session_state_from_pb(s) for s in states}
-    out = [s for s in sessions if (not user_id or s.spec.user_id == user_id) and (not wanted or s.state in wanted)]
+    out = [s for s in sessions if (not user_id or s.spec.user_id == user_id) and (not wanted or s.state in wanted)
+           and (ended_after is None or s.state not in SESSION_TERMINAL or s.ended_at >= ended_after)]
     out.sort(key=lambda s: (-s.created_at, s.id))
     return out
 
@@ -78,7 +80,9 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
 
     @unary
     async def List(self, request, context):
-        sessions = filter_sessions(self.rt.sessions(request.user_id), request.user_id, list(request.states))
+        ended_after = request.ended_after.ToNanoseconds() / 1e9 if request.HasField("ended_after") else None
+        sessions = filter_sessions(self.rt.sessions(request.user_id, ended_after), request.user_id,
+                                   list(request.states), ended_after)
         items, token = page(sessions, request.page_size, request.page_token)
         response = cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, self.rt.clock.now()) for s in items],
                                            next_page_token=token)

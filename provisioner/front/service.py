@@ -187,6 +187,10 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         each call, so that every front replica applies a change at once."""
         return self.limits.quotas.with_override((await self.store.read(self.store.quota_override, user_id))[0])
 
+    def _week_start(self, q: QuotaConfig) -> float:
+        """Sessions that ended before this meter nothing this week."""
+        return quota.week_window(self.clock.now(), q.reset_weekday, q.reset_hour_utc)[0]
+
     def _usage(self, sessions: list[pb.Session], now: float, q: QuotaConfig) -> quota.Usage:
         window = quota.week_window(now, q.reset_weekday, q.reset_hour_utc)
         rows, live_requests = [], set()
@@ -201,11 +205,11 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     async def _check_quota(self, user_id: str, request_id: str, kind: str) -> None:
         """Refuses a new session over the user's active-session cap or without budget left."""
-        sessions = await self._user_sessions(user_id, [], lenient=True)
+        q = await self.quotas(user_id)
+        sessions = await self._user_sessions(user_id, [], lenient=True, ended_after=self._week_start(q))
         # A session already made for this very request (its answer lost) is this create's own,
         # not one more: a retry must find it, never be refused for it.
         sessions = [s for s in sessions if s.spec.request_id != request_id]
-        q = await self.quotas(user_id)
         refusal = quota.check_create(self._usage(sessions, self.clock.now(), q), kind, q.max_active(kind),
                                      q.min_budget_to_start_s)
         if refusal is not None:
@@ -218,18 +222,20 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                           cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner))
         return session_pb.GetSessionResponse(session=resp.session)
 
-    async def _user_sessions(self, user_id: str, states, cluster: str = "",
-                             lenient: bool = False) -> list[pb.Session]:
-        """A user's sessions ("": every user's) on every reachable cluster, or on `cluster` only.
+    async def _user_sessions(self, user_id: str, states, cluster: str = "", lenient: bool = False,
+                             ended_after: float | None = None) -> list[pb.Session]:
+        """A user's sessions ("": every user's) on every reachable cluster, or on `cluster` only;
+        with `ended_after`, none that ended before it.
         `lenient`: a cluster that fails to answer in ATTEMPT_TIMEOUT_S is left out (and logged)
         instead of failing the call, so a hung cluster does not hold up every create."""
         timeout = ATTEMPT_TIMEOUT_S if lenient else None
+        since = convert.timestamp(ended_after) if ended_after is not None else None
 
         async def one(c: ClusterClient):
             out, token = [], ""
             while True:
                 resp = await call(c.sessions.List, cluster_pb.ListRequest(
-                    user_id=user_id, states=states, page_size=500, page_token=token), timeout)
+                    user_id=user_id, states=states, page_size=500, page_token=token, ended_after=since), timeout)
                 out += resp.sessions
                 if not (token := resp.next_page_token):
                     return out
@@ -303,8 +309,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     async def quota(self, user_id: str) -> pb.Quota:
         """The user's limits in force (overrides applied) and this week's usage."""
-        sessions = await self._user_sessions(user_id, [])
         q = await self.quotas(user_id)
+        sessions = await self._user_sessions(user_id, [], ended_after=self._week_start(q))
         now = self.clock.now()
         u = self._usage(sessions, now, q)
         out = pb.Quota(

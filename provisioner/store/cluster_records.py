@@ -106,8 +106,14 @@ class ClusterRecords:
         rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND request_id = ?", (cluster, key))
         return Session.from_dict(json.loads(rows[0][0])) if rows else None
 
-    def load_user_sessions(self, cluster: str, user_id: str) -> list[Session]:
-        rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND user_id = ?", (cluster, user_id))
+    def load_user_sessions(self, cluster: str, user_id: str, ended_after: float | None = None) -> list[Session]:
+        """The user's sessions, leaving out those that ended before `ended_after` if given."""
+        if ended_after is None:
+            rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND user_id = ?", (cluster, user_id))
+        else:
+            rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND user_id = ? "
+                              f"AND (state IN ({_marks(_LIVE)}) OR ended_at >= ?)",
+                              (cluster, user_id, *_values(_LIVE), ended_after))
         return [Session.from_dict(json.loads(body)) for (body,) in rows]
 
     def _remember_vm_rows(self, written: dict[str, _VmRows | None]) -> None:
