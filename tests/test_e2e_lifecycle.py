@@ -176,3 +176,42 @@ async def test_unknown_state_filter_is_invalid_argument(local_fleet):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await local_fleet.sessions.ListSessions(s_pb.ListSessionsRequest(user_id="alice", states=[42]))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_the_capacity_stream_sends_the_whole_then_the_pools_that_changed(local_fleet):
+    from provisioner.v1 import cluster_service_pb2 as cluster_pb
+    from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
+
+    async with local_fleet.cluster_channel("us-central1") as ch:
+        stub = cluster_grpc.ClusterServiceStub(ch)
+        pushes: asyncio.Queue = asyncio.Queue()
+
+        async def follow():
+            async for push in stub.WatchCapacity(cluster_pb.WatchCapacityRequest()):
+                await pushes.put(push)
+
+        following = asyncio.create_task(follow())
+        first = await asyncio.wait_for(pushes.get(), 5)
+        assert not first.changes_only
+        pools = {p.pool: p for p in first.capacity.pools}
+        assert len(pools) > 1 and "gpu-p100" in pools
+
+        def take(push) -> None:  # pushes that follow name only the pools that changed
+            assert push.changes_only and all(p != pools[p.pool] for p in push.capacity.pools)
+            pools.update((p.pool, p) for p in push.capacity.pools)
+
+        await local_fleet.create(region_hint="us-central1", region_required=True)
+        while pools["gpu-p100"].assigned != 1:
+            take(await asyncio.wait_for(pushes.get(), 5))
+        # What the changes add up to is what a new stream is told whole (once the fleet is still).
+        for _ in range(50):
+            fresh = stub.WatchCapacity(cluster_pb.WatchCapacityRequest())
+            whole = {p.pool: p for p in (await asyncio.wait_for(fresh.read(), 5)).capacity.pools}
+            fresh.cancel()
+            await asyncio.sleep(0.2)
+            while not pushes.empty():
+                take(pushes.get_nowait())
+            if whole == pools:
+                break
+        assert whole == pools
+        following.cancel()

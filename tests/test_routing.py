@@ -125,3 +125,19 @@ def test_a_burst_of_creates_spreads_once_the_warm_vms_it_was_shown_are_taken():
                  for v in views]
     assert sorted(routed[:5]) == [("a", "warm")] * 3 + [("b", "warm")] * 2
     assert routed[5][1] == "cold"  # the sixth finds no warm VM left anywhere
+
+
+def test_a_push_of_changed_pools_only_keeps_the_others_as_they_were():
+    from provisioner.front.clusters import merged
+    from provisioner.v1 import cluster_service_pb2 as cluster_pb
+    from provisioner.v1 import types_pb2 as pb
+
+    def push(changes_only: bool, draining: bool, **warm: int) -> cluster_pb.WatchCapacityResponse:
+        return cluster_pb.WatchCapacityResponse(changes_only=changes_only, capacity=pb.ClusterCapacity(
+            cluster="c", draining=draining, pools=[pb.PoolCapacity(pool=p, warm=n) for p, n in warm.items()]))
+
+    known = merged(None, push(False, False, p100=3, t4=5))
+    known = merged(known, push(True, True, t4=4))
+    assert [(p.pool, p.warm) for p in known.pools] == [("p100", 3), ("t4", 4)] and known.draining
+    known = merged(known, push(False, False, t4=1))  # a whole one (a new stream) replaces everything
+    assert [(p.pool, p.warm) for p in known.pools] == [("t4", 1)]

@@ -123,9 +123,17 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     @stream
     async def WatchCapacity(self, request, context):
         interval = request.min_interval_s or DEFAULT_CAPACITY_INTERVAL_S
+        sent: dict[str, pb.PoolCapacity] = {}  # what this stream was last told of each pool
         while not self.rt.streams_closed:
             changed = self.rt.capacity_notice()
-            yield cluster_pb.WatchCapacityResponse(capacity=capacity_pb(self.rt))
+            capacity = capacity_pb(self.rt)
+            news = [p for p in capacity.pools if sent.get(p.pool) != p]
+            whole = not sent
+            sent.update((p.pool, p) for p in news)
+            if not whole:
+                del capacity.pools[:]
+                capacity.pools.extend(news)
+            yield cluster_pb.WatchCapacityResponse(capacity=capacity, changes_only=not whole)
             await self.wall.sleep(interval)
             await changed.wait()
 

@@ -79,7 +79,7 @@ class ClusterClient:
         while True:
             try:
                 async for resp in self.sessions.WatchCapacity(cluster_pb.WatchCapacityRequest()):
-                    self.capacity, self.healthy = resp.capacity, True
+                    self.capacity, self.healthy = merged(self.capacity, resp), True
                     self._pushes += 1
                     self._holds = {k: h for k, h in self._holds.items()
                                    if h.settled_at_push is None or h.settled_at_push >= self._pushes}
@@ -121,6 +121,19 @@ class ClusterClient:
 
     def breaker_state(self) -> str:
         return self.breaker.state(self.clock.now())
+
+
+def merged(known: pb.ClusterCapacity | None, resp: cluster_pb.WatchCapacityResponse) -> pb.ClusterCapacity:
+    """The cluster's capacity after a push: whole, or the pools it names over those known."""
+    if not resp.changes_only or known is None:
+        return resp.capacity
+    pools = {p.pool: p for p in known.pools}
+    pools.update((p.pool, p) for p in resp.capacity.pools)
+    out = pb.ClusterCapacity()
+    out.CopyFrom(resp.capacity)
+    del out.pools[:]
+    out.pools.extend(pools.values())  # in the order first told
+    return out
 
 
 def taken(pool: PoolView, image: str) -> PoolView:

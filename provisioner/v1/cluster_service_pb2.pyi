@@ -115,10 +115,12 @@ class WatchCapacityRequest(_message.Message):
     def __init__(self, min_interval_s: _Optional[float] = ...) -> None: ...
 
 class WatchCapacityResponse(_message.Message):
-    __slots__ = ("capacity",)
+    __slots__ = ("capacity", "changes_only")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_ONLY_FIELD_NUMBER: _ClassVar[int]
     capacity: _types_pb2.ClusterCapacity
-    def __init__(self, capacity: _Optional[_Union[_types_pb2.ClusterCapacity, _Mapping]] = ...) -> None: ...
+    changes_only: bool
+    def __init__(self, capacity: _Optional[_Union[_types_pb2.ClusterCapacity, _Mapping]] = ..., changes_only: _Optional[bool] = ...) -> None: ...
 
 class DiscardRequest(_message.Message):
     __slots__ = ("request_id", "reason", "user_id")
