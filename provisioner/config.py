@@ -131,6 +131,10 @@ class PoolConfig(_Model):
     # Keep idle VMs beyond the warm target stopped (their disk, so their image cache, kept) rather
     # than deleted, and start them before creating new ones. Not on the gke backend.
     standby: bool = False
+    # Fair share under a flood: the most VMs of this pool one user's sessions hold at once; more of
+    # their sessions wait in the queue, other users' go first, and the pool does not grow for
+    # them. 0: no ceiling.
+    max_vms_per_user: NonNegativeInt = 0
 
     @model_validator(mode="after")
     def _check(self) -> PoolConfig:

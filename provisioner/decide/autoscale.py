@@ -40,12 +40,20 @@ class PoolSnapshot:
     standby: bool = False  # the pool keeps a standby tier (stopped VMs)
     standby_vms: int = 0  # stopped or stopping
     forecast_cover: int = 0  # `predictive`: warm and standby VMs for what arrives over a new VM's lead time
+    queued_demand: int | None = None  # the queued sessions the pool grows for (None: all of them)
 
 
 @dataclass(frozen=True, slots=True)
 class ScalePlan:
     launch: int = 0
     delete: int = 0
+
+
+def queued_demand(queued: Mapping[str, int], holding: Mapping[str, int], ceiling: int) -> int:
+    """Queued sessions counted as demand when no user may hold more than `ceiling` VMs of a pool:
+    each user's queued sessions count up to the ceiling less the VMs the user holds (a flooder's
+    queue waits for the flooder's own sessions to end instead of growing the pool)."""
+    return sum(min(n, max(0, ceiling - holding.get(user, 0))) for user, n in queued.items())
 
 
 def desired_vms(s: PoolSnapshot) -> int:
@@ -55,7 +63,7 @@ def desired_vms(s: PoolSnapshot) -> int:
     headroom    a fraction of demand, at least one (the common practice);
     predictive  what the arrival forecast over a new VM's lead time calls for.
     """
-    demand = s.assigned + s.queued
+    demand = s.assigned + (s.queued if s.queued_demand is None else s.queued_demand)
     if s.autoscaler == "fixed":
         want = demand + s.warm_vms
     elif s.autoscaler == "predictive":

@@ -119,7 +119,7 @@ class Pools:
         c, p = pool.count, pool.policy
         return PoolSnapshot(
             warm=c[V.WARM], starting=c[V.CREATING] + c[V.BOOTING] + c[V.STARTING], assigned=c[V.ASSIGNED],
-            recycling=c[V.RECYCLING], queued=len(pool.queue), min_vms=p.min_vms, max_vms=p.max_vms,
+            recycling=c[V.RECYCLING], queued=len(pool.queue), queued_demand=self._queued_demand(pool), min_vms=p.min_vms, max_vms=p.max_vms,
             headroom_fraction=p.headroom_fraction, autoscaler=p.autoscaler, warm_vms=p.warm_vms,
             forecast_warm=pool.forecast_warm, standby=p.standby, standby_vms=pool.standby_total,
             forecast_cover=pool.forecast_cover,

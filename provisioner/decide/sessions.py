@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Mapping
 
 from provisioner.decide.assignment import choose_standby, choose_vm, queue_order
+from provisioner.decide.autoscale import queued_demand
 from provisioner.decide.commands import Pull
 from provisioner.decide.pools import PoolState
 from provisioner.decide.states import SessionState, VmState
@@ -72,7 +73,7 @@ class Sessions:
         pool.demand.count(image, now)
         pool.forecast.arrival(now)
         if not self._place(s, now):
-            self._enqueue(s, "waiting for capacity: the pool is at its maximum or stocked out", now)
+            self._enqueue(s, self._why_waiting(pool, s), now)
         return s
 
     def _new_session_id(self) -> str:
@@ -156,6 +157,8 @@ class Sessions:
     def _place(self, s: Session, now: float) -> bool:
         """Gives the session a warm VM or launches one; False when it must wait."""
         pool = self.pools[s.pool]
+        if self._at_user_ceiling(pool, s):  # it waits for one of its user's VMs to come free
+            return False
         choice = choose_vm(s.image, reversed(pool.ready.values()), self.catalog)  # newest warm first
         if choice.vm_id:
             vm = self.vms[choice.vm_id]
@@ -256,18 +259,45 @@ class Sessions:
                 s.queue_position = pos
                 self._session_changed(s)
 
-    def _queue_order(self, pool: PoolState) -> list[Session]:
+    def _holding(self, pool: PoolState) -> dict[str, int]:
+        """The pool's VMs each user's sessions hold or have coming."""
         holding: dict[str, int] = defaultdict(int)
         for vm in pool.vms.values():
             if (owner := self.sessions.get(vm.session_id or vm.reserved_for)) is not None:
                 holding[owner.spec.user_id] += 1
-        return queue_order([self.sessions[i] for i in pool.queue], holding)
+        return holding
+
+    def _at_user_ceiling(self, pool: PoolState, s: Session) -> bool:
+        ceiling = pool.policy.max_vms_per_user
+        return bool(ceiling) and self._holding(pool).get(s.spec.user_id, 0) >= ceiling
+
+    def _why_waiting(self, pool: PoolState, s: Session) -> str:
+        if self._at_user_ceiling(pool, s):
+            return (f"waiting for one of its user's sessions to end: user {quote(s.spec.user_id)} holds the "
+                    f"pool's per-user ceiling of {pool.policy.max_vms_per_user} VMs")
+        return "waiting for capacity: the pool is at its maximum or stocked out"
+
+    def _queue_order(self, pool: PoolState) -> list[Session]:
+        return queue_order([self.sessions[i] for i in pool.queue], self._holding(pool))
+
+    def _queued_demand(self, pool: PoolState) -> int:
+        """The queued sessions the autoscaler grows the pool for: with a per-user ceiling, a user's
+        count only up to the ceiling less the VMs the user holds."""
+        ceiling = pool.policy.max_vms_per_user
+        if not ceiling or not pool.queue:
+            return len(pool.queue)
+        queued: dict[str, int] = defaultdict(int)
+        for sid in pool.queue:
+            queued[self.sessions[sid].spec.user_id] += 1
+        return queued_demand(queued, self._holding(pool), ceiling)
 
     def _dispatch_queue(self, pool: PoolState, now: float) -> None:
         if not pool.queue:
             return
         for s in self._queue_order(pool):
             if not self._place(s, now):
+                if self._at_user_ceiling(pool, s):
+                    continue  # its user's ceiling holds it, not the pool: the next may go
                 break
             del pool.queue[s.id]
         self._renumber_queue(pool, now)
