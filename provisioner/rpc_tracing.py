@@ -12,8 +12,9 @@ CLIENT or SERVER, `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from typing import Callable
+from typing import Callable, Iterator
 
 import grpc
 from opentelemetry import propagate, trace
@@ -142,17 +143,25 @@ class ServerTracing(grpc.aio.ServerInterceptor):
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         tracer, attributes = self._tracer, _attributes(method)
 
-        def start(context) -> trace.Span:
+        @contextlib.contextmanager
+        def serving(context) -> Iterator[None]:
+            """The call's span, current inside; ended with the status the handler left."""
             parent = propagate.extract(dict(context.invocation_metadata() or ()))
-            return tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-
-        def end(span: trace.Span, context, error: BaseException | None) -> None:
-            code = context.code()
-            if code is None:  # not set by the handler: OK, or UNKNOWN for an escaping error
-                code = grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
-            elif not isinstance(code, grpc.StatusCode):
-                code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-            _finish(span, code, context.details() if code != grpc.StatusCode.OK else None)
+            span = tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+            failed = False
+            try:
+                with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+                    yield
+            except BaseException:
+                failed = True
+                raise
+            finally:
+                code = context.code()
+                if code is None:  # not set by the handler: OK, or UNKNOWN for an escaping error
+                    code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+                elif not isinstance(code, grpc.StatusCode):
+                    code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+                _finish(span, code, context.details() if code != grpc.StatusCode.OK else None)
 
         serde = {"request_deserializer": handler.request_deserializer,
                  "response_serializer": handler.response_serializer}
@@ -160,35 +169,17 @@ class ServerTracing(grpc.aio.ServerInterceptor):
             inner = handler.unary_unary
 
             async def unary(request, context):
-                span = start(context)
-                error = None
-                try:
-                    with trace.use_span(span, end_on_exit=False, record_exception=False,
-                                        set_status_on_exception=False):
-                        return await inner(request, context)
-                except BaseException as e:
-                    error = e
-                    raise
-                finally:
-                    end(span, context, error)
+                with serving(context):
+                    return await inner(request, context)
 
             return grpc.unary_unary_rpc_method_handler(unary, **serde)
         if handler.unary_stream is not None and inspect.isasyncgenfunction(handler.unary_stream):
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
-                span = start(context)
-                error = None
-                try:
-                    with trace.use_span(span, end_on_exit=False, record_exception=False,
-                                        set_status_on_exception=False):
-                        async for item in inner_stream(request, context):
-                            yield item
-                except BaseException as e:
-                    error = e
-                    raise
-                finally:
-                    end(span, context, error)
+                with serving(context):
+                    async for item in inner_stream(request, context):
+                        yield item
 
             return grpc.unary_stream_rpc_method_handler(stream, **serde)
         return handler  # shapes the services here do not serve stay untraced
