@@ -80,6 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--warm-vms", type=int, default=None, metavar="N", help="fixed policy: warm VMs per pool")
     sim.add_argument("--wait-probability", type=float, default=None, metavar="P",
                      help="predictive policy: target share of requests that wait for a VM")
+    sim.add_argument("--quotas", action="store_true",
+                     help="check each create against the fleet's quotas as the front does (refusals counted)")
+    sim.add_argument("--flood", type=int, default=0, metavar="N",
+                     help="add one user sending N creates within 10 s halfway through the trace")
     sim.add_argument("--plot", default=None, metavar="PNG",
                      help="draw each region and pool over time: VMs (assigned, warm, starting) and queue, waits, cost")
     sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
@@ -413,8 +417,8 @@ def cmd_simulate(args) -> int:
     from provisioner.sim.parallel import results as results_of
     from provisioner.sim.replay import TraceError
 
-    if args.scale < 1 or args.jobs < 1:
-        print("error: --scale and --jobs must be >= 1", file=sys.stderr)
+    if args.scale < 1 or args.jobs < 1 or args.flood < 0:
+        print("error: --scale and --jobs must be >= 1, --flood >= 0", file=sys.stderr)
         return 2
     for flag, value, ok in (("--headroom", args.headroom, lambda v: v >= 0),
                             ("--warm-vms", args.warm_vms, lambda v: v >= 0),
@@ -423,7 +427,7 @@ def cmd_simulate(args) -> int:
             print(f"error: {flag} {value} is out of range", file=sys.stderr)
             return 2
     run = Run(args.trace, args.scale, args.seed, args.clusters, args.policy, args.headroom, args.warm_vms,
-              args.wait_probability)
+              args.wait_probability, args.quotas, args.flood)
     started = time.monotonic()
     shown = [0.0]
 

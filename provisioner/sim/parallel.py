@@ -1,7 +1,8 @@
 """Replays groups of clusters in separate processes and adds up what they measured.
 
 In a replay every session goes to the cluster of its home region and clusters share nothing, so
-each group of clusters is an independent run over its own sessions. Each group keeps its own
+each group of clusters is an independent run over its own sessions (with quotas, only when each
+user's sessions are in one region; otherwise one process replays all). Each group keeps its own
 seeded physics and ids, so the sum of the groups' tallies is exactly the one-process result.
 """
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from provisioner.config import FleetConfig, load_fleet
-from provisioner.sim.replay import Replay, Tally, peak_concurrency, read_trace, superimpose, trace_end, with_policy
+from provisioner.sim.replay import (Replay, Tally, peak_concurrency, read_trace, superimpose, trace_end, with_flood,
+                                    with_policy)
 
 # Progress of each worker (fraction done), shared with the parent. Set in each worker process.
 _progress = None
@@ -32,13 +34,15 @@ class Run:
     headroom_fraction: float | None = None
     warm_vms: int | None = None
     wait_probability: float | None = None
+    quotas: bool = False  # check each create as the front does
+    flood: int = 0  # one user's creates added halfway through
 
     def fleet(self) -> FleetConfig:
         return with_policy(load_fleet(self.clusters_dir), self.policy, self.headroom_fraction, self.warm_vms,
                            self.wait_probability)
 
     def rows(self):
-        return superimpose(read_trace(self.trace), self.scale, self.seed)
+        return with_flood(superimpose(read_trace(self.trace), self.scale, self.seed), self.flood)
 
     def scaled_peak_vms(self) -> int:
         """K times the base trace's peak (per region and pool): a fixed fleet sized the way the
@@ -69,12 +73,14 @@ def split(sessions_per_cluster: dict[str, int], jobs: int) -> list[list[str]]:
 def simulate(run: Run, jobs: int = 1, progress: Callable[[float], None] | None = None) -> Tally:
     """Replays the run, over `jobs` processes when there is more than one cluster to share out."""
     fleet, rows = run.fleet(), run.rows()
-    replay = Replay(fleet, rows, seed=run.seed)  # checks every row has a home cluster and pool
+    replay = Replay(fleet, rows, seed=run.seed, quotas=run.quotas)  # checks every row has a home cluster and pool
     region_of = {c.name: c.region for c in fleet.clusters}
     counts = {c.name: 0 for c in fleet.clusters}
     by_region = {c.region: c.name for c in fleet.clusters}
     for r in rows:
         counts[by_region[r.region]] += 1
+    if run.quotas and _users_span_regions(rows):
+        jobs = 1  # a user's quota counts sessions in every region: one process sees them all
     groups = split(counts, jobs)
     if len(groups) == 1:
         replay.run(progress)
@@ -99,6 +105,11 @@ def simulate(run: Run, jobs: int = 1, progress: Callable[[float], None] | None =
     return total
 
 
+def _users_span_regions(rows) -> bool:
+    region: dict[str, str] = {}
+    return any(region.setdefault(r.user, r.region) != r.region for r in rows)
+
+
 def _init_worker(shared) -> None:
     global _progress
     _progress = shared
@@ -108,7 +119,7 @@ def _replay_part(run: Run, regions: list[str], end_s: float, index: int) -> Tall
     fleet = run.fleet()
     fleet = fleet.model_copy(update={"clusters": tuple(c for c in fleet.clusters if c.region in regions)})
     rows = [r for r in run.rows() if r.region in regions]
-    replay = Replay(fleet, rows, seed=run.seed, end_s=end_s)
+    replay = Replay(fleet, rows, seed=run.seed, end_s=end_s, quotas=run.quotas)
 
     def progress(done: float) -> None:
         _progress[index] = done

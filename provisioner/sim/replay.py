@@ -21,6 +21,7 @@ from provisioner.decide.ids import IdSource
 from provisioner.config import FleetConfig
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.sim.cost import Price, PoolKey, VmTime, costs, prices
+from provisioner.sim.quotas import QuotaMeter
 from provisioner.sim.engine import Engine
 from provisioner.decide.states import SESSION_TERMINAL, VM_ACTIVE, SessionState, VmState
 
@@ -162,6 +163,29 @@ def superimpose(rows: list[TraceRow], scale: int, seed: int) -> list[TraceRow]:
     return out
 
 
+FLOOD_USER, FLOOD_S, FLOOD_SESSION_S = "flooder", 10.0, 3600.0
+
+
+def with_flood(rows: list[TraceRow], creates: int) -> list[TraceRow]:
+    """`rows` plus one user sending `creates` interactive sessions of an hour within FLOOD_S,
+    halfway through the trace, in its commonest region and pool with its commonest image."""
+    if creates <= 0:
+        return rows
+
+    def commonest(values) -> str:
+        counts: dict[str, int] = defaultdict(int)
+        for v in values:
+            counts[v] += 1
+        return max(sorted(counts), key=counts.__getitem__)
+
+    region, pool = commonest(r.region for r in rows), commonest(r.accelerator for r in rows)
+    image = commonest(r.image for r in rows)
+    start = (rows[0].arrival_s + rows[-1].arrival_s) / 2
+    flood = [TraceRow(start + FLOOD_S * i / creates, FLOOD_USER, SessionKind.INTERACTIVE, pool, image, region,
+                      FLOOD_SESSION_S, False) for i in range(creates)]
+    return sorted(rows + flood, key=lambda r: r.arrival_s)
+
+
 @dataclass
 class Tally:
     """What a replay measured, in raw sums, so runs over parts of a fleet add up to the whole."""
@@ -182,6 +206,8 @@ class Tally:
     price: dict[PoolKey, Price] = field(default_factory=dict)
     # Sessions that ended without running, by what they were doing and why they ended.
     never_started: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)  # creates refused by quota, by subject
+    user_wait_max: dict[str, float] = field(default_factory=dict)  # each user's longest wait to run
 
     def __add__(self, other: Tally) -> Tally:
         if self.end_s != other.end_s or len(self.samples) != len(other.samples) or self.pools.keys() & other.pools:
@@ -196,6 +222,9 @@ class Tally:
             {**self.pools, **other.pools}, {**self.pool_time, **other.pool_time}, {**self.price, **other.price},
             {k: self.never_started.get(k, 0) + other.never_started.get(k, 0)
              for k in {**self.never_started, **other.never_started}},
+            {k: self.refused.get(k, 0) + other.refused.get(k, 0) for k in {**self.refused, **other.refused}},
+            {u: max(self.user_wait_max.get(u, 0.0), other.user_wait_max.get(u, 0.0))
+             for u in {**self.user_wait_max, **other.user_wait_max}},
         )
 
     def results(self) -> dict:
@@ -229,8 +258,17 @@ class Tally:
             "wait_p95_s": _pct(waits, 95),
             "wait_p99_s": _pct(waits, 99),
             "wait_max_s": round(waits[-1], 1) if waits else 0.0,
+            "refused_for_quota": dict(sorted(self.refused.items())),
+            "users": _users(self.user_wait_max),
             "events": self.events,
         }
+
+
+def _users(wait_max: dict[str, float]) -> dict:
+    """The users whose sessions ran, by the longest any of theirs waited."""
+    longest = sorted(wait_max.values())
+    return {"count": len(longest), "wait_max_p50_s": _pct(longest, 50), "wait_max_p99_s": _pct(longest, 99),
+            "waited_over_fast_start": sum(1 for w in longest if w > FAST_START_S)}
 
 
 def trace_end(rows: list[TraceRow], idle_timeout_s: float) -> float:
@@ -239,7 +277,9 @@ def trace_end(rows: list[TraceRow], idle_timeout_s: float) -> float:
 
 
 class Replay(Engine):
-    def __init__(self, fleet: FleetConfig, rows: list[TraceRow], seed: int = 0, end_s: float | None = None):
+    def __init__(self, fleet: FleetConfig, rows: list[TraceRow], seed: int = 0, end_s: float | None = None,
+                 quotas: bool = False):
+        """`quotas`: each create is checked against the fleet's quotas as the front checks it."""
         settings = fleet.settings.sessions
         cores = [ClusterCore(c, fleet.catalog, settings, IdSource(c.name, seed)) for c in fleet.clusters]
         super().__init__(cores, seed=seed)
@@ -276,6 +316,10 @@ class Replay(Engine):
         self._t = 0.0
         self.vm_s = self.assigned_vm_s = 0.0
         self.never_started: dict[str, int] = {}
+        self.user_wait_max: dict[str, float] = {}
+        q = fleet.settings.quotas
+        self.quotas = QuotaMeter(q, {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
+                                     for c in fleet.clusters for p in c.pools}) if quotas else None
         self.samples: list[Sample] = []
         self.pool_samples: dict[str, list[PoolSample]] = {f"{c.name}/{p}": [] for c in cores for p in c.pools}
         self._wait_max: dict[str, float] = {}  # per pool, since the last sample
@@ -304,8 +348,12 @@ class Replay(Engine):
         r = self.rows[i]
         if k + 1 < len(mine):
             self.at(self.rows[mine[k + 1]].arrival_s, self._arrive, core, k + 1)
+        if self.quotas is not None and not self.quotas.admit(r.user, r.kind.value, now):
+            return
         spec = SessionSpec(request_id=f"r{i}", user_id=r.user, accelerator=r.accelerator, image=r.image, kind=r.kind)
         s = self.handle(core, SessionRequested(now, spec)).reply
+        if self.quotas is not None:
+            self.quotas.created(s)
         self.sessions += 1
         end = now + r.duration_s
         interactive = r.kind is SessionKind.INTERACTIVE
@@ -368,7 +416,13 @@ class Replay(Engine):
                 key = f"{core.name}/{s.pool}"
                 self._wait_max[key] = max(self._wait_max.get(key, 0.0), wait)
                 self.starts[s.start.value] += 1
+                user = s.spec.user_id
+                self.user_wait_max[user] = max(self.user_wait_max.get(user, 0.0), wait)
+                if self.quotas is not None:
+                    self.quotas.started(s)
             elif s.terminal:
+                if self.quotas is not None:
+                    self.quotas.ended(s)
                 if s.id not in started:
                     why = _never_started(s)
                     self.never_started[why] = self.never_started.get(why, 0) + 1
@@ -416,7 +470,8 @@ class Replay(Engine):
         return Tally(self.now, self.sessions, list(self.waits), dict(self.starts), self.vm_s, self.assigned_vm_s,
                      self.bytes_pulled, self.events, self.fixed_peak_vms, self.fixed_peak_price,
                      list(self.samples), {k: list(v) for k, v in self.pool_samples.items()},
-                     {k: VmTime(*v) for k, v in self._seconds.items()}, dict(self.price), dict(self.never_started))
+                     {k: VmTime(*v) for k, v in self._seconds.items()}, dict(self.price), dict(self.never_started),
+                     dict(self.quotas.refused) if self.quotas else {}, dict(self.user_wait_max))
 
     def results(self) -> dict:
         return self.tally().results()
