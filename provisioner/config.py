@@ -219,6 +219,9 @@ class SessionsConfig(_Model):
     # An ended session leaves the cluster's memory this long after it ended (0: never); the store
     # keeps it, and reads of it go there.
     retention_s: NonNegativeFloat = 3600.0
+    # A running session's watchers are warned this long before its owner's weekly GPU budget
+    # runs out (then it is stopped).
+    budget_warnings_s: tuple[PositiveFloat, ...] = (1800.0, 300.0)
 
     @model_validator(mode="after")
     def _check(self) -> SessionsConfig:

@@ -64,6 +64,16 @@ def cluster_of(session_id: str) -> str:
     return session_id.split(".", 1)[0] if "." in session_id else ""
 
 
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A warning to a session's watchers before something happens to it."""
+
+    kind: str  # what it is about: "gpu_budget"
+    message: str
+    time: float  # when it was given
+    action_time: float  # when what it warns of is due
+
+
 @dataclass(slots=True)
 class Session:
     id: str
@@ -90,6 +100,10 @@ class Session:
     revision: int = 0
     # W3C trace context of the request that created it, so later work joins the same trace.
     trace_context: dict[str, str] = field(default_factory=dict)
+    # When the owner's weekly GPU budget runs out (0: not known to), as the front last said, and
+    # the warnings its watchers were given.
+    budget_ends_at: float = 0.0
+    notices: list[Notice] = field(default_factory=list)
 
     def to(self, state: SessionState, reason: str, now: float) -> None:
         check_transition(SESSION_TRANSITIONS, "session", self.id, self.state, state)
@@ -110,6 +124,7 @@ class Session:
         d["spec"] = {name: getattr(self.spec, name) for name in _SPEC_FIELDS}
         d["history"] = [[h.state, h.reason, h.time] for h in self.history]
         d["trace_context"] = dict(self.trace_context)
+        d["notices"] = [[n.kind, n.message, n.time, n.action_time] for n in self.notices]
         return d
 
     @classmethod
@@ -122,6 +137,7 @@ class Session:
         d["state"] = SessionState(d["state"]) if d["state"] else None
         d["start"] = StartKind(d["start"]) if d["start"] else None
         d["history"] = [StateChange(*h) for h in d["history"]]
+        d["notices"] = [Notice(*n) for n in d.get("notices", ())]  # older records have none
         return cls(**d)
 
 

@@ -28,6 +28,7 @@ from provisioner.front import service as front_service
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
 from provisioner.front.service import Fleet
+from provisioner.front.budget_enforcer import BudgetEnforcer
 from provisioner.front.user_lease import UserLeases
 from provisioner.metrics import Metrics
 from provisioner.cluster import leader
@@ -192,6 +193,7 @@ class FrontProcess:
     placement: Placement
     leases: UserLeases
     resolver: asyncio.Task
+    budgets: asyncio.Task  # the GPU budget sweep (front/budget_enforcer.py)
 
     @property
     def address(self) -> str:
@@ -200,7 +202,8 @@ class FrontProcess:
     async def stop(self, grace_s: float = 5.0) -> None:
         await self.server.stop(grace_s)
         self.resolver.cancel()
-        await asyncio.gather(self.resolver, return_exceptions=True)
+        self.budgets.cancel()
+        await asyncio.gather(self.resolver, self.budgets, return_exceptions=True)
         await self.leases.flush()
         for client in self.fleet.clients.values():
             await client.close()
@@ -247,7 +250,8 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     await server.start()
     log.info("front listening on %s", server.address)
     return FrontProcess(fleet, server, store, sessions.placement, sessions.leases,
-                        asyncio.create_task(sessions.placement.run_resolver()))
+                        asyncio.create_task(sessions.placement.run_resolver()),
+                        asyncio.create_task(BudgetEnforcer(sessions).run()))
 
 
 @dataclass

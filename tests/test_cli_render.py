@@ -140,3 +140,20 @@ def test_vm_pool_cluster_quota_json():
     assert quota == {"user": "ada", "gpu_hours_limit": 30.0, "gpu_hours_used": 0.0, "gpu_hours_left": 0.0,
                      "reset_time": None, "max_active_sessions": 0, "active_sessions": 0,
                      "max_active_batch_sessions": 0, "active_batch_sessions": 0, "exhaustion_time": None}
+
+
+def test_a_sessions_budget_end_and_newest_notice_are_shown():
+    from provisioner.cli import render
+    from provisioner.v1 import types_pb2 as tpb
+
+    s = tpb.Session(id="us-central1.s-0001", state=tpb.SESSION_STATE_RUNNING, reason="running")
+    s.read_time.FromSeconds(1_000)
+    s.budget_end_time.FromSeconds(1_000 + 1_800)
+    n = s.notices.add(kind="gpu_budget", message="the weekly GPU budget runs out in 30 minutes")
+    n.time.FromSeconds(1_000)
+    n.action_time.FromSeconds(2_800)
+    assert "[notice: the weekly GPU budget runs out in 30 minutes]" in render.progress_line(s, 1_000)
+    out = render.session_to_json(s)
+    assert out["notices"][0]["kind"] == "gpu_budget" and out["budget_end_time"]
+    detail = render.session_detail(s, 1_000)
+    assert "budget ends" in detail and "(in 30" in detail and "runs out in 30 minutes" in detail

@@ -107,6 +107,11 @@ def session_to_pb(s: Session, now: float) -> pb.Session:
     )
     if s.pull_bytes_total:
         out.pull.CopyFrom(pb.PullProgress(bytes_total=s.pull_bytes_total, bytes_done=s.pull_bytes_done))
+    if s.budget_ends_at:
+        out.budget_end_time.CopyFrom(timestamp(s.budget_ends_at))
+    if s.notices:
+        out.notices.extend(pb.Notice(kind=n.kind, message=n.message, time=timestamp(n.time),
+                                     action_time=timestamp(n.action_time)) for n in s.notices)
     return out
 
 

@@ -210,6 +210,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("provisioner.v1.ListRequest", "page_size"): PAGE_SIZE,
     ("provisioner.v1.ListRequest", "page_token"): PAGE_TOKEN,
     ("provisioner.v1.ListRequest", "ended_after"): Instant(),
+    ("provisioner.v1.SetBudgetEndRequest", "session_id"): SESSION_ID,
+    ("provisioner.v1.SetBudgetEndRequest", "end_time"): Instant(),
     ("provisioner.v1.TouchRequest", "session_id"): SESSION_ID,
     ("provisioner.v1.TouchRequest", "user_id"): USER_ID,
     ("provisioner.v1.StopRequest", "session_id"): SESSION_ID,

@@ -150,6 +150,9 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
         "revision": s.revision,
         "pull": pull,
         "history": history_to_json(s.history),
+        "budget_end_time": ts(s, "budget_end_time"),
+        "notices": [{"kind": n.kind, "message": n.message, "time": ts(n, "time"),
+                     "action_time": ts(n, "action_time")} for n in s.notices],
     }
 
 
@@ -278,6 +281,10 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
         t = epoch(s, field)
         return None if t is None else f"{ts(s, field)} ({format_duration(now - t)} ago)"
 
+    def ahead(field: str) -> str | None:
+        t = epoch(s, field)
+        return None if t is None else f"{ts(s, field)} (in {format_duration(max(0.0, t - now))})"
+
     return kv([
         ("id", s.id),
         ("state", enum_short(types_pb2.SessionState, s.state)),
@@ -297,6 +304,8 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
         ("created", when("create_time")),
         ("ready", when("ready_time")),
         ("ended", when("end_time")),
+        ("budget ends", ahead("budget_end_time")),
+        ("notice", s.notices[-1].message if s.notices else ""),
         ("request id", s.spec.request_id),
         ("revision", s.revision),
         ("clock", clock),
@@ -322,7 +331,10 @@ def progress_line(s: types_pb2.Session, now: float) -> str:
         if s.endpoint:
             parts.append(s.endpoint)
     line = " ".join(parts)
-    return f"{line}: {s.reason}" if s.reason else line
+    line = f"{line}: {s.reason}" if s.reason else line
+    if s.notices and s.state == types_pb2.SESSION_STATE_RUNNING:  # the newest warning, until it acts
+        line += f" [notice: {s.notices[-1].message}]"
+    return line
 
 
 def quota_detail(q: types_pb2.Quota, now: float) -> str:

@@ -32,11 +32,11 @@ from provisioner.client.errors import (
     UserBlocked,
     WaitTimeout,
 )
-from provisioner.client.types import Pull, Quota, Session, SessionKind, SessionState, StartKind, StateChange
+from provisioner.client.types import Notice, Pull, Quota, Session, SessionKind, SessionState, StartKind, StateChange
 
 __all__ = [
     "Aborted", "AsyncClient", "Client", "Credentials", "DeadlineExceeded", "FailedPrecondition", "Internal",
-    "InvalidArgument", "NoCredentials", "NotFound", "PermissionDenied", "ProvisionerError", "Pull", "Quota",
+    "InvalidArgument", "NoCredentials", "Notice", "NotFound", "PermissionDenied", "ProvisionerError", "Pull", "Quota",
     "QuotaExceeded", "ResourceExhausted", "Session", "SessionEnded", "SessionKind", "SessionState", "StartKind",
     "StateChange", "Unauthenticated", "Unavailable", "UserBlocked", "WaitTimeout", "resolve",
 ]

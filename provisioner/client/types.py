@@ -75,6 +75,17 @@ class StateChange:
 
 
 @dataclass(frozen=True)
+class Notice:
+    """A warning to a session's watchers, e.g. kind "gpu_budget": the owner's weekly GPU budget
+    runs out at `action_time`, when the session is stopped."""
+
+    kind: str
+    message: str
+    time: datetime | None
+    action_time: datetime | None
+
+
+@dataclass(frozen=True)
 class Pull:
     """An image pull: the bytes this VM lacked and how many have arrived."""
 
@@ -118,6 +129,8 @@ class Session:
     history: tuple[StateChange, ...]
     revision: int
     read_time: datetime | None
+    notices: tuple[Notice, ...] = ()  # warnings ahead of an action on it, oldest first
+    budget_end_time: datetime | None = None  # the owner's weekly GPU budget runs out (it stops then)
 
     @classmethod
     def from_proto(cls, s: types_pb2.Session) -> Session:
@@ -135,6 +148,8 @@ class Session:
             idle_timeout=_duration(s, "idle_timeout"), max_runtime=_duration(s, "max_runtime"),
             history=tuple(StateChange(h.state, h.reason, _time(h, "time")) for h in s.history),
             revision=s.revision, read_time=_time(s, "read_time"),
+            notices=tuple(Notice(n.kind, n.message, _time(n, "time"), _time(n, "action_time")) for n in s.notices),
+            budget_end_time=_time(s, "budget_end_time"),
         )
 
     @property

@@ -211,6 +211,13 @@ class ClusterRuntime:
             return old
         return self.handle(ev.StopRequested(self.clock.now(), session_id, reason, user_id)).reply
 
+    def set_budget_end(self, session_id: str, ends_at: float) -> Session:
+        """NotFound if the session is unknown; an ended one is returned as it is."""
+        if (old := self._stored(session_id)) is not None:
+            return old
+        self.core.get(session_id)  # NotFound, with the core's wording
+        return self.handle(ev.BudgetSet(self.clock.now(), session_id, ends_at)).reply
+
     def discard(self, key: str, reason: str) -> bool:
         return self.handle(ev.DiscardRequested(self.clock.now(), key, reason)).reply is not None
 

@@ -120,6 +120,16 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         await self.rt.durable()
         return cluster_pb.DiscardResponse(discarded=discarded)
 
+    @unary
+    async def SetBudgetEnd(self, request, context):
+        if not request.session_id:
+            raise InvalidArgument("session_id must not be empty", field="session_id")
+        ends_at = request.end_time.ToNanoseconds() / 1e9 if request.HasField("end_time") else 0.0
+        session = self.rt.set_budget_end(request.session_id, ends_at)
+        response = cluster_pb.SetBudgetEndResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        await self.rt.durable()
+        return response
+
     @stream
     async def WatchCapacity(self, request, context):
         interval = request.min_interval_s or DEFAULT_CAPACITY_INTERVAL_S

@@ -18,6 +18,7 @@ import heapq
 from provisioner.cloud.base import CloudFailure
 from provisioner.config import ClusterConfig, SessionsConfig
 from provisioner.decide import events as ev
+from provisioner.decide.budgets import Budgets
 from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
 from provisioner.decide.deadlines import Limits
 from provisioner.decide.eventlog import EventLog
@@ -34,7 +35,7 @@ S, V = SessionState, VmState
 _GONE = frozenset({V.DELETING, V.FAILED, V.DELETED})
 
 
-class ClusterCore(Sessions, VmLifecycle, Pools):
+class ClusterCore(Sessions, VmLifecycle, Pools, Budgets):
     def __init__(self, cluster: ClusterConfig, catalog: ImageCatalog, sessions: SessionsConfig,
                  ids: IdSource | None = None, event_log: EventLog | None = None):
         self.config = cluster
@@ -62,6 +63,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
         self._in_flight: dict[int, Command] = {}
         self._vm_commands: dict[str, dict[int, None]] = {}  # vm id -> its commands in flight
         self._command_due: list[tuple[float, int]] = []  # (deadline, command id), checked by the tick
+        self._budget_due: list[tuple[float, str]] = []  # (next budget warning or stop, session id)
         self._commands: list[Command] = []  # issued by the events being handled
         self._changed_sessions: dict[str, Session] = {}
         self._changed_vms: dict[str, Vm] = {}
@@ -99,6 +101,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
                     self._expire_queue(now)
                 if self._forget_due and self._forget_due[0][0] <= now:
                     self._forget_ended(now)
+                if self._budget_due and self._budget_due[0][0] <= now:
+                    self._enforce_budgets(now)
                 self._tick_pools(now)
             case ev.VmCreated() | ev.VmReady() | ev.PullProgress() | ev.PullDone() | ev.WipeDone() \
                     | ev.VmDeleted() | ev.VmStopped() | ev.VmStarted() | ev.CommandFailed():
@@ -107,6 +111,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
                 return self._allocate(event.spec, now, event.trace_context)
             case ev.SessionTouched():
                 return self._touch(event.session_id, now, event.user_id)
+            case ev.BudgetSet():
+                return self._set_budget(event.session_id, event.ends_at, now)
             case ev.StopRequested():
                 return self._stop(event.session_id, event.reason, now, event.user_id)
             case ev.DiscardRequested():
@@ -183,6 +189,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools):
                 self._watch_queue(s, s.history[-1].time)
             elif s.state is S.RUNNING:
                 self._watch_cull(s)
+                self._watch_budget(s, now)
         for vm in restored:
             self._reissue(vm, now)
 

@@ -36,6 +36,14 @@ class SessionTouched:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetSet:
+    """The front's word on when the session's owner runs out of weekly GPU budget (0: never)."""
+    at: float
+    session_id: str
+    ends_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class StopRequested:
     at: float
     session_id: str
@@ -195,7 +203,7 @@ class CommandFailed:
 
 
 Request = (SessionRequested | SessionTouched | StopRequested | DiscardRequested | SessionForgotten | DrainSet
-           | PolicySet | PrewarmRequested | EvictRequested)
+           | PolicySet | PrewarmRequested | EvictRequested | BudgetSet)
 Report = Restored | Tick | HealthReported | Reconciled
 Answer = (VmCreated | VmReady | PullProgress | PullDone | WipeDone | VmDeleted | VmStopped | VmStarted
           | CommandFailed)

@@ -10,6 +10,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SetBudgetEndRequest(_message.Message):
+    __slots__ = ("session_id", "end_time")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    end_time: _timestamp_pb2.Timestamp
+    def __init__(self, session_id: _Optional[str] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SetBudgetEndResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: _types_pb2.Session
+    def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ...) -> None: ...
+
 class AllocateRequest(_message.Message):
     __slots__ = ("spec", "commit_by")
     SPEC_FIELD_NUMBER: _ClassVar[int]

@@ -75,6 +75,11 @@ class ClusterServiceStub:
                 request_serializer=provisioner_dot_v1_dot_cluster__service__pb2.DiscardRequest.SerializeToString,
                 response_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.DiscardResponse.FromString,
                 _registered_method=True)
+        self.SetBudgetEnd = channel.unary_unary(
+                '/provisioner.v1.ClusterService/SetBudgetEnd',
+                request_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -136,6 +141,15 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetBudgetEnd(self, request, context):
+        """When the session's owner runs out of weekly GPU budget at the current rate (the front knows
+        the owner's sessions everywhere): its watchers are warned before, and it is stopped then.
+        Idempotent; an unset end_time clears it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +192,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.Discard,
                     request_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.DiscardRequest.FromString,
                     response_serializer=provisioner_dot_v1_dot_cluster__service__pb2.DiscardResponse.SerializeToString,
+            ),
+            'SetBudgetEnd': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBudgetEnd,
+                    request_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -397,6 +416,33 @@ class ClusterService:
             '/provisioner.v1.ClusterService/Discard',
             provisioner_dot_v1_dot_cluster__service__pb2.DiscardRequest.SerializeToString,
             provisioner_dot_v1_dot_cluster__service__pb2.DiscardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBudgetEnd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.ClusterService/SetBudgetEnd',
+            provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndRequest.SerializeToString,
+            provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -118,7 +118,7 @@ class PullProgress(_message.Message):
     def __init__(self, bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "cluster", "pool", "vm_id", "endpoint", "image", "start", "queue_position", "estimated_ready_time", "pull", "create_time", "ready_time", "end_time", "last_activity_time", "idle_timeout", "max_runtime", "history", "revision", "read_time")
+    __slots__ = ("id", "spec", "state", "reason", "cluster", "pool", "vm_id", "endpoint", "image", "start", "queue_position", "estimated_ready_time", "pull", "create_time", "ready_time", "end_time", "last_activity_time", "idle_timeout", "max_runtime", "history", "revision", "read_time", "notices", "budget_end_time")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,8 @@ class Session(_message.Message):
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     READ_TIME_FIELD_NUMBER: _ClassVar[int]
+    NOTICES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_END_TIME_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: SessionSpec
     state: SessionState
@@ -163,7 +165,21 @@ class Session(_message.Message):
     history: _containers.RepeatedCompositeFieldContainer[StateChange]
     revision: int
     read_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., reason: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., vm_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., image: _Optional[str] = ..., start: _Optional[_Union[StartKind, str]] = ..., queue_position: _Optional[int] = ..., estimated_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pull: _Optional[_Union[PullProgress, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., revision: _Optional[int] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    notices: _containers.RepeatedCompositeFieldContainer[Notice]
+    budget_end_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., reason: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., vm_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., image: _Optional[str] = ..., start: _Optional[_Union[StartKind, str]] = ..., queue_position: _Optional[int] = ..., estimated_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pull: _Optional[_Union[PullProgress, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., revision: _Optional[int] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notices: _Optional[_Iterable[_Union[Notice, _Mapping]]] = ..., budget_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Notice(_message.Message):
+    __slots__ = ("kind", "message", "time", "action_time")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    ACTION_TIME_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    message: str
+    time: _timestamp_pb2.Timestamp
+    action_time: _timestamp_pb2.Timestamp
+    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Quota(_message.Message):
     __slots__ = ("user_id", "gpu_hours_limit", "gpu_hours_used", "reset_time", "max_active_sessions", "active_sessions", "gpu_hours_left", "max_active_batch_sessions", "active_batch_sessions", "exhaustion_time")

@@ -1,0 +1,59 @@
+"""A running session and its owner's weekly GPU budget: its watchers are warned 30 and 5 minutes
+before the budget runs out, it is stopped when it does, and the next create is refused."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import yaml
+
+from conftest import fleet_config, quick_warm_up, warm_fleet
+from provisioner.config import load_fleet
+from provisioner.v1 import session_service_pb2 as s_pb
+from provisioner.v1 import types_pb2 as pb
+
+
+def with_budget(tmp_path, gpu_hours: float):
+    fleet_config(tmp_path, quick_warm_up)
+    path = tmp_path / "clusters" / "fleet.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["quotas"].update(gpu_hours_per_week=gpu_hours, min_budget_to_start_s=60)
+    path.write_text(yaml.safe_dump(data))
+    return load_fleet(tmp_path / "clusters")
+
+
+def seconds(ts) -> float:
+    return ts.ToNanoseconds() / 1e9
+
+
+async def test_a_running_session_is_warned_then_stopped_when_the_budget_runs_out(tmp_path):
+    # 0.6 GPU hours: a one-GPU session runs out 36 model minutes after it starts (7 s at 300x).
+    async with warm_fleet(with_budget(tmp_path, 0.6), tmp_path / "data") as fleet:
+        s = await fleet.create(user_id="spender", accelerator="gpu-p100")
+        assert s.state == pb.SESSION_STATE_RUNNING
+        seen = await fleet.watch_until(s.id, pb.SESSION_STATE_STOPPED, pb.SESSION_STATE_FAILED, timeout=30)
+        end = seen[-1]
+        assert end.state == pb.SESSION_STATE_STOPPED and "weekly GPU budget is used up" in end.reason
+        budget_end = seconds(end.budget_end_time)
+        ready = seconds(end.ready_time)
+        assert abs(budget_end - (ready + 0.6 * 3600)) <= 5  # what the front computed, from the ready time
+        # Stopped at the end, within a tick (5 s) and the stop's own steps.
+        stopping = next(h for h in end.history if h.state == "stopping")
+        assert budget_end <= seconds(stopping.time) <= budget_end + 10
+        # Two warnings, 30 and 5 minutes ahead (each given within a tick of its time), in the
+        # stream before the stop.
+        notices = list(end.notices)
+        assert [n.kind for n in notices] == ["gpu_budget", "gpu_budget"]
+        assert [round((budget_end - seconds(n.time)) / 60) for n in notices] == [30, 5]
+        # (the end each warned of: the front's first sweep may see the start a few model seconds
+        # early, the front's clock and the cluster's being separate)
+        assert all(abs(seconds(n.action_time) - budget_end) <= 5 for n in notices)
+        assert "runs out in 30 minutes" in notices[0].message
+        warned = [len(r.notices) for r in seen if r.state == pb.SESSION_STATE_RUNNING]
+        assert 1 in warned and 2 in warned  # watchers saw each warning while it ran
+        # The budget is spent: the next create is refused with the reset time.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await fleet.create(user_id="spender", request_id="again")
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        quota = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="spender"))).quota
+        assert quota.gpu_hours_left * 3600 < 60 and not quota.HasField("exhaustion_time")
