@@ -247,6 +247,30 @@ async def test_a_user_holds_a_bounded_number_of_open_streams(fleet):
             w.cancel()
 
 
+async def test_a_service_watching_for_its_users_is_held_to_each_users_cap(fleet):
+    # The notebook backend (a service, with a far larger cap of its own) opens the watches for its
+    # users: each user's sessions are still watched by at most the user's cap at a time.
+    async with fleet.front_channel(dev_token(fleet.data_dir, "notebook-backend")) as ch:
+        stub = s_grpc.SessionServiceStub(ch)
+        hers, his = [(await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec(user)), timeout=10)).session
+                     for user in ("hana", "ivan")]
+        cap = fleet.security.max_streams["user"]
+        watches = [stub.WatchSession(s_pb.WatchSessionRequest(session_id=hers.id)) for _ in range(cap)]
+        for w in watches:
+            await asyncio.wait_for(w.read(), 5)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.WatchSession(s_pb.WatchSessionRequest(session_id=hers.id)).read()
+        assert e.value.code() == C.RESOURCE_EXHAUSTED and "hana" in e.value.details()
+        other = stub.WatchSession(s_pb.WatchSessionRequest(session_id=his.id))
+        assert (await asyncio.wait_for(other.read(), 5)).session.id == his.id  # another user's: not held back
+        watches[0].cancel()
+        await asyncio.sleep(0.2)
+        more = stub.WatchSession(s_pb.WatchSessionRequest(session_id=hers.id))
+        assert (await asyncio.wait_for(more.read(), 5)).session.id == hers.id
+        for w in [*watches, other, more]:
+            w.cancel()
+
+
 async def test_who_may_call_is_decided_before_the_request_is_decoded(fleet):
     garbage = b"\xff\xff\xff\xff"
     ca = (fleet.data_dir / "tls" / "ca.pem").read_bytes()

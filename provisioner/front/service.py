@@ -104,6 +104,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self._user_locks: dict[str, asyncio.Lock] = {}
         self._user_waiters: dict[str, int] = {}
         self._streams: set = set()
+        self._watches: dict[str, int] = {}  # open watches by the owner of the session watched
         self.draining = False
 
     @unary
@@ -269,8 +270,11 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         call = client.sessions.Watch(cluster_pb.WatchRequest(
             session_id=request.session_id, after_revision=request.after_revision, user_id=guard.current().owner))
         self._streams.add(call)
+        owner = ""
         try:
             async for resp in call:
+                if not owner:  # the first answer names the session's owner
+                    owner = self._count_watch(resp.session.spec.user_id)
                 yield session_pb.WatchSessionResponse(session=resp.session)
         except asyncio.CancelledError:
             if not self.draining:
@@ -279,6 +283,22 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             raise RemoteError(err) from None
         finally:
             self._streams.discard(call)
+            call.cancel()
+            if owner and not (left := self._watches.get(owner, 1) - 1):
+                self._watches.pop(owner, None)
+            elif owner:
+                self._watches[owner] = left
+
+    def _count_watch(self, owner: str) -> str:
+        """Counts an open watch against the session's owner, whoever opened it (a service watching
+        for its users included): a user's sessions are watched by at most the user's stream cap
+        at a time on this front."""
+        cap = self.limits.security.max_streams.get("user")
+        if cap is not None and self._watches.get(owner, 0) >= cap:
+            raise QuotaExceeded(f"at most {cap} open watches of user {quote(owner)}'s sessions at a time",
+                                retry_after_s=5.0)
+        self._watches[owner] = self._watches.get(owner, 0) + 1
+        return owner
 
     def end_streams(self) -> None:
         """Draining: ends open watches (clients resume with after_revision) so shutdown need not
