@@ -13,7 +13,8 @@ HOUR = 3600
 def test_the_active_session_cap_and_the_weekly_budget_refuse_creates_as_the_front_does(tmp_path):
     # 1970-01-05 is a Monday: the quota week resets at its midnight (the default). u1 opens six
     # sessions at once (the cap is 4); u2 runs 4 GPU-hours a day (two 2-hour sessions on a
-    # 2-GPU pool) and runs out of its 30 hours on the fourth day.
+    # 2-GPU pool) and runs out of its 30 hours on the fourth day: its second session that day
+    # starts with 2 of 8 GPU-hours left and is stopped an hour in, as the cluster stops it.
     monday = 4 * 24 * HOUR
     rows = [f"{monday + i},u1,interactive,gpu-p100,gpu:v160,us-central1,{HOUR},0" for i in range(6)]
     for day in range(7):
@@ -24,7 +25,9 @@ def test_the_active_session_cap_and_the_weekly_budget_refuse_creates_as_the_fron
     results = simulate(Run(trace, quotas=True)).results()
     assert results["refused_for_quota"] == {"gpu_hours_per_week": 6, "max_active_sessions": 2}
     assert results["sessions"] == len(rows) - 8
-    assert simulate(Run(trace)).results()["refused_for_quota"] == {}  # checked only when asked
+    assert results["stopped_for_budget"] == 1
+    unchecked = simulate(Run(trace)).results()  # checked only when asked
+    assert (unchecked["refused_for_quota"], unchecked["stopped_for_budget"]) == ({}, 0)
 
 
 def test_a_flood_is_refused_past_the_cap_and_the_others_start_at_once(tmp_path):

@@ -15,6 +15,7 @@ from provisioner.decide.states import SessionState as S
 from provisioner.model import Notice, Session
 
 GPU_BUDGET = "gpu_budget"
+USED_UP = "weekly GPU budget is used up"  # the end of a stopped session's reason
 # An end that moves later by more than this after a warning is warned of again.
 RESET_S = 60.0
 
@@ -53,7 +54,7 @@ class Budgets:
             if s is None or s.state is not S.RUNNING or s.budget_ends_at <= 0:
                 continue
             if now >= s.budget_ends_at:
-                self._stop(s.id, f"user {s.spec.user_id}'s weekly GPU budget is used up", now)
+                self._stop(s.id, f"user {s.spec.user_id}'s {USED_UP}", now)
                 continue
             if any(t <= now for t in self._warnings_owed(s)):
                 left = s.budget_ends_at - now

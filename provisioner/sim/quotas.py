@@ -29,19 +29,29 @@ class QuotaMeter:
         self._users: dict[str, _Week] = {}
         self.refused: dict[str, int] = {}  # by the QuotaFailure subject, as the front answers
 
-    def admit(self, user: str, kind: str, now: float) -> bool:
-        """Whether a create of `user` passes the front's check now; a refusal is counted."""
+    def _usage(self, user: str, now: float) -> quota.Usage:
         window = quota.week_window(now, self.config.reset_weekday, self.config.reset_hour_utc)
         week = self._users.get(user) or _Week()
         week.ended = [(m, k) for m, k in week.ended if m.ended_at >= window[0]]
         rows = [(quota.Metered(g, ready, None), k, True) for g, k, ready in week.live.values()]
         rows += [(m, k, False) for m, k in week.ended]
-        usage = quota.usage(rows, now, self.config.gpu_hours_per_week * 3600, window)
-        refusal = quota.check_create(usage, kind, self.config.max_active(kind), self.config.min_budget_to_start_s)
+        return quota.usage(rows, now, self.config.gpu_hours_per_week * 3600, window)
+
+    def admit(self, user: str, kind: str, now: float) -> bool:
+        """Whether a create of `user` passes the front's check now; a refusal is counted."""
+        refusal = quota.check_create(self._usage(user, now), kind, self.config.max_active(kind),
+                                     self.config.min_budget_to_start_s)
         if refusal is None:
             return True
         self.refused[refusal.field] = self.refused.get(refusal.field, 0) + 1
         return False
+
+    def budget_end(self, user: str, now: float) -> tuple[float, list[str]]:
+        """When `user`'s budget runs out at the rate of their running sessions (0: it does not),
+        as the front's sweep computes it, and the ids of those sessions, which are told."""
+        week = self._users.get(user)
+        running = [sid for sid, (_, _, ready) in week.live.items() if ready is not None] if week else []
+        return quota.exhaustion_time(self._usage(user, now), now) or 0.0, running
 
     def created(self, s: Session) -> None:
         """A live session (it may have started already: a warm start runs in the create's step)."""

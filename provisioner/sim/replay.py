@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from provisioner.decide.core import ClusterCore
-from provisioner.decide.events import SessionForgotten, SessionRequested, SessionTouched, StopRequested
+from provisioner.decide.budgets import USED_UP
+from provisioner.decide.events import BudgetSet, SessionForgotten, SessionRequested, SessionTouched, StopRequested
 from provisioner.decide.ids import IdSource
 from provisioner.config import FleetConfig
-from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm, cluster_of
 from provisioner.sim.cost import Price, PoolKey, VmTime, costs, prices
 from provisioner.sim.quotas import QuotaMeter
 from provisioner.sim.engine import Engine
@@ -208,6 +209,7 @@ class Tally:
     never_started: dict[str, int] = field(default_factory=dict)
     refused: dict[str, int] = field(default_factory=dict)  # creates refused by quota, by subject
     user_wait_max: dict[str, float] = field(default_factory=dict)  # each user's longest wait to run
+    stopped_for_budget: int = 0  # running sessions stopped as their owner's weekly budget ran out
 
     def __add__(self, other: Tally) -> Tally:
         if self.end_s != other.end_s or len(self.samples) != len(other.samples) or self.pools.keys() & other.pools:
@@ -225,6 +227,7 @@ class Tally:
             {k: self.refused.get(k, 0) + other.refused.get(k, 0) for k in {**self.refused, **other.refused}},
             {u: max(self.user_wait_max.get(u, 0.0), other.user_wait_max.get(u, 0.0))
              for u in {**self.user_wait_max, **other.user_wait_max}},
+            self.stopped_for_budget + other.stopped_for_budget,
         )
 
     def results(self) -> dict:
@@ -259,6 +262,7 @@ class Tally:
             "wait_p99_s": _pct(waits, 99),
             "wait_max_s": round(waits[-1], 1) if waits else 0.0,
             "refused_for_quota": dict(sorted(self.refused.items())),
+            "stopped_for_budget": self.stopped_for_budget,
             "users": _users(self.user_wait_max),
             "events": self.events,
         }
@@ -320,6 +324,9 @@ class Replay(Engine):
         q = fleet.settings.quotas
         self.quotas = QuotaMeter(q, {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
                                      for c in fleet.clusters for p in c.pools}) if quotas else None
+        self._core_named = {c.name: c for c in cores}
+        self._budget_moved: set[str] = set()  # users whose budget end is recomputed at this instant
+        self.stopped_for_budget = 0
         self.samples: list[Sample] = []
         self.pool_samples: dict[str, list[PoolSample]] = {f"{c.name}/{p}": [] for c in cores for p in c.pools}
         self._wait_max: dict[str, float] = {}  # per pool, since the last sample
@@ -404,6 +411,21 @@ class Replay(Engine):
         if sid in core.sessions:
             self.handle(core, StopRequested(now, sid, "the user is done"))
 
+    def _budget_moves(self, user: str) -> None:
+        """A session of `user` started or ended: the end of their budget moves. Recomputed once
+        the current step is through, as the front's sweep would, and told to each running session."""
+        if user not in self._budget_moved:
+            self._budget_moved.add(user)
+            self.at(self.now, self._set_budget_end, user)
+
+    def _set_budget_end(self, user: str, now: float) -> None:
+        self._budget_moved.discard(user)
+        ends_at, running = self.quotas.budget_end(user, now)
+        for sid in running:
+            core = self._core_named[cluster_of(sid)]
+            if sid in core.sessions:
+                self.handle(core, BudgetSet(now, sid, ends_at))
+
     # ---- observing ----------------------------------------------------------------------
 
     def changes(self, core: ClusterCore, sessions: list[Session], vms: list[Vm]) -> None:
@@ -420,9 +442,12 @@ class Replay(Engine):
                 self.user_wait_max[user] = max(self.user_wait_max.get(user, 0.0), wait)
                 if self.quotas is not None:
                     self.quotas.started(s)
+                    self._budget_moves(user)
             elif s.terminal:
                 if self.quotas is not None:
                     self.quotas.ended(s)
+                    self._budget_moves(s.spec.user_id)
+                    self.stopped_for_budget += s.id in started and s.reason.endswith(USED_UP)
                 if s.id not in started:
                     why = _never_started(s)
                     self.never_started[why] = self.never_started.get(why, 0) + 1
@@ -471,7 +496,8 @@ class Replay(Engine):
                      self.bytes_pulled, self.events, self.fixed_peak_vms, self.fixed_peak_price,
                      list(self.samples), {k: list(v) for k, v in self.pool_samples.items()},
                      {k: VmTime(*v) for k, v in self._seconds.items()}, dict(self.price), dict(self.never_started),
-                     dict(self.quotas.refused) if self.quotas else {}, dict(self.user_wait_max))
+                     dict(self.quotas.refused) if self.quotas else {}, dict(self.user_wait_max),
+                     self.stopped_for_budget)
 
     def results(self) -> dict:
         return self.tally().results()
