@@ -9,6 +9,7 @@ import pytest
 from provisioner.cli import main
 from provisioner.config import load_fleet
 from provisioner.sim.replay import HEADER, Replay, TraceError, peak_concurrency, read_trace, superimpose, with_policy
+from provisioner.sim.parallel import Run
 
 ROWS = [
     "0,u1,interactive,gpu-p100,gpu:v158,us-central1,7200,0",
@@ -128,6 +129,16 @@ def test_with_policy_overrides_every_pool_and_rejects_unknown_ones():
     assert {(p.autoscaler, p.warm_vms) for p in pools} == {("fixed", 5)}
     with pytest.raises(ValueError, match="unknown policy"):
         with_policy(load_fleet(), "magic")
+
+
+def test_the_standby_switch_turns_the_tier_on_or_off_in_every_pool_whatever_the_policy():
+    def standby(**knobs):
+        return {p.standby for c in Run("unused.csv", **knobs).fleet().clusters for p in c.pools}
+
+    assert standby(policy="predictive") == {True}  # the shipped sim fleet has the tier
+    assert standby(policy="predictive", standby=False) == {False}
+    assert standby(policy="headroom") == {False}  # the baselines run without it by default
+    assert standby(policy="fixed", standby=True) == {True}
 
 
 def test_policies_trade_idle_vms_for_start_quality(tmp_path):

@@ -80,6 +80,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--warm-vms", type=int, default=None, metavar="N", help="fixed policy: warm VMs per pool")
     sim.add_argument("--wait-probability", type=float, default=None, metavar="P",
                      help="predictive policy: target share of requests that wait for a VM")
+    sim.add_argument("--standby", action=argparse.BooleanOptionalAction, default=None,
+                     help="the standby tier (stopped VMs) on or off in every pool (default: on for predictive "
+                          "where the pool's config has it, off for fixed and headroom)")
     sim.add_argument("--quotas", action="store_true",
                      help="check each create against the fleet's quotas as the front does (refusals counted)")
     sim.add_argument("--flood", type=int, default=0, metavar="N",
@@ -427,7 +430,7 @@ def cmd_simulate(args) -> int:
             print(f"error: {flag} {value} is out of range", file=sys.stderr)
             return 2
     run = Run(args.trace, args.scale, args.seed, args.clusters, args.policy, args.headroom, args.warm_vms,
-              args.wait_probability, args.quotas, args.flood)
+              args.wait_probability, args.quotas, args.flood, args.standby)
     started = time.monotonic()
     shown = [0.0]
 

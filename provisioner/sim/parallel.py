@@ -36,10 +36,11 @@ class Run:
     wait_probability: float | None = None
     quotas: bool = False  # check each create as the front does
     flood: int = 0  # one user's creates added halfway through
+    standby: bool | None = None  # the standby tier on or off in every pool (None: the policy's default)
 
     def fleet(self) -> FleetConfig:
         return with_policy(load_fleet(self.clusters_dir), self.policy, self.headroom_fraction, self.warm_vms,
-                           self.wait_probability)
+                           self.wait_probability, self.standby)
 
     def rows(self):
         return with_flood(superimpose(read_trace(self.trace), self.scale, self.seed), self.flood)
