@@ -390,3 +390,21 @@ def test_the_cli_shows_when_the_budget_runs_out():
     assert "runs out:        2026-11-25T12:30:00Z (in 30m, at the running sessions' rate)" in render.quota_detail(q, NOW)
     assert render.quota_to_json(q)["exhaustion_time"] == "2026-11-25T12:30:00Z"
     assert "runs out" not in render.quota_detail(pb.Quota(user_id="u"), NOW)
+
+
+def test_the_31st_gpu_hour_of_a_week_is_refused_with_the_reset_time():
+    # The shipped quotas: 30 GPU-hours a week. A 2-GPU session ran 10 h (20) and a 1-GPU one
+    # 9 h 59 min: one minute left, enough to start (60 s); at 10 h, the 31st hour is refused.
+    config = QuotaConfig()
+    now = ts("2026-11-27T12:00:00")
+    window = week_window(now)
+
+    def week(last_hours: float):
+        runs = [(Metered(2, now - 11 * 3600, now - 3600), "interactive", False),
+                (Metered(1, now - 20 * 3600, now - 20 * 3600 + last_hours * 3600), "batch", False)]
+        return usage(runs, now, config.gpu_hours_per_week * 3600, window)
+
+    assert check_create(week(10 - 1 / 60), "interactive", 4, config.min_budget_to_start_s) is None
+    refused = check_create(week(10), "interactive", 4, config.min_budget_to_start_s)
+    assert refused.field == "gpu_hours_per_week" and "30 GPU hours" in refused.message
+    assert refused.reset_time == ts("2026-11-30T00:00:00")  # the next Monday, 00:00 UTC
