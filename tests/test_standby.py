@@ -14,6 +14,7 @@ from provisioner.decide.autoscale import PoolSnapshot, standby_target
 from provisioner.decide.commands import Launch, Start, Stop
 from provisioner.decide.events import Restored
 from provisioner.decide.forecast import Dispersion, warm_for
+from provisioner.decide.pools import FORECAST_REFRESH_S, forecast_due
 from provisioner.decide.reconcile import reconcile
 from provisioner.decide.states import SessionState as S
 from provisioner.decide.states import VmState as V
@@ -147,6 +148,16 @@ def test_standby_target_holds_the_days_peak_and_the_forecasts_burst_cover():
     assert standby_target(snap, day_peak=20) == 15  # 20 at the peak, 5 wanted now
     assert standby_target(snap, day_peak=5) == 7  # cover 9 minus 2 warm
     assert standby_target(dataclasses.replace(snap, standby=False), day_peak=20) == 0
+
+
+def test_a_burst_that_takes_every_warm_vm_redoes_the_forecast_at_once():
+    last = 1_000.0
+    soon = last + FORECAST_REFRESH_S / 4
+    assert not forecast_due(soon, last, forecast_warm=3, ready=1)  # warm VMs left: wait for the minute
+    assert forecast_due(soon, last, forecast_warm=3, ready=0)  # the burst took them all
+    assert not forecast_due(soon, last, forecast_warm=0, ready=0)  # nothing was kept warm: no burst
+    assert not forecast_due(last, last, forecast_warm=3, ready=0)  # once per instant
+    assert forecast_due(last + FORECAST_REFRESH_S, last, forecast_warm=3, ready=5)
 
 
 def test_every_vm_state_the_core_has_is_in_the_api():

@@ -50,6 +50,15 @@ STANDBY_START_COVER = 2.5
 AUTOSCALE_QUIET_S = 30.0
 
 
+def forecast_due(now: float, forecast_at: float, forecast_warm: int, ready: int) -> bool:
+    """The forecast is redone every FORECAST_REFRESH_S, and at once when a burst has taken every
+    warm VM it kept: the recent rate already counts the burst's arrivals, so the redone forecast
+    wants more VMs and the autoscaler starts standby VMs for the burst's next sessions now."""
+    if now - forecast_at >= FORECAST_REFRESH_S:
+        return True
+    return ready == 0 and forecast_warm > 0 and now > forecast_at
+
+
 @dataclass
 class PoolState:
     """One pool's VMs and queue, with counts and indexes kept as VMs change (read every tick)."""
@@ -160,7 +169,8 @@ class Pools:
     def _autoscale(self, pool: PoolState, now: float) -> None:
         pool.changed, pool.scaled_at = False, now
         policy = pool.policy
-        if policy.autoscaler == "predictive" and now - pool.forecast_at >= FORECAST_REFRESH_S:
+        due = forecast_due(now, pool.forecast_at, pool.forecast_warm, len(pool.ready))
+        if policy.autoscaler == "predictive" and due:
             self._forecast(pool, now)
         snap = self.snapshot(pool)
         pool.peak.window_s = PREDICTIVE_STABILIZATION_S if policy.autoscaler == "predictive" else STABILIZATION_S
