@@ -163,7 +163,8 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
     if metrics is not None:
         metrics.leading(name, True)
     store = open_store(database_url, Path(data_dir) / f"cluster-{name}.db")
-    core = ClusterCore(cfg, fleet.catalog, fleet.settings.sessions, IdSource(name))
+    core = ClusterCore(cfg, fleet.catalog, fleet.settings.sessions, IdSource(name),
+                       priority=fleet.settings.priority, abuse=fleet.settings.abuse)
     backend = backend or make_backend(cfg, clock, tracer_provider, data_dir)
     if metrics is not None:
         metrics.time_store(store, name)

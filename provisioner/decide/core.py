@@ -17,6 +17,7 @@ import heapq
 
 from provisioner.cloud.base import CloudFailure
 from provisioner.config import ClusterConfig, SessionsConfig
+from provisioner.config_policy import AbuseConfig, PriorityConfig
 from provisioner.decide import events as ev
 from provisioner.decide.budgets import Budgets
 from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
@@ -37,11 +38,14 @@ _GONE = frozenset({V.DELETING, V.FAILED, V.DELETED})
 
 class ClusterCore(Sessions, VmLifecycle, Pools, Budgets):
     def __init__(self, cluster: ClusterConfig, catalog: ImageCatalog, sessions: SessionsConfig,
-                 ids: IdSource | None = None, event_log: EventLog | None = None):
+                 ids: IdSource | None = None, event_log: EventLog | None = None,
+                 priority: PriorityConfig | None = None, abuse: AbuseConfig | None = None):
         self.config = cluster
         self.name = cluster.name
         self.catalog = catalog
         self.sessions_config = sessions
+        self.priority = priority or PriorityConfig()  # the fleet's classes and shares (decide/preempt.py)
+        self.abuse = abuse or AbuseConfig()  # the fleet's abuse thresholds (provisioner/abuse.py)
         self.ids = ids or IdSource(cluster.name)
         self.event_log = event_log
         self.limits = Limits(cluster)

@@ -285,7 +285,8 @@ class Replay(Engine):
                  quotas: bool = False):
         """`quotas`: each create is checked against the fleet's quotas as the front checks it."""
         settings = fleet.settings.sessions
-        cores = [ClusterCore(c, fleet.catalog, settings, IdSource(c.name, seed)) for c in fleet.clusters]
+        cores = [ClusterCore(c, fleet.catalog, settings, IdSource(c.name, seed), priority=fleet.settings.priority,
+                             abuse=fleet.settings.abuse) for c in fleet.clusters]
         super().__init__(cores, seed=seed)
         self.rows = rows
         self.by_region = {c.config.region: c for c in cores}
