@@ -40,6 +40,8 @@ class SessionSpec:
     region_hint: str = ""
     region_required: bool = False
     max_runtime_s: float = 0.0  # 0: the cluster default
+    priority_class: str = ""  # "": the class of its kind (priority.kinds)
+    requeue: bool = False  # if preempted, queue a new session with this spec in its place
 
     @property
     def key(self) -> str:
@@ -104,6 +106,14 @@ class Session:
     # the warnings its watchers were given.
     budget_ends_at: float = 0.0
     notices: list[Notice] = field(default_factory=list)
+    # Its priority class, resolved at creation (decide/preempt.py). While preempted and not yet
+    # stopped: when its grace period ends and the session it makes room for.
+    priority_class: str = ""
+    preempt_at: float = 0.0
+    preempted_for: str = ""
+    # A preempted session queued again as a new session (spec.requeue), and the other way.
+    requeued_as: str = ""
+    requeued_from: str = ""
 
     def to(self, state: SessionState, reason: str, now: float) -> None:
         check_transition(SESSION_TRANSITIONS, "session", self.id, self.state, state)

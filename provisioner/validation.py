@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Collection
+from typing import TYPE_CHECKING, Collection
 
 from provisioner.errors import InvalidArgument, quote
 from provisioner.decide.images import ImageCatalog
-from provisioner.model import SessionSpec
+from provisioner.model import SessionKind, SessionSpec
+
+if TYPE_CHECKING:
+    from provisioner.config_policy import PriorityConfig
 
 
 def validate_spec(spec: SessionSpec, pools: Collection[str], catalog: ImageCatalog, max_runtime_limit_s: float) -> str:
@@ -26,3 +29,23 @@ def validate_spec(spec: SessionSpec, pools: Collection[str], catalog: ImageCatal
         return catalog.resolve(spec.image)
     except InvalidArgument as err:
         raise InvalidArgument(err.message, field="spec.image") from None
+
+
+def priority_class(spec: SessionSpec, priority: PriorityConfig) -> str:
+    """The session's priority class: the one it names, or its kind's. A session may not name a
+    class ranked above its kind's (a batch cannot make itself unpreemptible), and an interactive
+    session's class is never preemptible."""
+    own = priority.class_of(spec.kind.value)
+    if not spec.priority_class:
+        return own
+    asked = priority.classes.get(spec.priority_class)
+    if asked is None:
+        raise InvalidArgument(f"unknown priority class {quote(spec.priority_class)} (classes: "
+                              f"{', '.join(sorted(priority.classes))})", field="spec.priority_class")
+    if asked.rank > priority.classes[own].rank:
+        raise InvalidArgument(f"priority class {spec.priority_class} ranks above {own}, the class of "
+                              f"{spec.kind.value} sessions", field="spec.priority_class")
+    if spec.kind is SessionKind.INTERACTIVE and asked.preemptible:
+        raise InvalidArgument(f"priority class {spec.priority_class} is preemptible; interactive sessions "
+                              "are never preempted", field="spec.priority_class")
+    return spec.priority_class

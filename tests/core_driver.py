@@ -33,17 +33,19 @@ def fleet() -> FleetConfig:
 
 
 def make_core(cluster: str = "us-central1", pool: str = POOL, sessions: dict | None = None, seed: int = 0,
-              **pool_changes) -> ClusterCore:
+              priority: dict | None = None, **pool_changes) -> ClusterCore:
     """A core for one shipped cluster, cut down to one pool (so other pools add no noise).
 
     The pool runs the headroom autoscaler with at most 20 VMs and no standby tier unless told
-    otherwise: small, predictable numbers that tests can reason about."""
+    otherwise: small, predictable numbers that tests can reason about. `sessions` and `priority`
+    change the fleet's settings of those names."""
     f = fleet()
     c = f.cluster(cluster)
     p = c.pool(pool).model_copy(update={"autoscaler": "headroom", "max_vms": 20, "standby": False, **pool_changes})
     c = c.model_copy(update={"pools": (p,)})
     settings = f.settings.sessions.model_copy(update=sessions or {})
-    return ClusterCore(c, f.catalog, settings, IdSource(c.name, seed), event_log=EventLog())
+    classes = f.settings.priority.model_copy(update=priority or {})
+    return ClusterCore(c, f.catalog, settings, IdSource(c.name, seed), event_log=EventLog(), priority=classes)
 
 
 def _failure(what: str, zone: str) -> CloudFailure:

@@ -77,6 +77,8 @@ def spec_from_pb(spec: pb.SessionSpec) -> SessionSpec:
         region_hint=spec.region_hint,
         region_required=spec.region_required,
         max_runtime_s=spec.max_runtime.ToNanoseconds() / 1e9 if spec.HasField("max_runtime") else 0.0,
+        priority_class=spec.priority_class,
+        requeue=spec.requeue_on_preemption,
     )
 
 
@@ -85,6 +87,7 @@ def spec_to_pb(spec: SessionSpec) -> pb.SessionSpec:
         request_id=spec.request_id, user_id=spec.user_id, notebook_id=spec.notebook_id,
         kind=_KIND_TO_PB[spec.kind], accelerator=spec.accelerator, image=spec.image,
         region_hint=spec.region_hint, region_required=spec.region_required,
+        priority_class=spec.priority_class, requeue_on_preemption=spec.requeue,
     )
     if spec.max_runtime_s:
         out.max_runtime.CopyFrom(duration(spec.max_runtime_s))
@@ -104,7 +107,10 @@ def session_to_pb(s: Session, now: float) -> pb.Session:
         ready_time=timestamp(s.ready_at), end_time=timestamp(s.ended_at),
         last_activity_time=timestamp(s.last_activity_at), idle_timeout=duration(s.idle_timeout_s),
         max_runtime=duration(s.max_runtime_s), history=_history(s.history), revision=s.revision, read_time=timestamp(now),
+        priority_class=s.priority_class, requeued_as=s.requeued_as, requeued_from=s.requeued_from,
     )
+    if s.preempt_at:
+        out.preemption_time.CopyFrom(timestamp(s.preempt_at))
     if s.pull_bytes_total:
         out.pull.CopyFrom(pb.PullProgress(bytes_total=s.pull_bytes_total, bytes_done=s.pull_bytes_done))
     if s.budget_ends_at:

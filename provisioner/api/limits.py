@@ -148,6 +148,7 @@ RULES: dict[tuple[str, str], Rule] = {
     (_SPEC, "image"): IMAGE,
     (_SPEC, "region_hint"): REGION,
     (_SPEC, "max_runtime"): Span(10 * 365 * 24 * 3600),
+    (_SPEC, "priority_class"): NAME,
     # SessionService
     ("provisioner.v1.GetSessionRequest", "session_id"): SESSION_ID,
     ("provisioner.v1.ListSessionsRequest", "user_id"): USER_ID,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from provisioner.decide.images import ImageCatalog
 from provisioner.model import Session, SessionKind, StartKind, Vm
@@ -59,22 +59,28 @@ def choose_standby(image: str, standby: Iterable[Vm], catalog: ImageCatalog,
     return best[1] if best else None
 
 
-def queue_order(queued: Sequence[Session], holding: Mapping[str, int] | None = None) -> list[Session]:
-    """Interactive before batch; then fairness; then age.
+def queue_order(queued: Sequence[Session], holding: Mapping[str, int] | None = None,
+                ranks: Mapping[str, int] | None = None, first: Collection[str] = ()) -> list[Session]:
+    """The sessions in `first` (those that preempted others, whose VMs are on their way), then
+    the highest priority class (`ranks`: class -> rank; without it interactive before batch);
+    then fairness; then age.
 
     Fairness: a user's k-th VM (counting the VMs the user already holds in the pool, from
     `holding`) waits behind every other user's (k-1)-th, so one user with many requests
     cannot starve the others, even as the queue's head is served.
     """
     holding = holding or {}
-    per_user: dict[tuple[SessionKind, str], list[Session]] = defaultdict(list)
+    per_user: dict[tuple[int, str], list[Session]] = defaultdict(list)
     for s in queued:
-        per_user[(s.spec.kind, s.spec.user_id)].append(s)
+        if ranks is not None and s.priority_class in ranks:
+            rank = ranks[s.priority_class]
+        else:
+            rank = 1 if s.spec.kind is SessionKind.INTERACTIVE else 0
+        per_user[(rank, s.spec.user_id)].append(s)
     keyed = []
-    for (_, user), group in per_user.items():
+    for (rank, user), group in per_user.items():
         group.sort(key=lambda s: (s.created_at, s.id))
-        for rank, s in enumerate(group, start=holding.get(user, 0)):
-            klass = 0 if s.spec.kind is SessionKind.INTERACTIVE else 1
-            keyed.append(((klass, rank, s.created_at, s.id), s))
+        for nth, s in enumerate(group, start=holding.get(user, 0)):
+            keyed.append(((s.id not in first, -rank, nth, s.created_at, s.id), s))
     keyed.sort(key=lambda kv: kv[0])
     return [s for _, s in keyed]

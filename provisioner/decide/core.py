@@ -26,6 +26,7 @@ from provisioner.decide.eventlog import EventLog
 from provisioner.decide.ids import IdSource
 from provisioner.decide.images import ImageCatalog
 from provisioner.decide.pools import Pools, PoolState
+from provisioner.decide.preemption import Preemption
 from provisioner.decide.sessions import Sessions
 from provisioner.decide.states import SessionState, VmState
 from provisioner.decide.vms import VmLifecycle
@@ -36,7 +37,7 @@ S, V = SessionState, VmState
 _GONE = frozenset({V.DELETING, V.FAILED, V.DELETED})
 
 
-class ClusterCore(Sessions, VmLifecycle, Pools, Budgets):
+class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption):
     def __init__(self, cluster: ClusterConfig, catalog: ImageCatalog, sessions: SessionsConfig,
                  ids: IdSource | None = None, event_log: EventLog | None = None,
                  priority: PriorityConfig | None = None, abuse: AbuseConfig | None = None):
@@ -68,6 +69,9 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets):
         self._vm_commands: dict[str, dict[int, None]] = {}  # vm id -> its commands in flight
         self._command_due: list[tuple[float, int]] = []  # (deadline, command id), checked by the tick
         self._budget_due: list[tuple[float, str]] = []  # (next budget warning or stop, session id)
+        self._preempt_due: list[tuple[float, str]] = []  # (end of a grace period, preempted session id)
+        self._preempting: dict[str, str] = {}  # preempted session in its grace period -> whom it makes room for
+        self._claims: set[str] = set()  # queued sessions that preempted others, until they leave the queue
         self._commands: list[Command] = []  # issued by the events being handled
         self._changed_sessions: dict[str, Session] = {}
         self._changed_vms: dict[str, Vm] = {}
@@ -107,6 +111,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets):
                     self._forget_ended(now)
                 if self._budget_due and self._budget_due[0][0] <= now:
                     self._enforce_budgets(now)
+                if self._preempt_due and self._preempt_due[0][0] <= now:
+                    self._enforce_preemptions(now)
                 self._tick_pools(now)
             case ev.VmCreated() | ev.VmReady() | ev.PullProgress() | ev.PullDone() | ev.WipeDone() \
                     | ev.VmDeleted() | ev.VmStopped() | ev.VmStarted() | ev.CommandFailed():
@@ -185,6 +191,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets):
             restored.append(vm)
         for s in sessions:
             self.sessions[s.id] = s
+            s.priority_class = s.priority_class or self.priority.class_of(s.spec.kind.value)  # older records
             self.by_request[s.spec.key] = s.id
             if s.terminal:
                 self._retain(s, s.ended_at or s.history[-1].time)
@@ -194,6 +201,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets):
             elif s.state is S.RUNNING:
                 self._watch_cull(s)
                 self._watch_budget(s, now)
+            if not s.terminal:
+                self._restore_preemption(s)
         for vm in restored:
             self._reissue(vm, now)
 

@@ -62,6 +62,17 @@ class Running:
 
 
 @dataclass(frozen=True, slots=True)
+class Held:
+    """A session holding GPUs in the pool, before its share is looked at."""
+
+    id: str
+    owner: str
+    klass: str
+    gpus: int
+    started_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Share:
     """A user's guaranteed GPUs in the pool and the GPUs the user holds there now."""
 
@@ -136,6 +147,24 @@ def choose_victims(request: Request, running: Iterable[Running], shares: Mapping
         else:
             kept.append(s)
     return tuple(_victim(s, request, mine, shares, classes) for s in reversed(kept))
+
+
+def mark_over_share(held: Iterable[Held], share_gpus: int,
+                    classes: Mapping[str, PriorityClass]) -> tuple[Running, ...]:
+    """Which of each user's sessions run over the user's share: those of a class that is never
+    preempted fill the share first, then the oldest; a session is over share once the GPUs
+    counted before it and its own exceed the share. In id order."""
+    by_owner: dict[str, list[Held]] = {}
+    for h in held:
+        by_owner.setdefault(h.owner, []).append(h)
+    out = []
+    for sessions in by_owner.values():
+        sessions.sort(key=lambda h: (_class(classes, h.klass).preemptible, h.started_at, h.id))
+        counted = 0
+        for h in sessions:
+            counted += h.gpus
+            out.append(Running(h.id, h.owner, h.klass, h.gpus, h.started_at, counted > share_gpus))
+    return tuple(sorted(out, key=lambda r: r.id))
 
 
 def grace_plan(victim: Victim, decided_at: float, grace_period_s: float, requeue: bool) -> GracePlan:

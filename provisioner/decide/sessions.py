@@ -16,7 +16,7 @@ from provisioner.decide.pools import PoolState
 from provisioner.decide.states import SessionState, VmState
 from provisioner.errors import FailedPrecondition, NotFound, quote
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.validation import validate_spec
+from provisioner.validation import priority_class, validate_spec
 
 S, V = SessionState, VmState
 # A session whose VM failed this many times before it ran (a create, boot or pull failed, or
@@ -54,6 +54,7 @@ class Sessions:
         if existing := self.by_request.get(spec.key):
             return self.sessions[existing]
         image = self.validate(spec)
+        klass = priority_class(spec, self.priority)
         if self.draining:
             raise FailedPrecondition(f"cluster {self.name} is draining")
         if spec.max_runtime_s:
@@ -65,7 +66,7 @@ class Sessions:
         s = Session(
             id=self._new_session_id(), spec=spec, cluster=self.name, pool=spec.accelerator, image=image,
             created_at=now, last_activity_at=now, idle_timeout_s=self.sessions_config.idle_timeout_s,
-            max_runtime_s=max_runtime, trace_context=dict(trace_context),
+            max_runtime_s=max_runtime, trace_context=dict(trace_context), priority_class=klass,
         )
         self.sessions[s.id] = s
         self.by_request[spec.key] = s.id
@@ -73,7 +74,7 @@ class Sessions:
         pool.demand.count(image, now)
         pool.forecast.arrival(now)
         if not self._place(s, now):
-            self._enqueue(s, self._why_waiting(pool, s), now)
+            self._wait(s, self._why_waiting(pool, s), now)
         return s
 
     def _new_session_id(self) -> str:
@@ -224,7 +225,11 @@ class Sessions:
                 self._end(s, S.FAILED, f"no VM could be made ready for it in {tries} tries; the last: {failure}", now)
                 return
         if not self._place(s, now):
-            self._enqueue(s, why, now)
+            self._wait(s, why, now)
+
+    def _wait(self, s: Session, why: str, now: float) -> None:
+        """Queues a session its pool cannot place now, after preempting others for it if it may."""
+        self._enqueue(s, self._preempt_for(s, now) or why, now)
 
     def _enqueue(self, s: Session, reason: str, now: float) -> None:
         pool = self.pools[s.pool]
@@ -278,7 +283,9 @@ class Sessions:
         return "waiting for capacity: the pool is at its maximum or stocked out"
 
     def _queue_order(self, pool: PoolState) -> list[Session]:
-        return queue_order([self.sessions[i] for i in pool.queue], self._holding(pool))
+        ranks = {name: c.rank for name, c in self.priority.classes.items()}
+        return queue_order([self.sessions[i] for i in pool.queue], self._holding(pool), ranks,
+                           self._claimants(pool.config.name) if self._claims else frozenset())
 
     def _queued_demand(self, pool: PoolState) -> int:
         """The queued sessions the autoscaler grows the pool for: with a per-user ceiling, a user's

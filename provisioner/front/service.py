@@ -33,7 +33,7 @@ from provisioner.front.router import rank, why_none
 from provisioner.front.user_lease import UserLeases
 from provisioner.model import cluster_of
 from provisioner.store import SqliteStore
-from provisioner.validation import validate_spec
+from provisioner.validation import priority_class, validate_spec
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -117,6 +117,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self._check_rate(request.spec.user_id, guard.current().caller.identity)
         spec = convert.spec_from_pb(request.spec)
         image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
+        priority_class(spec, self.config.settings.priority)
         if spec.region_hint and spec.region_hint not in self.regions:
             raise InvalidArgument(f"unknown region {quote(spec.region_hint)}; the fleet's regions: "
                                   f"{', '.join(sorted(self.regions))}", field="spec.region_hint")

@@ -78,7 +78,7 @@ VM_STATE_STANDBY: VmState
 VM_STATE_STARTING: VmState
 
 class SessionSpec(_message.Message):
-    __slots__ = ("request_id", "user_id", "notebook_id", "kind", "accelerator", "image", "region_hint", "region_required", "max_runtime")
+    __slots__ = ("request_id", "user_id", "notebook_id", "kind", "accelerator", "image", "region_hint", "region_required", "max_runtime", "priority_class", "requeue_on_preemption")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     NOTEBOOK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,8 @@ class SessionSpec(_message.Message):
     REGION_HINT_FIELD_NUMBER: _ClassVar[int]
     REGION_REQUIRED_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    REQUEUE_ON_PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     user_id: str
     notebook_id: str
@@ -97,7 +99,9 @@ class SessionSpec(_message.Message):
     region_hint: str
     region_required: bool
     max_runtime: _duration_pb2.Duration
-    def __init__(self, request_id: _Optional[str] = ..., user_id: _Optional[str] = ..., notebook_id: _Optional[str] = ..., kind: _Optional[_Union[SessionKind, str]] = ..., accelerator: _Optional[str] = ..., image: _Optional[str] = ..., region_hint: _Optional[str] = ..., region_required: _Optional[bool] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    priority_class: str
+    requeue_on_preemption: bool
+    def __init__(self, request_id: _Optional[str] = ..., user_id: _Optional[str] = ..., notebook_id: _Optional[str] = ..., kind: _Optional[_Union[SessionKind, str]] = ..., accelerator: _Optional[str] = ..., image: _Optional[str] = ..., region_hint: _Optional[str] = ..., region_required: _Optional[bool] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., priority_class: _Optional[str] = ..., requeue_on_preemption: _Optional[bool] = ...) -> None: ...
 
 class StateChange(_message.Message):
     __slots__ = ("state", "reason", "time")
@@ -118,7 +122,7 @@ class PullProgress(_message.Message):
     def __init__(self, bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "cluster", "pool", "vm_id", "endpoint", "image", "start", "queue_position", "estimated_ready_time", "pull", "create_time", "ready_time", "end_time", "last_activity_time", "idle_timeout", "max_runtime", "history", "revision", "read_time", "notices", "budget_end_time")
+    __slots__ = ("id", "spec", "state", "reason", "cluster", "pool", "vm_id", "endpoint", "image", "start", "queue_position", "estimated_ready_time", "pull", "create_time", "ready_time", "end_time", "last_activity_time", "idle_timeout", "max_runtime", "history", "revision", "read_time", "notices", "budget_end_time", "priority_class", "preemption_time", "requeued_as", "requeued_from")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +147,10 @@ class Session(_message.Message):
     READ_TIME_FIELD_NUMBER: _ClassVar[int]
     NOTICES_FIELD_NUMBER: _ClassVar[int]
     BUDGET_END_TIME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_TIME_FIELD_NUMBER: _ClassVar[int]
+    REQUEUED_AS_FIELD_NUMBER: _ClassVar[int]
+    REQUEUED_FROM_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: SessionSpec
     state: SessionState
@@ -167,7 +175,11 @@ class Session(_message.Message):
     read_time: _timestamp_pb2.Timestamp
     notices: _containers.RepeatedCompositeFieldContainer[Notice]
     budget_end_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., reason: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., vm_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., image: _Optional[str] = ..., start: _Optional[_Union[StartKind, str]] = ..., queue_position: _Optional[int] = ..., estimated_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pull: _Optional[_Union[PullProgress, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., revision: _Optional[int] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notices: _Optional[_Iterable[_Union[Notice, _Mapping]]] = ..., budget_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    priority_class: str
+    preemption_time: _timestamp_pb2.Timestamp
+    requeued_as: str
+    requeued_from: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., reason: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., vm_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., image: _Optional[str] = ..., start: _Optional[_Union[StartKind, str]] = ..., queue_position: _Optional[int] = ..., estimated_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pull: _Optional[_Union[PullProgress, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., revision: _Optional[int] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notices: _Optional[_Iterable[_Union[Notice, _Mapping]]] = ..., budget_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority_class: _Optional[str] = ..., preemption_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., requeued_as: _Optional[str] = ..., requeued_from: _Optional[str] = ...) -> None: ...
 
 class Notice(_message.Message):
     __slots__ = ("kind", "message", "time", "action_time")
