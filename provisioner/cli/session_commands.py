@@ -40,7 +40,8 @@ def session_create(c: Client, args) -> int:
     spec = types_pb2.SessionSpec(
         request_id=request_id, user_id=args.user, notebook_id=args.notebook or "",
         kind=args.kind or 0, accelerator=args.accelerator, image=args.image,
-        region_hint=args.region or "", region_required=args.require_region)
+        region_hint=args.region or "", region_required=args.require_region,
+        priority_class=args.priority_class or "", requeue_on_preemption=args.requeue)
     if args.max_runtime is not None:
         spec.max_runtime.FromTimedelta(timedelta(seconds=args.max_runtime))
     try:
@@ -149,6 +150,9 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
                    help="only --region may serve the session")
     p.add_argument("--max-runtime", type=_duration_arg, metavar="DURATION",
                    help="e.g. 2h, 90m, 3600s")
+    p.add_argument("--priority-class", metavar="CLASS",
+                   help="a priority class of the fleet's, no higher than the kind's (default: the kind's)")
+    p.add_argument("--requeue", action="store_true", help="if preempted, queue a new session in its place")
     p.add_argument("--request-id", help="idempotency key (default: a new uuid4)")
     p.add_argument("--wait", action="store_true",
                    help="show progress until running; exit 1 if it stops or fails instead")

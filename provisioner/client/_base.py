@@ -52,11 +52,13 @@ def resume_delay(err: errors.ProvisionerError, resumes: int, deadline: float | N
 def create_request(*, user_id: str, accelerator: str, image: str, request_id: str | None,
                    kind: SessionKind | None, notebook_id: str, region: str | None,
                    region_required: bool, max_runtime: timedelta | float | None,
+                   priority_class: str = "", requeue_on_preemption: bool = False,
                    ) -> session_pb.CreateSessionRequest:
     spec = types_pb2.SessionSpec(
         request_id=request_id or str(uuid.uuid4()), user_id=user_id, accelerator=accelerator, image=image,
         kind=kind._to_pb(types_pb2.SessionKind) if kind else 0, notebook_id=notebook_id,
-        region_hint=region or "", region_required=region_required)
+        region_hint=region or "", region_required=region_required, priority_class=priority_class,
+        requeue_on_preemption=requeue_on_preemption)
     if max_runtime is not None:
         spec.max_runtime.FromTimedelta(max_runtime if isinstance(max_runtime, timedelta)
                                        else timedelta(seconds=max_runtime))

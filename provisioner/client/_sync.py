@@ -95,13 +95,17 @@ class Client:
 
     def create_session(self, *, user_id: str, accelerator: str, image: str, request_id: str | None = None,
                        kind: SessionKind | None = None, notebook_id: str = "", region: str | None = None,
-                       region_required: bool = False, max_runtime: timedelta | float | None = None) -> Session:
+                       region_required: bool = False, max_runtime: timedelta | float | None = None,
+                       priority_class: str = "", requeue_on_preemption: bool = False) -> Session:
         """Starts a session (or returns the one already made for `request_id`). Without a request
         id one is made and reused by every retry; on an error that leaves the outcome unknown
-        (`Unavailable`, `DeadlineExceeded`) `err.request_id` says what to retry with."""
+        (`Unavailable`, `DeadlineExceeded`) `err.request_id` says what to retry with.
+        `priority_class`: one of the fleet's classes, no higher than the kind's (default: the
+        kind's); `requeue_on_preemption`: if preempted, a new session is queued in its place."""
         req = _base.create_request(user_id=user_id, accelerator=accelerator, image=image,
                                    request_id=request_id, kind=kind, notebook_id=notebook_id, region=region,
-                                   region_required=region_required, max_runtime=max_runtime)
+                                   region_required=region_required, max_runtime=max_runtime,
+                                   priority_class=priority_class, requeue_on_preemption=requeue_on_preemption)
         try:
             return Session.from_proto(self.call("CreateSession", req).session)
         except errors.ProvisionerError as e:

@@ -84,10 +84,12 @@ class AsyncClient:
     async def create_session(self, *, user_id: str, accelerator: str, image: str, request_id: str | None = None,
                              kind: SessionKind | None = None, notebook_id: str = "", region: str | None = None,
                              region_required: bool = False,
-                             max_runtime: timedelta | float | None = None) -> Session:
+                             max_runtime: timedelta | float | None = None,
+                             priority_class: str = "", requeue_on_preemption: bool = False) -> Session:
         req = _base.create_request(user_id=user_id, accelerator=accelerator, image=image,
                                    request_id=request_id, kind=kind, notebook_id=notebook_id, region=region,
-                                   region_required=region_required, max_runtime=max_runtime)
+                                   region_required=region_required, max_runtime=max_runtime,
+                                   priority_class=priority_class, requeue_on_preemption=requeue_on_preemption)
         try:
             return Session.from_proto((await self.call("CreateSession", req)).session)
         except errors.ProvisionerError as e:

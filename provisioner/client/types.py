@@ -131,6 +131,10 @@ class Session:
     read_time: datetime | None
     notices: tuple[Notice, ...] = ()  # warnings ahead of an action on it, oldest first
     budget_end_time: datetime | None = None  # the owner's weekly GPU budget runs out (it stops then)
+    priority_class: str = ""  # the class it runs in
+    preemption_time: datetime | None = None  # preempted: it stops then, with reason "preempted"
+    requeued_as: str = ""  # preempted and queued again as this session
+    requeued_from: str = ""  # queued in place of this preempted session
 
     @classmethod
     def from_proto(cls, s: types_pb2.Session) -> Session:
@@ -149,7 +153,8 @@ class Session:
             history=tuple(StateChange(h.state, h.reason, _time(h, "time")) for h in s.history),
             revision=s.revision, read_time=_time(s, "read_time"),
             notices=tuple(Notice(n.kind, n.message, _time(n, "time"), _time(n, "action_time")) for n in s.notices),
-            budget_end_time=_time(s, "budget_end_time"),
+            budget_end_time=_time(s, "budget_end_time"), priority_class=s.priority_class,
+            preemption_time=_time(s, "preemption_time"), requeued_as=s.requeued_as, requeued_from=s.requeued_from,
         )
 
     @property
