@@ -391,6 +391,7 @@ def simulation_report(r: dict[str, Any]) -> str:
     saving = 1 - r["vm_hours"] / r["fixed_peak_vm_hours"] if r["fixed_peak_vm_hours"] else 0.0
     starts = r["starts"]
     n = r["sessions"] or 1
+    i = r["interactive"]
     return "\n\n".join([
         f"{r['trace']} x{r['scale']}: {r['sessions']:,} sessions over {r['model_hours'] / 24:.1f} days "
         f"(replayed in {r['wall_s']:.1f}s)",
@@ -408,5 +409,9 @@ def simulation_report(r: dict[str, Any]) -> str:
             ("never started", f"{r['never_started']:,} (ended before a VM was ready)"),
             *[(f"  {n:,}", why) for why, n in list(r["never_started_reasons"].items())[:5]],
             ("wait", f"p50 {r['wait_p50_s']:.0f}s  p95 {r['wait_p95_s']:.0f}s  p99 {r['wait_p99_s']:.0f}s  "
-                     f"max {r['wait_max_s']:.0f}s")]),
+                     f"max {r['wait_max_s']:.0f}s"),
+            ("interactive wait", f"p50 {i['wait_p50_s']:.0f}s  p99 {i['wait_p99_s']:.0f}s  max {i['wait_max_s']:.0f}s  "
+                                 f"({i['fast_start_ratio']:.2%} within 60 s)"),
+            ("preempted", f"{r['preempted']:,} ({r['requeued']:,} queued again, {r['requeued_started']:,} of "
+                          "them ran)")]),
     ])

@@ -87,6 +87,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="check each create against the fleet's quotas as the front does (refusals counted)")
     sim.add_argument("--flood", type=int, default=0, metavar="N",
                      help="add one user sending N creates within 10 s halfway through the trace")
+    sim.add_argument("--max-vms", type=int, default=None, metavar="N",
+                     help="cap every pool at N VMs (default: each pool's own maximum)")
+    sim.add_argument("--share-gpus", type=int, default=None, metavar="N",
+                     help="GPUs guaranteed to each user in every pool: sessions within it preempt "
+                          "over-share batch sessions when a pool is full (default: the fleet's priority section)")
+    sim.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+                     help="a preempted session's grace period (default: the fleet's)")
+    sim.add_argument("--requeue", action="store_true", help="batch sessions ask to be queued again if preempted")
     sim.add_argument("--plot", default=None, metavar="PNG",
                      help="draw each region and pool over time: VMs (assigned, warm, starting) and queue, waits, cost")
     sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
@@ -423,14 +431,18 @@ def cmd_simulate(args) -> int:
     if args.scale < 1 or args.jobs < 1 or args.flood < 0:
         print("error: --scale and --jobs must be >= 1, --flood >= 0", file=sys.stderr)
         return 2
-    for flag, value, ok in (("--headroom", args.headroom, lambda v: v >= 0),
+    for flag, value, ok in (("--max-vms", args.max_vms, lambda v: v >= 1),
+                            ("--share-gpus", args.share_gpus, lambda v: v >= 0),
+                            ("--grace", args.grace, lambda v: 0 <= v < float("inf")),
+                            ("--headroom", args.headroom, lambda v: v >= 0),
                             ("--warm-vms", args.warm_vms, lambda v: v >= 0),
                             ("--wait-probability", args.wait_probability, lambda v: 0 < v < 0.5)):
         if value is not None and not ok(value):
             print(f"error: {flag} {value} is out of range", file=sys.stderr)
             return 2
     run = Run(args.trace, args.scale, args.seed, args.clusters, args.policy, args.headroom, args.warm_vms,
-              args.wait_probability, args.quotas, args.flood, args.standby)
+              args.wait_probability, args.quotas, args.flood, args.standby, args.max_vms, args.share_gpus, args.grace,
+              args.requeue)
     started = time.monotonic()
     shown = [0.0]
 

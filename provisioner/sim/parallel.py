@@ -16,7 +16,7 @@ from typing import Callable
 
 from provisioner.config import FleetConfig, load_fleet
 from provisioner.sim.replay import (Replay, Tally, peak_concurrency, read_trace, superimpose, trace_end, with_flood,
-                                    with_policy)
+                                    with_policy, with_priority)
 
 # Progress of each worker (fraction done), shared with the parent. Set in each worker process.
 _progress = None
@@ -37,10 +37,15 @@ class Run:
     quotas: bool = False  # check each create as the front does
     flood: int = 0  # one user's creates added halfway through
     standby: bool | None = None  # the standby tier on or off in every pool (None: the policy's default)
+    max_vms: int | None = None  # every pool's ceiling (None: each pool's own)
+    share_gpus: int | None = None  # GPUs guaranteed to each user in every pool (None: the fleet's)
+    grace_period_s: float | None = None  # a preemption's grace period (None: the fleet's)
+    requeue: bool = False  # batch sessions ask to be queued again if preempted
 
     def fleet(self) -> FleetConfig:
-        return with_policy(load_fleet(self.clusters_dir), self.policy, self.headroom_fraction, self.warm_vms,
-                           self.wait_probability, self.standby)
+        fleet = with_policy(load_fleet(self.clusters_dir), self.policy, self.headroom_fraction, self.warm_vms,
+                            self.wait_probability, self.standby, self.max_vms)
+        return with_priority(fleet, self.share_gpus, self.grace_period_s)
 
     def rows(self):
         return with_flood(superimpose(read_trace(self.trace), self.scale, self.seed), self.flood)
@@ -74,7 +79,7 @@ def split(sessions_per_cluster: dict[str, int], jobs: int) -> list[list[str]]:
 def simulate(run: Run, jobs: int = 1, progress: Callable[[float], None] | None = None) -> Tally:
     """Replays the run, over `jobs` processes when there is more than one cluster to share out."""
     fleet, rows = run.fleet(), run.rows()
-    replay = Replay(fleet, rows, seed=run.seed, quotas=run.quotas)  # checks every row has a home cluster and pool
+    replay = Replay(fleet, rows, seed=run.seed, quotas=run.quotas, requeue=run.requeue)  # checks every row has a home cluster and pool
     region_of = {c.name: c.region for c in fleet.clusters}
     counts = {c.name: 0 for c in fleet.clusters}
     by_region = {c.region: c.name for c in fleet.clusters}
@@ -120,7 +125,7 @@ def _replay_part(run: Run, regions: list[str], end_s: float, index: int) -> Tall
     fleet = run.fleet()
     fleet = fleet.model_copy(update={"clusters": tuple(c for c in fleet.clusters if c.region in regions)})
     rows = [r for r in run.rows() if r.region in regions]
-    replay = Replay(fleet, rows, seed=run.seed, end_s=end_s, quotas=run.quotas)
+    replay = Replay(fleet, rows, seed=run.seed, end_s=end_s, quotas=run.quotas, requeue=run.requeue)
 
     def progress(done: float) -> None:
         _progress[index] = done

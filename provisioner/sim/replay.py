@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.budgets import USED_UP
+from provisioner.decide.preempt import STOP_REASON as PREEMPTED
 from provisioner.decide.events import BudgetSet, SessionForgotten, SessionRequested, SessionTouched, StopRequested
 from provisioner.decide.ids import IdSource
 from provisioner.config import FleetConfig
@@ -86,20 +87,37 @@ def read_trace(path: str | Path) -> list[TraceRow]:
 
 def with_policy(fleet: FleetConfig, policy: str | None = None, headroom_fraction: float | None = None,
                 warm_vms: int | None = None, wait_probability: float | None = None,
-                standby: bool | None = None) -> FleetConfig:
+                standby: bool | None = None, max_vms: int | None = None) -> FleetConfig:
     """The fleet with every pool's autoscaler settings replaced where given. `fixed` and
-    `headroom`, the baselines, run without a standby tier unless `standby` says otherwise."""
+    `headroom`, the baselines, run without a standby tier unless `standby` says otherwise.
+    `max_vms` caps every pool (its minimum too, if above)."""
     if standby is None and policy in ("fixed", "headroom"):
         standby = False
     update = {k: v for k, v in {"autoscaler": policy, "headroom_fraction": headroom_fraction, "warm_vms": warm_vms,
-                                "wait_probability": wait_probability, "standby": standby}.items() if v is not None}
+                                "wait_probability": wait_probability, "standby": standby,
+                                "max_vms": max_vms}.items() if v is not None}
     if policy is not None and policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     if not update:
         return fleet
-    clusters = tuple(c.model_copy(update={"pools": tuple(p.model_copy(update=update) for p in c.pools)})
-                     for c in fleet.clusters)
+    def pool(p):
+        changed = p.model_copy(update=update)
+        return changed.model_copy(update={"min_vms": min(changed.min_vms, changed.max_vms)})
+
+    clusters = tuple(c.model_copy(update={"pools": tuple(pool(p) for p in c.pools)}) for c in fleet.clusters)
     return fleet.model_copy(update={"clusters": clusters})
+
+
+def with_priority(fleet: FleetConfig, share_gpus: int | None = None, grace_period_s: float | None = None) -> FleetConfig:
+    """The fleet with the GPUs guaranteed to each user in every pool, and the grace period of a
+    preemption, replaced where given."""
+    update = {k: v for k, v in {"share_gpus_per_user": share_gpus, "grace_period_s": grace_period_s,
+                                "pool_share_gpus_per_user": {} if share_gpus is not None else None}.items()
+              if v is not None}
+    if not update:
+        return fleet
+    priority = fleet.settings.priority.model_copy(update=update)
+    return fleet.model_copy(update={"settings": fleet.settings.model_copy(update={"priority": priority})})
 
 
 def peak_concurrency(rows: list[TraceRow], idle_timeout_s: float) -> dict[tuple[str, str], int]:
@@ -210,6 +228,10 @@ class Tally:
     refused: dict[str, int] = field(default_factory=dict)  # creates refused by quota, by subject
     user_wait_max: dict[str, float] = field(default_factory=dict)  # each user's longest wait to run
     stopped_for_budget: int = 0  # running sessions stopped as their owner's weekly budget ran out
+    interactive_waits: list[float] = field(default_factory=list)  # of the interactive sessions that ran
+    preempted: int = 0  # sessions stopped with reason preempted
+    requeued: int = 0  # preempted sessions queued again as new ones (not counted in `sessions`)
+    requeued_started: int = 0  # of those, how many ran
 
     def __add__(self, other: Tally) -> Tally:
         if self.end_s != other.end_s or len(self.samples) != len(other.samples) or self.pools.keys() & other.pools:
@@ -227,7 +249,9 @@ class Tally:
             {k: self.refused.get(k, 0) + other.refused.get(k, 0) for k in {**self.refused, **other.refused}},
             {u: max(self.user_wait_max.get(u, 0.0), other.user_wait_max.get(u, 0.0))
              for u in {**self.user_wait_max, **other.user_wait_max}},
-            self.stopped_for_budget + other.stopped_for_budget,
+            self.stopped_for_budget + other.stopped_for_budget, self.interactive_waits + other.interactive_waits,
+            self.preempted + other.preempted, self.requeued + other.requeued,
+            self.requeued_started + other.requeued_started,
         )
 
     def results(self) -> dict:
@@ -263,9 +287,21 @@ class Tally:
             "wait_max_s": round(waits[-1], 1) if waits else 0.0,
             "refused_for_quota": dict(sorted(self.refused.items())),
             "stopped_for_budget": self.stopped_for_budget,
+            "interactive": _waits(self.interactive_waits),
+            "preempted": self.preempted,
+            "requeued": self.requeued,
+            "requeued_started": self.requeued_started,
             "users": _users(self.user_wait_max),
             "events": self.events,
         }
+
+
+def _waits(waits: list[float]) -> dict:
+    """How long the sessions that ran waited."""
+    waits = sorted(waits)
+    return {"started": len(waits), "wait_p50_s": _pct(waits, 50), "wait_p99_s": _pct(waits, 99),
+            "wait_max_s": round(waits[-1], 1) if waits else 0.0,
+            "fast_start_ratio": round(sum(1 for w in waits if w <= FAST_START_S) / len(waits), 4) if waits else 0.0}
 
 
 def _users(wait_max: dict[str, float]) -> dict:
@@ -282,8 +318,10 @@ def trace_end(rows: list[TraceRow], idle_timeout_s: float) -> float:
 
 class Replay(Engine):
     def __init__(self, fleet: FleetConfig, rows: list[TraceRow], seed: int = 0, end_s: float | None = None,
-                 quotas: bool = False):
-        """`quotas`: each create is checked against the fleet's quotas as the front checks it."""
+                 quotas: bool = False, requeue: bool = False):
+        """`quotas`: each create is checked against the fleet's quotas as the front checks it.
+        `requeue`: batch sessions ask to be queued again if preempted; a requeued session runs
+        for what its trace length had left when it was stopped."""
         settings = fleet.settings.sessions
         cores = [ClusterCore(c, fleet.catalog, settings, IdSource(c.name, seed), priority=fleet.settings.priority,
                              abuse=fleet.settings.abuse) for c in fleet.clusters]
@@ -328,6 +366,11 @@ class Replay(Engine):
         self._core_named = {c.name: c for c in cores}
         self._budget_moved: set[str] = set()  # users whose budget end is recomputed at this instant
         self.stopped_for_budget = 0
+        self.requeue = requeue
+        self.interactive_waits: list[float] = []
+        self.preempted = self.requeued = self.requeued_started = 0
+        self._ends: dict[str, float] = {}  # batch sessions that may be requeued -> when their trace ends them
+        self._left: dict[str, float] = {}  # requeued sessions -> how long they run once started
         self.samples: list[Sample] = []
         self.pool_samples: dict[str, list[PoolSample]] = {f"{c.name}/{p}": [] for c in cores for p in c.pools}
         self._wait_max: dict[str, float] = {}  # per pool, since the last sample
@@ -358,7 +401,9 @@ class Replay(Engine):
             self.at(self.rows[mine[k + 1]].arrival_s, self._arrive, core, k + 1)
         if self.quotas is not None and not self.quotas.admit(r.user, r.kind.value, now):
             return
-        spec = SessionSpec(request_id=f"r{i}", user_id=r.user, accelerator=r.accelerator, image=r.image, kind=r.kind)
+        requeue = self.requeue and r.kind is SessionKind.BATCH
+        spec = SessionSpec(request_id=f"r{i}", user_id=r.user, accelerator=r.accelerator, image=r.image, kind=r.kind,
+                           requeue=requeue)
         s = self.handle(core, SessionRequested(now, spec)).reply
         if self.quotas is not None:
             self.quotas.created(s)
@@ -371,6 +416,8 @@ class Replay(Engine):
             self.at(end, self._touch_last, core, s.id)  # the user's last activity; the cull does the rest
         else:
             self.at(end, self._stop, core, s.id)
+            if requeue:
+                self._ends[s.id] = end
 
     def _sample(self, now: float) -> None:
         demand = assigned = warm = starting = 0
@@ -432,9 +479,17 @@ class Replay(Engine):
     def changes(self, core: ClusterCore, sessions: list[Session], vms: list[Vm]) -> None:
         started = self._started
         for s in sessions:
+            if s.requeued_as and s.id in self._ends:  # preempted, and queued again
+                self._left[s.requeued_as] = max(0.0, self._ends.pop(s.id) - self.now)
+                self.requeued += 1
+            if s.requeued_from:
+                self._requeued_changed(core, s)
+                continue
             if s.state is _RUNNING and s.id not in started:
                 started.add(s.id)
                 wait = s.ready_at - s.created_at
+                if s.spec.kind is SessionKind.INTERACTIVE:
+                    self.interactive_waits.append(wait)
                 self.waits.append(wait)
                 key = f"{core.name}/{s.pool}"
                 self._wait_max[key] = max(self._wait_max.get(key, 0.0), wait)
@@ -449,6 +504,8 @@ class Replay(Engine):
                     self.quotas.ended(s)
                     self._budget_moves(s.spec.user_id)
                     self.stopped_for_budget += s.id in started and s.reason.endswith(USED_UP)
+                self.preempted += s.reason.startswith(PREEMPTED + ":")
+                self._ends.pop(s.id, None)
                 if s.id not in started:
                     why = _never_started(s)
                     self.never_started[why] = self.never_started.get(why, 0) + 1
@@ -456,6 +513,21 @@ class Replay(Engine):
                 core.handle(SessionForgotten(self.now, s.id))  # or the cull would scan every session ever made
         if vms:
             self._vms_changed(core, vms)
+
+    def _requeued_changed(self, core: ClusterCore, s: Session) -> None:
+        """A requeued session is not one of the trace's: it runs for what its original had left,
+        and is counted apart."""
+        if s.state is _RUNNING and s.id in self._left:
+            end = self.now + self._left.pop(s.id)
+            self.requeued_started += 1
+            self.at(end, self._stop, core, s.id)
+            if self.requeue:
+                self._ends[s.id] = end
+        elif s.terminal:
+            self.preempted += s.reason.startswith(PREEMPTED + ":")
+            self._left.pop(s.id, None)
+            self._ends.pop(s.id, None)
+            core.handle(SessionForgotten(self.now, s.id))
 
     def _vms_changed(self, core: ClusterCore, vms: list[Vm]) -> None:
         self._integrate(self.now)
@@ -498,7 +570,8 @@ class Replay(Engine):
                      list(self.samples), {k: list(v) for k, v in self.pool_samples.items()},
                      {k: VmTime(*v) for k, v in self._seconds.items()}, dict(self.price), dict(self.never_started),
                      dict(self.quotas.refused) if self.quotas else {}, dict(self.user_wait_max),
-                     self.stopped_for_budget)
+                     self.stopped_for_budget, list(self.interactive_waits), self.preempted, self.requeued,
+                     self.requeued_started)
 
     def results(self) -> dict:
         return self.tally().results()
