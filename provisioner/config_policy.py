@@ -106,15 +106,15 @@ class PriorityClassConfig(_Model):
 class PriorityConfig(_Model):
     """Priority classes and preemption (`provisioner/decide/preempt.py`). A user's sessions in a pool
     are guaranteed `share_gpus_per_user` GPUs; beyond it a session borrows idle GPUs, and a
-    preemptible one may be stopped for a session within its owner's share. The defaults guarantee
-    nothing, so nothing is preempted until a share is set."""
+    preemptible one may be stopped for a session within its owner's share. A share of 0 guarantees
+    nothing, so nothing is preempted."""
 
     classes: dict[Name, PriorityClassConfig] = {"interactive": PriorityClassConfig(rank=100),
                                                 "batch": PriorityClassConfig(rank=10, preemptible=True)}
     # The class of each session kind; a kind left out gets the class of its own name.
     kinds: dict[SessionKindName, str] = {"interactive": "interactive", "batch": "batch"}
     grace_period_s: NonNegativeFloat = 120.0  # from the warning to the stop: the notebook may checkpoint
-    share_gpus_per_user: NonNegativeInt = 0  # in every pool, unless set for the pool below
+    share_gpus_per_user: NonNegativeInt = 2  # in every pool, unless set for the pool below
     pool_share_gpus_per_user: dict[Name, NonNegativeInt] = {}  # pool name -> its own share
 
     @model_validator(mode="after")

@@ -248,7 +248,8 @@ def test_a_session_queued_past_the_queue_timeout_fails_and_one_placed_in_time_do
 
 
 def test_without_a_queue_timeout_a_session_waits_as_long_as_it_takes():
-    d = Driver(make_core(min_vms=0, headroom_fraction=0.0, max_vms=1))
+    # No share: the batch is not preempted for the interactive session.
+    d = Driver(make_core(min_vms=0, headroom_fraction=0.0, max_vms=1, priority={"share_gpus_per_user": 0}))
     d.add_warm(LATEST)
     d.allocate("ua", kind=SessionKind.BATCH)  # holds the one VM for its max runtime (12 h)
     s = d.allocate("ub")

@@ -262,12 +262,12 @@ def _settings(tmp_path, text: str) -> FleetSettings:
     return load_settings(path)
 
 
-def test_the_defaults_keep_todays_behaviour_nothing_is_guaranteed_so_nothing_is_preempted():
+def test_the_defaults_guarantee_each_user_two_gpus_in_every_pool():
     p = FleetSettings().priority
     assert p.classes["interactive"].rank > p.classes["batch"].rank
     assert not p.classes[p.class_of("interactive")].preemptible and p.classes[p.class_of("batch")].preemptible
     assert p.grace_period_s == 120.0
-    assert p.share_gpus("gpu-p100") == 0
+    assert p.share_gpus("gpu-p100") == p.share_gpus("gpu-t4x2") == 2
     assert load_fleet(default_clusters_dir()).settings.priority == p  # the shipped fleet.yaml spells out the defaults
 
 
