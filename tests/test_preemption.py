@@ -86,6 +86,19 @@ def test_the_grace_period_is_withdrawn_when_the_waiting_session_no_longer_needs_
     assert [n.message.split(":")[0] for n in victim.notices] == ["preempted", "preemption withdrawn"]
 
 
+def test_a_victim_stopped_in_its_grace_period_is_preempted_no_more():
+    d, batches = full_pool(requeue=True)
+    dee = d.allocate("dee")
+    victim = batches[-1]
+    d.advance(30)
+    d.stop(victim)  # its user stops it first (a checkpoint done early, say)
+    assert victim.preempt_at == 0 and victim.reason == "stopped by the user"
+    d.run_until(lambda: dee.state is S.RUNNING, 600)
+    assert dee.ready_at - dee.created_at < GRACE  # the VM came free before the grace period ended
+    d.advance(GRACE)
+    assert not victim.requeued_as and victim.reason == "stopped by the user"  # not requeued: not preempted
+
+
 def test_a_preempted_session_asked_to_be_requeued_is_queued_again_as_a_new_session():
     d, batches = full_pool(requeue=True)
     dee = d.allocate("dee")

@@ -267,6 +267,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption):
         self._changed_vms[vm.id] = vm
 
     def _set_session(self, s: Session, state: SessionState, reason: str, now: float) -> None:
+        if s.preempt_at:
+            self._preemption_ends(s, state)
         s.to(state, reason, now)
         self._session_changed(s)
         if s.terminal:

@@ -94,6 +94,12 @@ class Preemption:
             if v.spec.requeue:
                 self._requeue(v, now)
 
+    def _preemption_ends(self, s: Session, state: S) -> None:
+        """A preempted session that stops (for this or any other reason) or fails before its grace
+        period ends is preempted no more; its heap entry finds nothing to do."""
+        if state not in _HOLDING:
+            s.preempt_at = 0.0
+
     def _withdraw(self, v: Session, now: float) -> None:
         v.preempt_at, v.preempted_for = 0.0, ""
         v.notices.append(Notice(PREEMPTION, "preemption withdrawn: the GPU is no longer needed; the session "
