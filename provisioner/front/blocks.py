@@ -9,12 +9,16 @@ capacity stream; `apply` records it and blocks the user, or, in a dry run, recor
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from provisioner.abuse_record import MAX_EVIDENCE_CHARS, Decision
 from provisioner.errors import PermissionDenied, quote
 from provisioner.store import Store
+
+log = logging.getLogger(__name__)
 
 DETECTOR = "detector"  # who blocked, when the abuse detector did (else the operator's identity)
 
@@ -54,6 +58,18 @@ async def apply(store: Store, d: Decision) -> bool:
     stands), in one durable write. Idempotent by session: whether the decision was new."""
     return await store.commit(store.record_abuse_decision, d.session_id, d.user_id, d.at, ",".join(d.rules),
                               d.reason, d.evidence, not d.dry_run, DETECTOR)
+
+
+async def apply_all(store: Store, decisions: list[Decision]) -> int:
+    """Applies the flags a cluster sent (in one transaction, when they arrive together); how
+    many were new. Each is logged by the one front replica that recorded it."""
+    new = await asyncio.gather(*(apply(store, d) for d in decisions))
+    for d, fresh in zip(decisions, new):
+        if fresh:
+            log.warning("abuse detection flagged session %s of user %s (%s): %s", d.session_id, d.user_id,
+                        ", ".join(d.rules), "recorded only (dry run)" if d.dry_run else "user blocked",
+                        extra={"session_id": d.session_id})
+    return sum(new)
 
 
 def _iso(t: float) -> str:
