@@ -100,6 +100,18 @@ async def test_a_miner_is_stopped_and_its_user_blocked_at_every_front_until_unbl
 async def test_a_dry_run_records_the_flag_and_stops_or_blocks_nobody(tmp_path):
     async with warm_fleet(with_abuse(tmp_path, dry_run=True), tmp_path / "data") as fleet:
         s = await fleet.create(user_id="mal")
+        # The front's first try to record the flag fails (its store, say): the stream ends, and the
+        # next one sends the flag again.
+        client = fleet.fleet.front.fleet.clients[s.cluster]
+        tries = []
+
+        async def fails_once(decisions):
+            tries.append([d.session_id for d in decisions])
+            if len(tries) == 1:
+                raise RuntimeError("the store is down")
+            return await apply(decisions)
+
+        apply, client.on_flags = client.on_flags, fails_once
         fleet.cluster(s.cluster).runtime.backend.mark_miner(s.vm_id, seed=5)
 
         async def decided():
@@ -110,6 +122,7 @@ async def test_a_dry_run_records_the_flag_and_stops_or_blocks_nobody(tmp_path):
         assert not shown.HasField("block")
         (d,) = shown.decisions
         assert d.session_id == s.id and d.dry_run and list(d.rules) == ["miner_program"]
+        assert tries[:2] == [[s.id], [s.id]]
         now = (await fleet.sessions.GetSession(_get(s.id))).session
         assert now.state == pb.SESSION_STATE_RUNNING
         assert (await fleet.create(user_id="mal")).state == pb.SESSION_STATE_RUNNING
