@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
+from provisioner.abuse_record import Decision
 from provisioner.decide.images import LayerCache
 from provisioner.decide.states import (
     SESSION_TRANSITIONS,
@@ -114,6 +115,8 @@ class Session:
     # A preempted session queued again as a new session (spec.requeue), and the other way.
     requeued_as: str = ""
     requeued_from: str = ""
+    # Abuse detection flagged it (provisioner/decide/abuse.py): the record every front applies.
+    abuse: Decision | None = None
 
     def to(self, state: SessionState, reason: str, now: float) -> None:
         check_transition(SESSION_TRANSITIONS, "session", self.id, self.state, state)
@@ -135,6 +138,7 @@ class Session:
         d["history"] = [[h.state, h.reason, h.time] for h in self.history]
         d["trace_context"] = dict(self.trace_context)
         d["notices"] = [[n.kind, n.message, n.time, n.action_time] for n in self.notices]
+        d["abuse"] = self.abuse.to_list() if self.abuse else None
         return d
 
     @classmethod
@@ -148,6 +152,7 @@ class Session:
         d["start"] = StartKind(d["start"]) if d["start"] else None
         d["history"] = [StateChange(*h) for h in d["history"]]
         d["notices"] = [Notice(*n) for n in d.get("notices", ())]  # older records have none
+        d["abuse"] = Decision.from_list(d["abuse"]) if d.get("abuse") else None  # nor this
         return cls(**d)
 
 

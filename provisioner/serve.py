@@ -7,6 +7,7 @@ builds cloud backends.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -24,6 +25,7 @@ from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import ClusterConfig, FleetConfig
+from provisioner.front import blocks
 from provisioner.front import service as front_service
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
@@ -228,14 +230,15 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     security = fleet_cfg.settings.security
     # Network time (commit_by, call deadlines, the breaker) runs at wall speed, whatever `clock` does.
     wall = RealClock()
+    store = open_store(database_url, Path(data_dir) / "front.db")
+    store.writer.start()  # the front's durable writes are all group-committed
     clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
-                             credentials=link, server_name=security.cluster_name(c.name), clock=wall)
+                             credentials=link, server_name=security.cluster_name(c.name), clock=wall,
+                             on_flags=functools.partial(blocks.apply_all, store))
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
     for c in clients:
         c.start()
-    store = open_store(database_url, Path(data_dir) / "front.db")
-    store.writer.start()  # the front's durable writes are all group-committed
     if metrics is not None:
         metrics.time_store(store, "front")
     address = address or fleet_cfg.settings.front.address

@@ -12,6 +12,7 @@ import itertools
 import math
 from typing import Callable
 
+from provisioner.agent.usage import Usage
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.config import FleetConfig, load_fleet
 from provisioner.decide import events as ev
@@ -33,19 +34,22 @@ def fleet() -> FleetConfig:
 
 
 def make_core(cluster: str = "us-central1", pool: str = POOL, sessions: dict | None = None, seed: int = 0,
-              priority: dict | None = None, **pool_changes) -> ClusterCore:
+              priority: dict | None = None, abuse: dict | None = None,
+              **pool_changes) -> ClusterCore:
     """A core for one shipped cluster, cut down to one pool (so other pools add no noise).
 
     The pool runs the headroom autoscaler with at most 20 VMs and no standby tier unless told
-    otherwise: small, predictable numbers that tests can reason about. `sessions` and `priority`
-    change the fleet's settings of those names."""
+    otherwise: small, predictable numbers that tests can reason about. `sessions`, `priority` and
+    `abuse` change the fleet's settings of those names."""
     f = fleet()
     c = f.cluster(cluster)
     p = c.pool(pool).model_copy(update={"autoscaler": "headroom", "max_vms": 20, "standby": False, **pool_changes})
     c = c.model_copy(update={"pools": (p,)})
     settings = f.settings.sessions.model_copy(update=sessions or {})
     classes = f.settings.priority.model_copy(update=priority or {})
-    return ClusterCore(c, f.catalog, settings, IdSource(c.name, seed), event_log=EventLog(), priority=classes)
+    detection = f.settings.abuse.model_copy(update=abuse or {})
+    return ClusterCore(c, f.catalog, settings, IdSource(c.name, seed), event_log=EventLog(), priority=classes,
+                       abuse=detection)
 
 
 def _failure(what: str, zone: str) -> CloudFailure:
@@ -159,8 +163,8 @@ class Driver(Engine):
     def touch(self, s: Session) -> None:
         self.send(ev.SessionTouched(self.now, s.id))
 
-    def health(self, vm_id: str, healthy: bool, detail: str = "") -> None:
-        self.send(ev.HealthReported(self.now, vm_id, HealthReport(healthy, detail=detail)))
+    def health(self, vm_id: str, healthy: bool = True, detail: str = "", usage: Usage | None = None) -> None:
+        self.send(ev.HealthReported(self.now, vm_id, HealthReport(healthy, detail=detail, usage=usage)))
 
     def evict(self, vm_id: str, reason: str = "") -> Vm:
         return self.send(ev.EvictRequested(self.now, vm_id, reason)).reply

@@ -11,7 +11,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.util._once import Once
 
-from provisioner import cli
+from provisioner import abuse_record, cli
 from provisioner import client as api
 from provisioner.abuse import Finding, Verdict
 from provisioner.agent.usage import Connection
@@ -78,8 +78,8 @@ def test_a_decision_is_recorded_once_and_blocks_unless_dry_run(store):
 # ---- the decision record ---------------------------------------------------------------------
 
 def test_a_verdict_becomes_a_bounded_record_with_its_evidence():
-    assert blocks.decision(Verdict(), "c.s-01", "mal", 5.0, dry_run=False) is None
-    d = blocks.decision(Verdict((MINER, POOL)), "c.s-01", "mal", 400.0, dry_run=True)
+    assert abuse_record.decision(Verdict(), "c.s-01", "mal", 5.0, dry_run=False) is None
+    d = abuse_record.decision(Verdict((MINER, POOL)), "c.s-01", "mal", 400.0, dry_run=True)
     assert (d.session_id, d.user_id, d.at, d.rules, d.dry_run) == ("c.s-01", "mal", 400.0,
                                                                    ("miner_program", "pool_connection"), True)
     assert d.reason.startswith("miner_program: process 'xmrig'") and "pool_connection" in d.reason
@@ -90,13 +90,13 @@ def test_a_verdict_becomes_a_bounded_record_with_its_evidence():
     # The worst case: every rule fired, with the longest names and details a report could hold.
     huge = [Finding(rule, "x" * 10_000, 1.0, 2.0, 3, process="p" * 500, connection=Connection("2001:db8::1" * 40, 3333))
             for rule in ("miner_program", "pool_connection", "busy_without_activity", "unknown_gpu_program")]
-    d = blocks.decision(Verdict(tuple(huge)), "c.s-02", "mal", 1.0, dry_run=False)
-    assert len(d.evidence) <= blocks.MAX_EVIDENCE_CHARS and len(d.reason) <= blocks.MAX_REASON_CHARS
+    d = abuse_record.decision(Verdict(tuple(huge)), "c.s-02", "mal", 1.0, dry_run=False)
+    assert len(d.evidence) <= abuse_record.MAX_EVIDENCE_CHARS and len(d.reason) <= abuse_record.MAX_REASON_CHARS
     assert len(json.loads(d.evidence)["findings"]) == 4
 
 
 async def test_applying_a_decision_blocks_once_and_a_dry_run_blocks_nobody(store):
-    flagged = blocks.decision(Verdict((MINER, POOL)), "c.s-01", "mal", 400.0, dry_run=False)
+    flagged = abuse_record.decision(Verdict((MINER, POOL)), "c.s-01", "mal", 400.0, dry_run=False)
     assert await blocks.apply(store, flagged)
     assert not await blocks.apply(store, flagged)  # delivered again: nothing new
     assert store.user_block("mal") == ("mal", 400.0, blocks.DETECTOR, flagged.reason, flagged.evidence)
@@ -104,11 +104,11 @@ async def test_applying_a_decision_blocks_once_and_a_dry_run_blocks_nobody(store
                                                  flagged.evidence, True)]
     # A user an operator blocked first keeps that block; the decision is recorded beside it.
     store.block_user("eve", 10.0, "ops@example.com", "ticket 7", "")
-    assert await blocks.apply(store, blocks.decision(Verdict((MINER,)), "c.s-02", "eve", 500.0, dry_run=False))
+    assert await blocks.apply(store, abuse_record.decision(Verdict((MINER,)), "c.s-02", "eve", 500.0, dry_run=False))
     assert store.user_block("eve")[2:4] == ("ops@example.com", "ticket 7")
     assert store.abuse_decisions("eve", 10)[0][0] == "c.s-02"
     # Dry run: recorded, nobody blocked.
-    assert await blocks.apply(store, blocks.decision(Verdict((POOL,)), "c.s-03", "dan", 600.0, dry_run=True))
+    assert await blocks.apply(store, abuse_record.decision(Verdict((POOL,)), "c.s-03", "dan", 600.0, dry_run=True))
     assert store.user_block("dan") is None and store.abuse_decisions("dan", 10)[0][-1] is False
 
 
@@ -172,8 +172,8 @@ async def test_operators_block_and_unblock_a_user_who_is_refused_meanwhile(local
             # A second block keeps the first; show and list see it, with the detector's decisions.
             assert (await admin_user("block", "mal", "--reason", "again"))["reason"] == "mining on a free GPU (ticket 42)"
             store = local_fleet.fleet.front.store
-            await blocks.apply(store, blocks.decision(Verdict((MINER,)), "us-central1.s-0001", "mal", 500.0, dry_run=False))
-            await blocks.apply(store, blocks.decision(Verdict((POOL,)), "us-central1.s-0002", "dan", 600.0, dry_run=True))
+            await blocks.apply(store, abuse_record.decision(Verdict((MINER,)), "us-central1.s-0001", "mal", 500.0, dry_run=False))
+            await blocks.apply(store, abuse_record.decision(Verdict((POOL,)), "us-central1.s-0002", "dan", 600.0, dry_run=True))
             shown = await admin_user("show", "mal")
             assert shown["block"]["reason"] == "mining on a free GPU (ticket 42)"
             assert [(d["session"], d["rules"], d["dry_run"]) for d in shown["decisions"]] == [

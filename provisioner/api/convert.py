@@ -5,11 +5,13 @@ from __future__ import annotations
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from provisioner.abuse_record import Decision
 from provisioner.audit import AuditRecord
 from provisioner.errors import InvalidArgument
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.decide.states import SessionState, StateChange, VmState
 from provisioner.v1 import admin_service_pb2 as admin_pb
+from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
 
 _KIND_TO_PB = {SessionKind.INTERACTIVE: pb.SESSION_KIND_INTERACTIVE, SessionKind.BATCH: pb.SESSION_KIND_BATCH}
@@ -128,6 +130,16 @@ def vm_to_pb(vm: Vm, images: list[str], now: float) -> pb.Vm:
         healthy=vm.healthy, health_detail=vm.health_detail, create_time=timestamp(vm.created_at),
         history=_history(vm.history), read_time=timestamp(now),
     )
+
+
+def abuse_flag_to_pb(d: Decision) -> cluster_pb.AbuseFlag:
+    return cluster_pb.AbuseFlag(session_id=d.session_id, user_id=d.user_id, flag_time=timestamp(d.at),
+                                rules=d.rules, reason=d.reason, evidence=d.evidence, dry_run=d.dry_run)
+
+
+def abuse_flag_from_pb(f: cluster_pb.AbuseFlag) -> Decision:
+    return Decision(f.session_id, f.user_id, f.flag_time.ToNanoseconds() / 1e9, tuple(f.rules), f.reason,
+                    f.evidence, f.dry_run)
 
 
 def audit_record_to_pb(r: AuditRecord) -> admin_pb.AuditRecord:

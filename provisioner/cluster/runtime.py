@@ -71,6 +71,10 @@ class ClusterRuntime:
         # user -> ids of their sessions, so a user's List (every create's quota check) reads theirs
         # only, not every session in memory; ids of sessions that left memory are pruned on read.
         self._by_user: dict[str, set[str]] = {}
+        # Flagged sessions in memory (provisioner/decide/abuse.py), each with the number it was
+        # noted as, in order, so a capacity stream sends each once, and once durable.
+        self._flags: dict[str, tuple[int, Session]] = {}
+        self._flags_noted = 0
         # Set when draining: open streams end instead of holding the shutdown.
         self.streams_closed = False
         # pool -> the policy fields operators set that differ from the config file (also in the store).
@@ -99,6 +103,7 @@ class ClusterRuntime:
             self._index_users(self.core.sessions.values())
             for observe in self.observers:
                 observe(list(self.core.sessions.values()), True)
+            self._note_flags(self.core.sessions.values())  # what the fronts may not have heard
             self._apply(step)
             self._restore_operator_state(self.store.load_operator_state(name))
             await self.durable()
@@ -375,6 +380,18 @@ class ClusterRuntime:
             if not self._watchers[session_id]:
                 del self._watchers[session_id]
 
+    def flagged(self, after: int = 0) -> tuple[int, list[Session]]:
+        """The flagged sessions in memory noted after number `after`, and the last number noted."""
+        for gone in [sid for sid in self._flags if sid not in self.core.sessions]:
+            del self._flags[gone]
+        return self._flags_noted, [s for n, s in self._flags.values() if n > after]
+
+    def _note_flags(self, sessions: Iterable[Session]) -> None:
+        for s in sessions:
+            if s.abuse is not None and s.id not in self._flags:
+                self._flags_noted += 1
+                self._flags[s.id] = (self._flags_noted, s)
+
     def capacity_notice(self) -> asyncio.Event:
         """Set at the next change of capacity (or when the streams end): taken before a push, so
         a change made while a stream waits out its interval is not missed."""
@@ -448,7 +465,8 @@ class ClusterRuntime:
         for s in sessions:
             for q in self._watchers.get(s.id, ()):
                 q.put_nowait(_snapshot(s))
-        if sessions or vms:
+        self._note_flags(sessions)
+        if sessions or vms:  # a new flag is a changed session: the streams send it at once
             self._notify_capacity()
         for cmd in step.commands:
             self._spawn(self._run(cmd))

@@ -134,6 +134,7 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     async def WatchCapacity(self, request, context):
         interval = request.min_interval_s or DEFAULT_CAPACITY_INTERVAL_S
         sent: dict[str, pb.PoolCapacity] = {}  # what this stream was last told of each pool
+        flags_sent = 0  # the number of the last flag this stream sent (all of them, first)
         while not self.rt.streams_closed:
             changed = self.rt.capacity_notice()
             capacity = capacity_pb(self.rt)
@@ -143,7 +144,9 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
             if not whole:
                 del capacity.pools[:]
                 capacity.pools.extend(news)
-            yield cluster_pb.WatchCapacityResponse(capacity=capacity, changes_only=not whole)
+            flags_sent, flagged = self.rt.flagged(flags_sent)
+            yield cluster_pb.WatchCapacityResponse(capacity=capacity, changes_only=not whole,
+                                                   abuse_flags=[convert.abuse_flag_to_pb(s.abuse) for s in flagged])
             await self.wall.sleep(interval)
             await changed.wait()
 

@@ -19,6 +19,7 @@ from provisioner.cloud.base import CloudFailure
 from provisioner.config import ClusterConfig, SessionsConfig
 from provisioner.config_policy import AbuseConfig, PriorityConfig
 from provisioner.decide import events as ev
+from provisioner.decide.abuse import AbuseWatch, Watched
 from provisioner.decide.budgets import Budgets
 from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
 from provisioner.decide.deadlines import Limits
@@ -37,7 +38,7 @@ S, V = SessionState, VmState
 _GONE = frozenset({V.DELETING, V.FAILED, V.DELETED})
 
 
-class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption):
+class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch):
     def __init__(self, cluster: ClusterConfig, catalog: ImageCatalog, sessions: SessionsConfig,
                  ids: IdSource | None = None, event_log: EventLog | None = None,
                  priority: PriorityConfig | None = None, abuse: AbuseConfig | None = None):
@@ -72,6 +73,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption):
         self._preempt_due: list[tuple[float, str]] = []  # (end of a grace period, preempted session id)
         self._preempting: dict[str, str] = {}  # preempted session in its grace period -> whom it makes room for
         self._claims: set[str] = set()  # queued sessions that preempted others, until they leave the queue
+        self._watched: dict[str, Watched] = {}  # running session id -> what abuse detection still needs
         self._commands: list[Command] = []  # issued by the events being handled
         self._changed_sessions: dict[str, Session] = {}
         self._changed_vms: dict[str, Vm] = {}
@@ -120,7 +122,9 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption):
             case ev.SessionRequested():
                 return self._allocate(event.spec, now, event.trace_context)
             case ev.SessionTouched():
-                return self._touch(event.session_id, now, event.user_id)
+                s = self._touch(event.session_id, now, event.user_id)
+                self._abuse_touch(s, now)
+                return s
             case ev.BudgetSet():
                 return self._set_budget(event.session_id, event.ends_at, now)
             case ev.StopRequested():
@@ -131,6 +135,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption):
                 self._forget(event.session_id)
             case ev.HealthReported():
                 self._vm_health(event.vm_id, event.report, now)
+                self._usage_reported(event.vm_id, event.report.usage, now)
             case ev.Reconciled():
                 self._reconciled(event.plan, now)
             case ev.DrainSet():
@@ -271,6 +276,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption):
             self._preemption_ends(s, state)
         s.to(state, reason, now)
         self._session_changed(s)
+        if state is not S.RUNNING:
+            self._watched.pop(s.id, None)
         if s.terminal:
             self._retain(s, now)
 

@@ -2,27 +2,25 @@
 
 A block is a row of the front's store (shared by every front replica), read on each create:
 an operator's (`provisioner admin user block`) or the detector's, with the reason and, for the
-detector's, the evidence. It stays until an operator clears it. `decision` turns a detector's
-verdict (provisioner/abuse.py) into the record kept for it; `apply` records it and blocks the
-user, or, in a dry run, records it only. Pure but for `check`, `apply` and `Block.read`, which
-take the store.
+detector's, the evidence. It stays until an operator clears it. The cluster that flags a session
+makes its decision record (provisioner/abuse_record.py) and every front hears of it on its
+capacity stream; `apply` records it and blocks the user, or, in a dry run, records it only.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from provisioner.abuse import Finding, Verdict
+from provisioner.abuse_record import MAX_EVIDENCE_CHARS, Decision
 from provisioner.errors import PermissionDenied, quote
 from provisioner.store import Store
 
+log = logging.getLogger(__name__)
+
 DETECTOR = "detector"  # who blocked, when the abuse detector did (else the operator's identity)
-MAX_REASON_CHARS = 512
-MAX_EVIDENCE_CHARS = 4096  # a finding is at most ~600 characters, and there are four rules
-MAX_DETAIL_CHARS = 256
-MAX_NAME_CHARS = 64  # a process name or a connection
 
 
 class UserBlocked(PermissionDenied):
@@ -45,19 +43,6 @@ class Block:
         return cls(*row) if row else None
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What the front keeps of one flagged session."""
-
-    session_id: str
-    user_id: str
-    at: float
-    rules: tuple[str, ...]
-    reason: str  # at most MAX_REASON_CHARS
-    evidence: str  # JSON text, at most MAX_EVIDENCE_CHARS
-    dry_run: bool
-
-
 def check(store: Store, user_id: str) -> None:
     """Refuses a new session of a blocked user (one indexed read)."""
     if (block := Block.read(store, user_id)) is not None:
@@ -68,40 +53,23 @@ def check(store: Store, user_id: str) -> None:
                           f"{_iso(block.blocked_at)}; an operator can lift the block", field="spec.user_id")
 
 
-def decision(verdict: Verdict, session_id: str, user_id: str, at: float, dry_run: bool) -> Decision | None:
-    """The record of a verdict on a session (None when it flags nothing): its rules, its reason
-    and its findings as JSON, both cut to their bounds."""
-    if not verdict.flagged:
-        return None
-    return Decision(session_id, user_id, at, tuple(f.rule for f in verdict.findings),
-                    clip(verdict.reason, MAX_REASON_CHARS), evidence(verdict.findings), dry_run)
-
-
-def evidence(findings: tuple[Finding, ...]) -> str:
-    """The findings as JSON text, their free text cut so that it stays within MAX_EVIDENCE_CHARS
-    (one finding per rule at most, each well under a quarter of it)."""
-    return json.dumps({"findings": [_finding(f) for f in findings]}, sort_keys=True)
-
-
-def _finding(f: Finding) -> dict:
-    out = {"rule": f.rule, "detail": clip(f.detail, MAX_DETAIL_CHARS), "first_at": f.first_at,
-           "last_at": f.last_at, "samples": f.samples}
-    if f.process:
-        out["process"] = clip(f.process, MAX_NAME_CHARS)
-    if f.connection is not None:
-        out["connection"] = clip(str(f.connection), MAX_NAME_CHARS)
-    return out
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 async def apply(store: Store, d: Decision) -> bool:
     """Records the decision, and unless it is a dry run blocks its user (a block already there
     stands), in one durable write. Idempotent by session: whether the decision was new."""
     return await store.commit(store.record_abuse_decision, d.session_id, d.user_id, d.at, ",".join(d.rules),
                               d.reason, d.evidence, not d.dry_run, DETECTOR)
+
+
+async def apply_all(store: Store, decisions: list[Decision]) -> int:
+    """Applies the flags a cluster sent (in one transaction, when they arrive together); how
+    many were new. Each is logged by the one front replica that recorded it."""
+    new = await asyncio.gather(*(apply(store, d) for d in decisions))
+    for d, fresh in zip(decisions, new):
+        if fresh:
+            log.warning("abuse detection flagged session %s of user %s (%s): %s", d.session_id, d.user_id,
+                        ", ".join(d.rules), "recorded only (dry run)" if d.dry_run else "user blocked",
+                        extra={"session_id": d.session_id})
+    return sum(new)
 
 
 def _iso(t: float) -> str:

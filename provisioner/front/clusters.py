@@ -6,11 +6,13 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Awaitable, Callable, Sequence
 
 import grpc
 
 from provisioner import telemetry
+from provisioner.abuse_record import Decision
+from provisioner.api import convert
 from provisioner.clock import Clock
 from provisioner.front.breaker import CircuitBreaker
 from provisioner.front.router import ClusterView, PoolView
@@ -43,12 +45,15 @@ class ClusterClient:
 
     def __init__(self, name: str, region: str, address: str, tracer_provider=None,
                  interceptors: Sequence[grpc.aio.ClientInterceptor] = (), *,
-                 credentials: grpc.ChannelCredentials, server_name: str, clock: Clock):
+                 credentials: grpc.ChannelCredentials, server_name: str, clock: Clock,
+                 on_flags: Callable[[list[Decision]], Awaitable[object]] | None = None):
         """Mutual TLS: `credentials` carry the front's certificate, and the cluster must prove it
         is `server_name` (whatever address it is reached at). `clock` runs at wall speed: the
-        breaker's waits and reconnects are network time."""
+        breaker's waits and reconnects are network time. `on_flags` is given the abuse flags
+        each push carries (blocks.apply_all), before the push's capacity is taken."""
         self.name, self.region, self.address = name, region, address
         self.clock = clock
+        self.on_flags = on_flags
         self.channel = grpc.aio.secure_channel(
             address, credentials, options=[*KEEPALIVE, ("grpc.ssl_target_name_override", server_name)],
             interceptors=list(interceptors) or None)  # none in production: see rpc_tracing
@@ -79,6 +84,9 @@ class ClusterClient:
         while True:
             try:
                 async for resp in self.sessions.WatchCapacity(cluster_pb.WatchCapacityRequest()):
+                    # A flag that fails to apply ends the stream: the next one sends every flag again.
+                    if resp.abuse_flags and self.on_flags is not None:
+                        await self.on_flags([convert.abuse_flag_from_pb(f) for f in resp.abuse_flags])
                     self.capacity, self.healthy = merged(self.capacity, resp), True
                     self._pushes += 1
                     self._holds = {k: h for k, h in self._holds.items()

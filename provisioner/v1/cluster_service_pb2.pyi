@@ -129,12 +129,32 @@ class WatchCapacityRequest(_message.Message):
     def __init__(self, min_interval_s: _Optional[float] = ...) -> None: ...
 
 class WatchCapacityResponse(_message.Message):
-    __slots__ = ("capacity", "changes_only")
+    __slots__ = ("capacity", "changes_only", "abuse_flags")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     CHANGES_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ABUSE_FLAGS_FIELD_NUMBER: _ClassVar[int]
     capacity: _types_pb2.ClusterCapacity
     changes_only: bool
-    def __init__(self, capacity: _Optional[_Union[_types_pb2.ClusterCapacity, _Mapping]] = ..., changes_only: _Optional[bool] = ...) -> None: ...
+    abuse_flags: _containers.RepeatedCompositeFieldContainer[AbuseFlag]
+    def __init__(self, capacity: _Optional[_Union[_types_pb2.ClusterCapacity, _Mapping]] = ..., changes_only: _Optional[bool] = ..., abuse_flags: _Optional[_Iterable[_Union[AbuseFlag, _Mapping]]] = ...) -> None: ...
+
+class AbuseFlag(_message.Message):
+    __slots__ = ("session_id", "user_id", "flag_time", "rules", "reason", "evidence", "dry_run")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    FLAG_TIME_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    user_id: str
+    flag_time: _timestamp_pb2.Timestamp
+    rules: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    evidence: str
+    dry_run: bool
+    def __init__(self, session_id: _Optional[str] = ..., user_id: _Optional[str] = ..., flag_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rules: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class DiscardRequest(_message.Message):
     __slots__ = ("request_id", "reason", "user_id")
