@@ -1,0 +1,81 @@
+"""A preemption survives a SIGKILL of its cluster: killed in the middle of a grace period and
+restarted from its store, the cluster stops the preempted batch when the grace period ends and
+gives its VM to the interactive session that waited for it."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import TIME_SCALE, cluster_channel, fleet_config, quick_warm_up
+from provisioner.config import load_fleet
+from provisioner.v1 import cluster_service_pb2 as c_pb
+from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
+from provisioner.v1 import types_pb2 as pb
+from test_processes import PROVISIONER, Service, free_port
+
+CLUSTER = "us-central1"
+GRACE_S = 1800.0  # 6 s of wall time at 300x: the kill and the restart fall inside it
+
+
+def seconds(ts) -> float:
+    return ts.ToNanoseconds() / 1e9
+
+
+@pytest.mark.timeout(120)
+async def test_a_cluster_killed_in_a_grace_period_carries_the_preemption_out_once_restarted(tmp_path):
+    def two_vms(cluster: dict) -> None:
+        quick_warm_up(cluster)
+        for pool in cluster["pools"]:
+            pool.update(min_vms=2, max_vms=2, autoscaler="fixed", standby=False)
+
+    fleet_config(tmp_path, two_vms)
+    path = tmp_path / "clusters" / "fleet.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["priority"].update(share_gpus_per_user=1, grace_period_s=GRACE_S)
+    path.write_text(yaml.safe_dump(data))
+    config = load_fleet(tmp_path / "clusters")
+    data_dir = tmp_path / "data"
+    address = f"127.0.0.1:{free_port()}"
+    cluster = Service([str(PROVISIONER), "serve", "cluster", "--name", CLUSTER, "--address", address,
+                       "--traces", "none", "--clusters", str(tmp_path / "clusters"), "--data-dir", str(data_dir),
+                       "--time-scale", str(int(TIME_SCALE))], address, tmp_path / "cluster.log")
+
+    async def until_state(stub, session_id: str, state: int) -> pb.Session:
+        async for resp in stub.Watch(c_pb.WatchRequest(session_id=session_id), timeout=30):
+            if resp.session.state == state:
+                return resp.session
+        raise AssertionError(f"{session_id} never reached {state}")
+
+    await cluster.start()
+    try:
+        async with cluster_channel(data_dir, config.settings.security, address, CLUSTER) as channel:
+            stub = c_grpc.ClusterServiceStub(channel)
+
+            async def allocate(rid: str, user: str, kind: int) -> pb.Session:
+                spec = pb.SessionSpec(request_id=rid, user_id=user, accelerator="gpu-p100", image="gpu:latest",
+                                      kind=kind)
+                return (await stub.Allocate(c_pb.AllocateRequest(spec=spec), timeout=10)).session
+
+            batches = [await until_state(stub, (await allocate(f"b{i}", "ben", pb.SESSION_KIND_BATCH)).id,
+                                         pb.SESSION_STATE_RUNNING) for i in range(2)]
+            dee = await allocate("i1", "dee", pb.SESSION_KIND_INTERACTIVE)
+            assert dee.state == pb.SESSION_STATE_QUEUED
+            victim = (await stub.Get(c_pb.GetRequest(session_id=batches[1].id), timeout=5)).session
+            assert victim.HasField("preemption_time") and victim.notices[-1].kind == "preemption"
+        await cluster.kill()  # in the grace period: the preemption is only on the records now
+
+        await cluster.start()
+        async with cluster_channel(data_dir, config.settings.security, address, CLUSTER) as channel:
+            stub = c_grpc.ClusterServiceStub(channel)
+            ran = await until_state(stub, dee.id, pb.SESSION_STATE_RUNNING)
+            ended = (await stub.Get(c_pb.GetRequest(session_id=victim.id), timeout=5)).session
+            assert ended.reason.startswith("preempted: ") and ran.vm_id == victim.vm_id
+            stopping = next(h for h in ended.history if h.state == "stopping")
+            # Stopped when the grace period ended, not at the restart nor at a new one's end.
+            end = seconds(victim.preemption_time)
+            assert end <= seconds(stopping.time) <= end + 30
+            first = (await stub.Get(c_pb.GetRequest(session_id=batches[0].id), timeout=5)).session
+            assert first.state == pb.SESSION_STATE_RUNNING and not first.notices
+    finally:
+        await cluster.kill()
