@@ -87,6 +87,30 @@ async def test_a_steps_watchers_and_commands_wait_for_its_transaction(tmp_path):
         store.close()
 
 
+async def test_a_read_of_some_sessions_waits_for_their_writes_only(tmp_path):
+    store = SqliteStore(tmp_path / "cluster.db")
+    rt, cloud, clock = runtime(store, min_vms=0, headroom_fraction=0.0)
+    await rt.start()
+    try:
+        ada = rt.allocate(SessionSpec("r1", "ada", "gpu-p100", "gpu:latest"))
+        await rt.durable()
+        gate = threading.Event()
+        store.writer.submit(lambda _cur: gate.wait(10))  # the writer is busy
+        bob = rt.allocate(SessionSpec("r2", "bob", "gpu-p100", "gpu:latest"))  # queued behind it
+        await asyncio.wait_for(rt.durable(ada.id), 1)  # ada's is written: a read of it goes on
+        for waiting in (rt.durable(bob.id), rt.durable(ada.id, bob.id), rt.durable()):
+            task = asyncio.create_task(waiting)
+            await asyncio.sleep(0.05)
+            assert not task.done()
+            task.cancel()
+        gate.set()
+        await asyncio.wait_for(rt.durable(bob.id), 5)
+        assert {s.id for s in store.load_sessions(rt.name)} == {ada.id, bob.id}
+    finally:
+        await rt.close()
+        store.close()
+
+
 async def test_the_health_pass_lets_other_calls_in_between_its_chunks(monkeypatch):
     rt, cloud, clock = runtime(min_vms=12)
     await rt.start()

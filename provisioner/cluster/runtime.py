@@ -425,12 +425,15 @@ class ClusterRuntime:
         else:
             pending.add_done_callback(lambda f: f.cancelled() or f.exception() or self._carry_out(step))
 
-    async def durable(self, session_id: str | None = None) -> None:
-        """Returns once every change made so far is durable (or, given a session, its own)."""
-        if session_id is None or session_id in self._unsaved[0]:
+    async def durable(self, *session_ids: str) -> None:
+        """Returns once every change made so far is durable, or, given sessions, theirs (a read
+        that tells of a few sessions does not wait for the writes of others)."""
+        unsaved = self._unsaved[0]
+        if not session_ids or any(sid in unsaved for sid in session_ids):
             pending = self._collecting or self._writing
         else:
-            pending = self._writing if session_id in self._writing_ids else None
+            writing = self._writing_ids
+            pending = self._writing if any(sid in writing for sid in session_ids) else None
         if pending is not None:
             await asyncio.shield(pending)
 

@@ -86,7 +86,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         items, token = page(sessions, request.page_size, request.page_token)
         response = cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, self.rt.clock.now()) for s in items],
                                            next_page_token=token)
-        await self.rt.durable()
+        if items:  # nothing is told before it is durable; the writes of other sessions are not waited for
+            await self.rt.durable(*(s.id for s in items))
         return response
 
     @unary
