@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from provisioner.config import ConfigError, FleetSettings, default_clusters_dir, load_fleet, load_settings
 from provisioner.config_policy import PriorityClassConfig
 from provisioner.decide import preempt
-from provisioner.decide.preempt import Request, Running, Share, Victim, choose_victims, grace_plan
+from provisioner.decide.preempt import Held, Request, Running, Share, Victim, choose_victims, grace_plan, mark_over_share
 
 CLASSES = FleetSettings().priority.classes  # interactive 100, never preempted; batch 10, preemptible
 
@@ -320,3 +320,11 @@ def test_a_share_for_a_pool_no_cluster_has_names_fleet_yaml_and_the_pools(tmp_pa
     e = err.value
     assert e.file == str(d / "fleet.yaml") and e.field == "priority.pool_share_gpus_per_user.gpu-p1000", str(e)
     assert "no cluster has a pool 'gpu-p1000'; pools: " in e.reason and "gpu-p100" in e.reason
+
+
+def test_sessions_left_out_but_counted_ahead_fill_the_share_first():
+    held = [Held("b1", "ben", "batch", 1, 100.0), Held("b2", "ben", "batch", 1, 200.0)]
+    # ben also holds 1 GPU in an interactive session not listed: with a 2-GPU share only b1 fits.
+    marked = {r.id: r.over_share for r in mark_over_share(held, 2, CLASSES, {"ben": 1})}
+    assert marked == {"b1": False, "b2": True}
+    assert {r.id: r.over_share for r in mark_over_share(held, 2, CLASSES)} == {"b1": False, "b2": False}

@@ -174,3 +174,10 @@ def test_no_interactive_session_is_ever_preempted(arrivals, share):
             assert all(n.kind != "preemption" for n in s.notices)
         # Every preemption went through: no victim is left waiting past its grace period.
         assert not s.preempt_at or s.preempt_at > d.now
+    # The counts preemption reads instead of walking the pool agree with a walk.
+    holding = [s for s in d.core.sessions.values() if s.state in (S.PROVISIONING, S.PULLING_IMAGE, S.RUNNING)]
+    users: dict[str, int] = {}
+    for s in holding:
+        users[s.spec.user_id] = users.get(s.spec.user_id, 0) + 1
+    assert d.core._held.get("gpu-p100", {}) == users
+    assert set(d.core._borrowable.get("gpu-p100", {})) == {s.id for s in holding if s.spec.kind is BATCH}

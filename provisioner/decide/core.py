@@ -73,6 +73,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
         self._preempt_due: list[tuple[float, str]] = []  # (end of a grace period, preempted session id)
         self._preempting: dict[str, str] = {}  # preempted session in its grace period -> whom it makes room for
         self._claims: set[str] = set()  # queued sessions that preempted others, until they leave the queue
+        self._held: dict[str, dict[str, int]] = {}  # pool -> user -> sessions holding (or getting) a VM there
+        self._borrowable: dict[str, dict[str, None]] = {}  # pool -> those sessions of preemptible classes
         self._watched: dict[str, Watched] = {}  # running session id -> what abuse detection still needs
         self._commands: list[Command] = []  # issued by the events being handled
         self._changed_sessions: dict[str, Session] = {}
@@ -207,6 +209,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
                 self._watch_cull(s)
                 self._watch_budget(s, now)
             if not s.terminal:
+                self._holding_changes(s, None)
                 self._restore_preemption(s)
         for vm in restored:
             self._reissue(vm, now)
@@ -272,8 +275,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
         self._changed_vms[vm.id] = vm
 
     def _set_session(self, s: Session, state: SessionState, reason: str, now: float) -> None:
-        if s.preempt_at:
-            self._preemption_ends(s, state)
+        self._holding_changes(s, state)
         s.to(state, reason, now)
         self._session_changed(s)
         if state is not S.RUNNING:

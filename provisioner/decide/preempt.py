@@ -149,18 +149,20 @@ def choose_victims(request: Request, running: Iterable[Running], shares: Mapping
     return tuple(_victim(s, request, mine, shares, classes) for s in reversed(kept))
 
 
-def mark_over_share(held: Iterable[Held], share_gpus: int,
-                    classes: Mapping[str, PriorityClass]) -> tuple[Running, ...]:
+def mark_over_share(held: Iterable[Held], share_gpus: int, classes: Mapping[str, PriorityClass],
+                    ahead: Mapping[str, int] | None = None) -> tuple[Running, ...]:
     """Which of each user's sessions run over the user's share: those of a class that is never
     preempted fill the share first, then the oldest; a session is over share once the GPUs
-    counted before it and its own exceed the share. In id order."""
+    counted before it and its own exceed the share. `ahead`: GPUs each owner holds in sessions
+    left out of `held`, all of never-preempted classes (they count first). In id order."""
     by_owner: dict[str, list[Held]] = {}
     for h in held:
         by_owner.setdefault(h.owner, []).append(h)
+    ahead = ahead or {}
     out = []
-    for sessions in by_owner.values():
+    for owner, sessions in by_owner.items():
         sessions.sort(key=lambda h: (_class(classes, h.klass).preemptible, h.started_at, h.id))
-        counted = 0
+        counted = ahead.get(owner, 0)
         for h in sessions:
             counted += h.gpus
             out.append(Running(h.id, h.owner, h.klass, h.gpus, h.started_at, counted > share_gpus))

@@ -35,19 +35,24 @@ class Preemption:
         if not share or s.id in self._claims or self._at_user_ceiling(pool, s):
             return ""
         gpus = pool.config.accelerator_count
-        held = []
-        for vm in pool.vms.values():
-            h = self.sessions.get(vm.session_id or vm.reserved_for)
-            if h is not None and h.state in _HOLDING:
-                held.append(Held(h.id, h.spec.user_id, h.priority_class, gpus, h.ready_at or h.created_at))
-        used: dict[str, int] = {s.spec.user_id: 0}
+        user = s.spec.user_id
+        holding = self._held.get(s.pool, {})
+        claimed = sum(1 for r in self._waiting_claimants() if r.spec.user_id == user)
+        mine = (holding.get(user, 0) + claimed) * gpus  # what the owner holds and will hold
+        borrowable = self._borrowable.get(s.pool)
+        if mine + gpus > share or not borrowable:
+            return ""  # over its share, or nothing to take: no need to look at the pool
+        candidates = [self.sessions[sid] for sid in borrowable]
+        held = [Held(c.id, c.spec.user_id, c.priority_class, gpus, c.ready_at or c.created_at) for c in candidates]
+        preemptible: dict[str, int] = {}
         for h in held:
-            used[h.owner] = used.get(h.owner, 0) + h.gpus
-        for r in self._waiting_claimants():  # what the owner's other waiting sessions will hold
-            if r.spec.user_id == s.spec.user_id:
-                used[s.spec.user_id] += gpus
-        shares = {owner: Share(share, n) for owner, n in used.items()}
-        running = [r for r in mark_over_share(held, share, self.priority.classes) if r.id not in self._preempting]
+            preemptible[h.owner] = preemptible.get(h.owner, 0) + 1
+        # Each owner's sessions of never-preempted classes fill the share first.
+        ahead = {owner: (holding[owner] - n) * gpus for owner, n in preemptible.items()}
+        shares = {owner: Share(share, holding[owner] * gpus) for owner in preemptible}
+        shares[user] = Share(share, mine)
+        running = [r for r in mark_over_share(held, share, self.priority.classes, ahead)
+                   if r.id not in self._preempting]
         victims = choose_victims(Request(s.spec.user_id, s.priority_class, gpus), running, shares,
                                  self.priority.classes)
         if not victims:
@@ -94,10 +99,28 @@ class Preemption:
             if v.spec.requeue:
                 self._requeue(v, now)
 
-    def _preemption_ends(self, s: Session, state: S) -> None:
-        """A preempted session that stops (for this or any other reason) or fails before its grace
-        period ends is preempted no more; its heap entry finds nothing to do."""
-        if state not in _HOLDING:
+    def _holding_changes(self, s: Session, state: S | None) -> None:
+        """Keeps the counts of who holds GPUs in each pool as a session changes state (`state`
+        None: it is restored as it is), so a preemption looks at the preemptible sessions only."""
+        before = s.state in _HOLDING if state is not None else False
+        after = (state if state is not None else s.state) in _HOLDING
+        if before == after:
+            return
+        n = 1 if after else -1
+        held = self._held.setdefault(s.pool, {})
+        held[s.spec.user_id] = held.get(s.spec.user_id, 0) + n
+        if not held[s.spec.user_id]:
+            del held[s.spec.user_id]
+        klass = self.priority.classes.get(s.priority_class)
+        if klass is not None and klass.preemptible:
+            borrowable = self._borrowable.setdefault(s.pool, {})
+            if after:
+                borrowable[s.id] = None
+            else:
+                del borrowable[s.id]
+        if not after and s.preempt_at:
+            # Preempted, it stops (for this or any other reason) or fails before its grace period
+            # ends: it is preempted no more; its heap entry finds nothing to do.
             s.preempt_at = 0.0
 
     def _withdraw(self, v: Session, now: float) -> None:
