@@ -177,7 +177,8 @@ def test_no_interactive_session_is_ever_preempted(arrivals, share):
     # The counts preemption reads instead of walking the pool agree with a walk.
     holding = [s for s in d.core.sessions.values() if s.state in (S.PROVISIONING, S.PULLING_IMAGE, S.RUNNING)]
     users: dict[str, int] = {}
-    for s in holding:
-        users[s.spec.user_id] = users.get(s.spec.user_id, 0) + 1
+    for vm in d.core.pools["gpu-p100"].vms.values():  # as the VMs name them
+        if (s := d.core.sessions.get(vm.session_id or vm.reserved_for)) is not None and not s.terminal:
+            users[s.spec.user_id] = users.get(s.spec.user_id, 0) + 1
     assert d.core._held.get("gpu-p100", {}) == users
     assert set(d.core._borrowable.get("gpu-p100", {})) == {s.id for s in holding if s.spec.kind is BATCH}

@@ -23,6 +23,8 @@ PREEMPTION = "preemption"  # the kind of the notices a preempted session's watch
 _THEN = "; it stops in "  # a preemption's notice is its stop reason, then when
 # Sessions that hold (or have coming) a VM of their pool, so its GPUs.
 _HOLDING = frozenset({S.PROVISIONING, S.PULLING_IMAGE, S.RUNNING})
+# And those whose VM is still theirs: a stopping session's until it is wiped.
+_OCCUPYING = _HOLDING | {S.STOPPING}
 
 
 class Preemption:
@@ -100,28 +102,29 @@ class Preemption:
                 self._requeue(v, now)
 
     def _holding_changes(self, s: Session, state: S | None) -> None:
-        """Keeps the counts of who holds GPUs in each pool as a session changes state (`state`
-        None: it is restored as it is), so a preemption looks at the preemptible sessions only."""
-        before = s.state in _HOLDING if state is not None else False
-        after = (state if state is not None else s.state) in _HOLDING
-        if before == after:
-            return
-        n = 1 if after else -1
-        held = self._held.setdefault(s.pool, {})
-        held[s.spec.user_id] = held.get(s.spec.user_id, 0) + n
-        if not held[s.spec.user_id]:
-            del held[s.spec.user_id]
-        klass = self.priority.classes.get(s.priority_class)
-        if klass is not None and klass.preemptible:
-            borrowable = self._borrowable.setdefault(s.pool, {})
-            if after:
-                borrowable[s.id] = None
-            else:
-                del borrowable[s.id]
-        if not after and s.preempt_at:
-            # Preempted, it stops (for this or any other reason) or fails before its grace period
-            # ends: it is preempted no more; its heap entry finds nothing to do.
-            s.preempt_at = 0.0
+        """Keeps, per pool, how many VMs each user's sessions hold or have coming (a stopping
+        session's VM until it is wiped) and which sessions of preemptible classes hold one, as a
+        session changes state (`state` None: it is restored as it is). The queue's fairness reads
+        the first, a preemption the second: neither walks the pool."""
+        new = state if state is not None else s.state
+        old = s.state if state is not None else None
+        if (old in _OCCUPYING) != (new in _OCCUPYING):
+            held = self._held.setdefault(s.pool, {})
+            held[s.spec.user_id] = held.get(s.spec.user_id, 0) + (1 if new in _OCCUPYING else -1)
+            if not held[s.spec.user_id]:
+                del held[s.spec.user_id]
+        if (old in _HOLDING) != (new in _HOLDING):
+            klass = self.priority.classes.get(s.priority_class)
+            if klass is not None and klass.preemptible:
+                borrowable = self._borrowable.setdefault(s.pool, {})
+                if new in _HOLDING:
+                    borrowable[s.id] = None
+                else:
+                    del borrowable[s.id]
+            if new not in _HOLDING and s.preempt_at:
+                # Preempted, it stops (for this or any other reason) or fails before its grace
+                # period ends: it is preempted no more; its heap entry finds nothing to do.
+                s.preempt_at = 0.0
 
     def _withdraw(self, v: Session, now: float) -> None:
         v.preempt_at, v.preempted_for = 0.0, ""

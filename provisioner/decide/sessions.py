@@ -265,12 +265,9 @@ class Sessions:
                 self._session_changed(s)
 
     def _holding(self, pool: PoolState) -> dict[str, int]:
-        """The pool's VMs each user's sessions hold or have coming."""
-        holding: dict[str, int] = defaultdict(int)
-        for vm in pool.vms.values():
-            if (owner := self.sessions.get(vm.session_id or vm.reserved_for)) is not None:
-                holding[owner.spec.user_id] += 1
-        return holding
+        """The pool's VMs each user's sessions hold or have coming (a VM being wiped after a
+        session is no longer its user's), from counts kept as sessions change state."""
+        return self._held.get(pool.config.name, {})
 
     def _at_user_ceiling(self, pool: PoolState, s: Session) -> bool:
         ceiling = pool.policy.max_vms_per_user
