@@ -62,6 +62,15 @@ async def test_an_ended_session_leaves_memory_and_is_still_read_from_the_store(t
         await advance(rt, clock, 60)
         assert recent.id in rt.core.sessions and rt.core.sessions[recent.id].terminal
         assert {s.id for s in rt.sessions("ada", ended_after=ended + 1)} == {live.id, recent.id}
+        # Only what has left memory is read from the store: a window within the retention period
+        # is answered from memory alone.
+        reads = []
+        load = store.load_user_ended_sessions
+        store.load_user_ended_sessions = lambda *a: reads.append(a) or load(*a)
+        assert {s.id for s in rt.sessions("ada", ended_after=clock.now() - RETENTION_S / 2)} == {live.id, recent.id}
+        assert reads == []
+        assert {s.id for s in rt.sessions("ada", ended_after=ended)} == {old.id, live.id, recent.id}
+        assert len(reads) == 1 and reads[0][3] == clock.now() - RETENTION_S
     finally:
         await rt.close()
         store.close()

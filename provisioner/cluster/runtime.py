@@ -270,8 +270,14 @@ class ClusterRuntime:
         if not ids:
             self._by_user.pop(user_id, None)
         held = {sid: self.core.sessions[sid] for sid in ids}
-        return [*held.values(), *(s for s in self.store.load_user_sessions(self.core.name, user_id, ended_after)
-                                  if s.id not in held)]
+        # Memory holds every live session and every one that ended within the retention period
+        # (restored at start, forgotten only once past it): the store is read for older ones only.
+        retention = self.core.sessions_config.retention_s
+        cutoff = self.clock.now() - retention
+        if not retention or (ended_after is not None and ended_after > cutoff):
+            return list(held.values())
+        older = self.store.load_user_ended_sessions(self.core.name, user_id, ended_after, cutoff)
+        return [*held.values(), *(s for s in older if s.id not in held)]
 
     def _index_users(self, sessions: Iterable[Session]) -> None:
         for session in sessions:

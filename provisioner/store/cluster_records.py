@@ -106,14 +106,14 @@ class ClusterRecords:
         rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND request_id = ?", (cluster, key))
         return Session.from_dict(json.loads(rows[0][0])) if rows else None
 
-    def load_user_sessions(self, cluster: str, user_id: str, ended_after: float | None = None) -> list[Session]:
-        """The user's sessions, leaving out those that ended before `ended_after` if given."""
-        if ended_after is None:
-            rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND user_id = ?", (cluster, user_id))
-        else:
-            rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND user_id = ? "
-                              f"AND (state IN ({_marks(_LIVE)}) OR ended_at >= ?)",
-                              (cluster, user_id, *_values(_LIVE), ended_after))
+    def load_user_ended_sessions(self, cluster: str, user_id: str, ended_after: float | None,
+                                 ended_before: float) -> list[Session]:
+        """The user's ended sessions that ended in [ended_after, ended_before] (from the start
+        without `ended_after`)."""
+        rows = self._rows(f"SELECT body FROM sessions WHERE cluster = ? AND user_id = ? AND state NOT IN "
+                          f"({_marks(_LIVE)}) AND ended_at >= ? AND ended_at <= ?",
+                          (cluster, user_id, *_values(_LIVE), ended_after if ended_after is not None else 0.0,
+                           ended_before))
         return [Session.from_dict(json.loads(body)) for (body,) in rows]
 
     def _remember_vm_rows(self, written: dict[str, _VmRows | None]) -> None:
