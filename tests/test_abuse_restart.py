@@ -23,7 +23,7 @@ from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
 from provisioner.v1 import types_pb2 as pb
 from test_abuse_fleet import until
-from test_processes import PROVISIONER, Service, free_port
+from test_processes import cluster_process
 
 CLUSTER = "us-central1"
 
@@ -50,10 +50,8 @@ async def test_a_cluster_killed_after_flagging_sends_the_flag_again_once_restart
     path.write_text(yaml.safe_dump(data))
     config = load_fleet(tmp_path / "clusters")
     data_dir = tmp_path / "data"
-    address = f"127.0.0.1:{free_port()}"
-    cluster = Service([str(PROVISIONER), "serve", "cluster", "--name", CLUSTER, "--address", address,
-                       "--traces", "none", "--clusters", str(tmp_path / "clusters"), "--data-dir", str(data_dir),
-                       "--time-scale", str(int(TIME_SCALE))], address, tmp_path / "cluster.log")
+    cluster = cluster_process(CLUSTER, tmp_path / "clusters", data_dir, tmp_path / "cluster.log", TIME_SCALE)
+    address = cluster.address
     await cluster.start()
     try:
         async with cluster_channel(data_dir, config.settings.security, address, CLUSTER) as channel:

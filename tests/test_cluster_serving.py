@@ -8,6 +8,7 @@ import threading
 
 from core_driver import make_core
 
+from provisioner.api import convert
 from provisioner.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
 from provisioner.cluster import runtime as runtime_module
@@ -134,5 +135,24 @@ async def test_the_health_pass_lets_other_calls_in_between_its_chunks(monkeypatc
         other.cancel()
         assert max(steps) == 5 and len(steps) == -(-len(checked) // 5) and sum(steps) == len(checked)
         assert any(0 < n < len(checked) for n in seen)  # it ran mid-pass
+    finally:
+        await rt.close()
+
+
+async def test_a_brief_list_leaves_out_histories_and_notices_and_keeps_what_metering_reads():
+    rt, cloud, clock = runtime(min_vms=1)
+    await rt.start()
+    try:
+        await clock.advance(600)
+        s = rt.allocate(SessionSpec("r1", "ada", "gpu-p100", "gpu:latest"))
+        await clock.advance(60)
+        rt.stop(s.id, "done")
+        await clock.advance(60)
+        ended = rt.get(s.id)
+        full, brief = convert.session_to_pb(ended, clock.now()), convert.session_to_pb(ended, clock.now(), brief=True)
+        assert full.history and not brief.history and not brief.notices
+        for name in ("id", "state", "cluster", "pool", "spec", "create_time", "ready_time", "end_time"):
+            assert getattr(brief, name) == getattr(full, name), name
+        assert brief.ByteSize() < full.ByteSize()
     finally:
         await rt.close()

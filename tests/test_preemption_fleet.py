@@ -19,7 +19,9 @@ TIME_SCALE = 60.0  # the grace period is 2 s of wall time: enough to see the war
 REGION = {"region_hint": "us-central1", "region_required": True}
 
 
-def small_pools(tmp_path):
+def small_pools(tmp_path, grace_s: float = GRACE_S):
+    """The shipped fleet with two VMs in every pool, each user guaranteed one GPU, and a grace
+    period of `grace_s`."""
     def two_vms(cluster: dict) -> None:
         quick_warm_up(cluster)
         for pool in cluster["pools"]:
@@ -28,7 +30,7 @@ def small_pools(tmp_path):
     fleet_config(tmp_path, two_vms)
     path = tmp_path / "clusters" / "fleet.yaml"
     data = yaml.safe_load(path.read_text())
-    data["priority"].update(share_gpus_per_user=1, grace_period_s=GRACE_S)
+    data["priority"].update(share_gpus_per_user=1, grace_period_s=grace_s)
     path.write_text(yaml.safe_dump(data))
     return load_fleet(tmp_path / "clusters")
 

@@ -5,41 +5,24 @@ gives its VM to the interactive session that waited for it."""
 from __future__ import annotations
 
 import pytest
-import yaml
 
-from conftest import TIME_SCALE, cluster_channel, fleet_config, quick_warm_up
-from provisioner.config import load_fleet
+from conftest import TIME_SCALE, cluster_channel
 from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
 from provisioner.v1 import types_pb2 as pb
-from test_processes import PROVISIONER, Service, free_port
+from test_preemption_fleet import seconds, small_pools
+from test_processes import cluster_process
 
 CLUSTER = "us-central1"
 GRACE_S = 1800.0  # 6 s of wall time at 300x: the kill and the restart fall inside it
 
 
-def seconds(ts) -> float:
-    return ts.ToNanoseconds() / 1e9
-
-
 @pytest.mark.timeout(120)
 async def test_a_cluster_killed_in_a_grace_period_carries_the_preemption_out_once_restarted(tmp_path):
-    def two_vms(cluster: dict) -> None:
-        quick_warm_up(cluster)
-        for pool in cluster["pools"]:
-            pool.update(min_vms=2, max_vms=2, autoscaler="fixed", standby=False)
-
-    fleet_config(tmp_path, two_vms)
-    path = tmp_path / "clusters" / "fleet.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["priority"].update(share_gpus_per_user=1, grace_period_s=GRACE_S)
-    path.write_text(yaml.safe_dump(data))
-    config = load_fleet(tmp_path / "clusters")
+    config = small_pools(tmp_path, GRACE_S)
     data_dir = tmp_path / "data"
-    address = f"127.0.0.1:{free_port()}"
-    cluster = Service([str(PROVISIONER), "serve", "cluster", "--name", CLUSTER, "--address", address,
-                       "--traces", "none", "--clusters", str(tmp_path / "clusters"), "--data-dir", str(data_dir),
-                       "--time-scale", str(int(TIME_SCALE))], address, tmp_path / "cluster.log")
+    cluster = cluster_process(CLUSTER, tmp_path / "clusters", data_dir, tmp_path / "cluster.log", TIME_SCALE)
+    address = cluster.address
 
     async def until_state(stub, session_id: str, state: int) -> pb.Session:
         async for resp in stub.Watch(c_pb.WatchRequest(session_id=session_id), timeout=30):

@@ -68,6 +68,14 @@ class Service:
             await asyncio.wait_for(self.proc.wait(), 10)
 
 
+def cluster_process(name: str, clusters_dir: Path, data_dir: Path, log: Path, time_scale: float = 300) -> Service:
+    """One cluster as its own process (`provisioner serve cluster`) on a port of its own."""
+    address = f"127.0.0.1:{free_port()}"
+    return Service([str(PROVISIONER), "serve", "cluster", "--name", name, "--address", address, "--traces", "none",
+                    "--clusters", str(clusters_dir), "--data-dir", str(data_dir), "--time-scale", str(int(time_scale))],
+                   address, log)
+
+
 class Fleet:
     def __init__(self, tmp_path: Path):
         common = ["--clusters", str(default_clusters_dir()), "--data-dir", str(tmp_path / "data"),

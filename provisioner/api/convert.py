@@ -100,7 +100,8 @@ def _history(history: list[StateChange]) -> list[pb.StateChange]:
     return [pb.StateChange(state=h.state, reason=h.reason, time=timestamp(h.time)) for h in history]
 
 
-def session_to_pb(s: Session, now: float) -> pb.Session:
+def session_to_pb(s: Session, now: float, brief: bool = False) -> pb.Session:
+    """`brief`: without the history and the notices."""
     out = pb.Session(
         id=s.id, spec=spec_to_pb(s.spec), state=session_state_to_pb(s.state), reason=s.reason,
         cluster=s.cluster, pool=s.pool, vm_id=s.vm_id, endpoint=s.endpoint, image=s.image,
@@ -108,7 +109,8 @@ def session_to_pb(s: Session, now: float) -> pb.Session:
         estimated_ready_time=timestamp(s.estimated_ready_at), create_time=timestamp(s.created_at),
         ready_time=timestamp(s.ready_at), end_time=timestamp(s.ended_at),
         last_activity_time=timestamp(s.last_activity_at), idle_timeout=duration(s.idle_timeout_s),
-        max_runtime=duration(s.max_runtime_s), history=_history(s.history), revision=s.revision, read_time=timestamp(now),
+        max_runtime=duration(s.max_runtime_s), history=() if brief else _history(s.history), revision=s.revision,
+        read_time=timestamp(now),
         priority_class=s.priority_class, requeued_as=s.requeued_as, requeued_from=s.requeued_from,
     )
     if s.preempt_at:
@@ -117,7 +119,7 @@ def session_to_pb(s: Session, now: float) -> pb.Session:
         out.pull.CopyFrom(pb.PullProgress(bytes_total=s.pull_bytes_total, bytes_done=s.pull_bytes_done))
     if s.budget_ends_at:
         out.budget_end_time.CopyFrom(timestamp(s.budget_ends_at))
-    if s.notices:
+    if s.notices and not brief:
         out.notices.extend(pb.Notice(kind=n.kind, message=n.message, time=timestamp(n.time),
                                      action_time=timestamp(n.action_time)) for n in s.notices)
     return out

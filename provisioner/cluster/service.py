@@ -84,7 +84,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         sessions = filter_sessions(self.rt.sessions(request.user_id, ended_after), request.user_id,
                                    list(request.states), ended_after)
         items, token = page(sessions, request.page_size, request.page_token)
-        response = cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, self.rt.clock.now()) for s in items],
+        now = self.rt.clock.now()
+        response = cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, now, request.brief) for s in items],
                                            next_page_token=token)
         if items:  # nothing is told before it is durable; the writes of other sessions are not waited for
             await self.rt.durable(*(s.id for s in items))

@@ -43,7 +43,7 @@ class BudgetEnforcer:
 
     async def sweep(self) -> int:
         """Sends each running session whose budget end moved its new end; returns how many."""
-        running = await self.svc._user_sessions("", [pb.SESSION_STATE_RUNNING], lenient=True)
+        running = await self.svc._user_sessions("", [pb.SESSION_STATE_RUNNING], lenient=True, brief=True)
         sent = 0
         for user in sorted({s.spec.user_id for s in running}):
             sent += await self._enforce(user)
@@ -51,7 +51,8 @@ class BudgetEnforcer:
 
     async def _enforce(self, user: str) -> int:
         q = await self.svc.quotas(user)
-        sessions = await self.svc._user_sessions(user, [], lenient=True, ended_after=self.svc._week_start(q))
+        sessions = await self.svc._user_sessions(user, [], lenient=True, ended_after=self.svc._week_start(q),
+                                                 brief=True)
         now = self.svc.clock.now()
         ends_at = quota.exhaustion_time(self.svc._usage(sessions, now, q), now) or 0.0
         sent = 0

@@ -208,7 +208,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     async def _check_quota(self, user_id: str, request_id: str, kind: str) -> None:
         """Refuses a new session over the user's active-session cap or without budget left."""
         q = await self.quotas(user_id)
-        sessions = await self._user_sessions(user_id, [], lenient=True, ended_after=self._week_start(q))
+        sessions = await self._user_sessions(user_id, [], lenient=True, ended_after=self._week_start(q), brief=True)
         # A session already made for this very request (its answer lost) is this create's own,
         # not one more: a retry must find it, never be refused for it.
         sessions = [s for s in sessions if s.spec.request_id != request_id]
@@ -225,9 +225,9 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         return session_pb.GetSessionResponse(session=resp.session)
 
     async def _user_sessions(self, user_id: str, states, cluster: str = "", lenient: bool = False,
-                             ended_after: float | None = None) -> list[pb.Session]:
+                             ended_after: float | None = None, brief: bool = False) -> list[pb.Session]:
         """A user's sessions ("": every user's) on every reachable cluster, or on `cluster` only;
-        with `ended_after`, none that ended before it.
+        with `ended_after`, none that ended before it; `brief`: without their histories and notices.
         `lenient`: a cluster that fails to answer in ATTEMPT_TIMEOUT_S is left out (and logged)
         instead of failing the call, so a hung cluster does not hold up every create."""
         timeout = ATTEMPT_TIMEOUT_S if lenient else None
@@ -237,7 +237,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             out, token = [], ""
             while True:
                 resp = await call(c.sessions.List, cluster_pb.ListRequest(
-                    user_id=user_id, states=states, page_size=500, page_token=token, ended_after=since), timeout)
+                    user_id=user_id, states=states, page_size=500, page_token=token, ended_after=since,
+                    brief=brief), timeout)
                 out += resp.sessions
                 if not (token := resp.next_page_token):
                     return out
@@ -331,7 +332,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     async def quota(self, user_id: str) -> pb.Quota:
         """The user's limits in force (overrides applied) and this week's usage."""
         q = await self.quotas(user_id)
-        sessions = await self._user_sessions(user_id, [], ended_after=self._week_start(q))
+        sessions = await self._user_sessions(user_id, [], ended_after=self._week_start(q), brief=True)
         now = self.clock.now()
         u = self._usage(sessions, now, q)
         out = pb.Quota(
