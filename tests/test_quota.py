@@ -300,6 +300,18 @@ async def test_get_quota_agrees_with_the_sessions(tmp_path):
         # Ended sessions stop metering: asked again later, the same number.
         again = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="meter"))).quota
         assert again.gpu_hours_used == quota.gpu_hours_used
+        # The front now remembers those two and lists only what ended since: a third session
+        # that runs and ends is counted with them, once.
+        third = await fleet.create(user_id="meter", accelerator="gpu-p100")
+        await fleet.watch_until(third.id, pb.SESSION_STATE_RUNNING)
+        await fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=third.id))
+        await fleet.watch_until(third.id, pb.SESSION_STATE_STOPPED)
+        later = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="meter"))).quota
+        listed = (await fleet.sessions.ListSessions(s_pb.ListSessionsRequest(user_id="meter"))).sessions
+        expected_s = sum((s.end_time.ToNanoseconds() - s.ready_time.ToNanoseconds()) / 1e9 * gpus[(s.cluster, s.pool)]
+                         for s in listed)
+        assert len(listed) == 3 and later.gpu_hours_used == pytest.approx(expected_s / 3600)
+        assert later.gpu_hours_used > quota.gpu_hours_used
 
 
 # ---- operators' overrides ------------------------------------------------------------------

@@ -51,10 +51,9 @@ class BudgetEnforcer:
 
     async def _enforce(self, user: str) -> int:
         q = await self.svc.quotas(user)
-        sessions = await self.svc._user_sessions(user, [], lenient=True, ended_after=self.svc._week_start(q),
-                                                 brief=True)
+        sessions, ended = await self.svc._week(user, q)
         now = self.svc.clock.now()
-        ends_at = quota.exhaustion_time(self.svc._usage(sessions, now, q), now) or 0.0
+        ends_at = quota.exhaustion_time(self.svc._usage(sessions, ended, now, q), now) or 0.0
         sent = 0
         for s in sessions:
             held = s.budget_end_time.ToNanoseconds() / 1e9 if s.HasField("budget_end_time") else 0.0

@@ -27,6 +27,7 @@ from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLim
 from provisioner.front import blocks
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
 from provisioner.front.clusters import ClusterClient
+from provisioner.front.ended_sessions import EndedRow, EndedSessions
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
 from provisioner.front.router import rank, why_none
@@ -92,6 +93,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.regions = {c.region for c in config.clusters}
         self.limits = config.settings
         q = self.limits.quotas
+        self.ended_sessions = EndedSessions()  # so a quota check lists only what changed since the last
         # Weighted GPUs per (cluster, pool): what one second of a session there meters.
         self.gpus = {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
                      for c in config.clusters for p in c.pools}
@@ -193,9 +195,11 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         """Sessions that ended before this meter nothing this week."""
         return quota.week_window(self.clock.now(), q.reset_weekday, q.reset_hour_utc)[0]
 
-    def _usage(self, sessions: list[pb.Session], now: float, q: QuotaConfig) -> quota.Usage:
+    def _usage(self, sessions: list[pb.Session], ended: list[EndedRow], now: float, q: QuotaConfig) -> quota.Usage:
+        """The user's week from the sessions listed (live, and those that ended since what `ended`,
+        the rows remembered, holds)."""
         window = quota.week_window(now, q.reset_weekday, q.reset_hour_utc)
-        rows, live_requests = [], set()
+        rows, live_requests = [(r.metered, r.kind, False) for r in ended], set()
         for s in sessions:
             # Two live sessions of one request (a duplicate the resolver is discarding) are one
             # session to the user; both meter, as both held a GPU.
@@ -205,14 +209,54 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             rows.append((self._metered(s), KIND_NAMES.get(s.spec.kind, "interactive"), live))
         return quota.usage(rows, now, q.gpu_hours_per_week * 3600, window)
 
+    async def _week(self, user_id: str, q: QuotaConfig, lenient: bool = True) -> tuple[list[pb.Session], list[EndedRow]]:
+        """A user's sessions that meter this week: those each cluster lists (the live ones and those
+        ended since the latest end this front has seen there, brief), and the rows of the ended
+        ones it remembers (front/ended_sessions.py). `lenient` as for _user_sessions."""
+        week_start = self._week_start(q)
+        timeout = ATTEMPT_TIMEOUT_S if lenient else None
+        seen = self.ended_sessions
+
+        async def one(c: ClusterClient) -> list[pb.Session]:
+            after = seen.ask_after(user_id, c.name, week_start)
+            out, token = [], ""
+            while True:
+                resp = await call(c.sessions.List, cluster_pb.ListRequest(
+                    user_id=user_id, page_size=500, page_token=token, ended_after=convert.timestamp(after),
+                    brief=True), timeout)
+                out += resp.sessions
+                if not (token := resp.next_page_token):
+                    break
+            seen.add(user_id, c.name, [(s.id, s.end_time.ToNanoseconds() / 1e9, self._ended_row(s))
+                                       for s in out if s.state not in LIVE_STATES])
+            return [s for s in out if s.state in LIVE_STATES]
+
+        live = [c for c in self.fleet.clients.values() if c.healthy]
+        results = await asyncio.gather(*(one(c) for c in live), return_exceptions=lenient)
+        sessions: list[pb.Session] = []
+        for c, r in zip(live, results):
+            if isinstance(r, BaseException):
+                if not isinstance(r, Exception):
+                    raise r
+                log.warning("cluster %s did not list the sessions of user %s; its live ones are not counted: %s",
+                            c.name, quote(user_id), r)
+            else:
+                sessions += r
+        ended = [row for c in self.fleet.clients for row in seen.rows(user_id, c, week_start)]
+        return sessions, ended
+
+    def _ended_row(self, s: pb.Session) -> EndedRow:
+        return EndedRow(self._metered(s), KIND_NAMES.get(s.spec.kind, "interactive"), s.spec.request_id)
+
     async def _check_quota(self, user_id: str, request_id: str, kind: str) -> None:
         """Refuses a new session over the user's active-session cap or without budget left."""
         q = await self.quotas(user_id)
-        sessions = await self._user_sessions(user_id, [], lenient=True, ended_after=self._week_start(q), brief=True)
+        sessions, ended = await self._week(user_id, q)
         # A session already made for this very request (its answer lost) is this create's own,
         # not one more: a retry must find it, never be refused for it.
         sessions = [s for s in sessions if s.spec.request_id != request_id]
-        refusal = quota.check_create(self._usage(sessions, self.clock.now(), q), kind, q.max_active(kind),
+        ended = [r for r in ended if r.request_id != request_id]
+        refusal = quota.check_create(self._usage(sessions, ended, self.clock.now(), q), kind, q.max_active(kind),
                                      q.min_budget_to_start_s)
         if refusal is not None:
             trace.get_current_span().add_event("quota refused", {"quota.subject": refusal.field})
@@ -225,20 +269,18 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         return session_pb.GetSessionResponse(session=resp.session)
 
     async def _user_sessions(self, user_id: str, states, cluster: str = "", lenient: bool = False,
-                             ended_after: float | None = None, brief: bool = False) -> list[pb.Session]:
+                             brief: bool = False) -> list[pb.Session]:
         """A user's sessions ("": every user's) on every reachable cluster, or on `cluster` only;
-        with `ended_after`, none that ended before it; `brief`: without their histories and notices.
-        `lenient`: a cluster that fails to answer in ATTEMPT_TIMEOUT_S is left out (and logged)
-        instead of failing the call, so a hung cluster does not hold up every create."""
+        `brief`: without their histories and notices. `lenient`: a cluster that fails to answer in
+        ATTEMPT_TIMEOUT_S is left out (and logged) instead of failing the call, so a hung cluster
+        does not hold up the caller."""
         timeout = ATTEMPT_TIMEOUT_S if lenient else None
-        since = convert.timestamp(ended_after) if ended_after is not None else None
 
         async def one(c: ClusterClient):
             out, token = [], ""
             while True:
                 resp = await call(c.sessions.List, cluster_pb.ListRequest(
-                    user_id=user_id, states=states, page_size=500, page_token=token, ended_after=since,
-                    brief=brief), timeout)
+                    user_id=user_id, states=states, page_size=500, page_token=token, brief=brief), timeout)
                 out += resp.sessions
                 if not (token := resp.next_page_token):
                     return out
@@ -332,9 +374,9 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     async def quota(self, user_id: str) -> pb.Quota:
         """The user's limits in force (overrides applied) and this week's usage."""
         q = await self.quotas(user_id)
-        sessions = await self._user_sessions(user_id, [], ended_after=self._week_start(q), brief=True)
+        sessions, ended = await self._week(user_id, q, lenient=False)
         now = self.clock.now()
-        u = self._usage(sessions, now, q)
+        u = self._usage(sessions, ended, now, q)
         out = pb.Quota(
             user_id=user_id, gpu_hours_limit=q.gpu_hours_per_week, gpu_hours_used=u.used_s / 3600,
             gpu_hours_left=u.left_s / 3600, reset_time=convert.timestamp(u.reset_time),

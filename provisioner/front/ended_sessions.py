@@ -1,0 +1,74 @@
+"""What a front remembers of each user's ended sessions, so a quota check lists only what changed.
+
+A quota check needs every session of the user this week, on every cluster. A session that has
+ended never changes again (as far as metering goes: its interval and kind), so a front keeps the
+metering row of each ended session it has seen and asks each cluster only for the live sessions
+and those that ended since the latest end it has seen there (less a margin, should the cluster's
+clock step back; a session seen twice is kept once). The cost of a check then follows what
+changed since the last one, not the user's whole week. Rows older than the week asked for are
+dropped, and users not checked for a while are forgotten first when the cache is full; a user
+forgotten is read whole again. Each front replica keeps its own: it is a cache, never the truth.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from provisioner.quota import Metered
+
+# Sessions that ended this long before the latest end seen are asked for again.
+CLOCK_MARGIN_S = 60.0
+MAX_USERS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class EndedRow:
+    metered: Metered
+    kind: str
+    request_id: str
+
+
+@dataclass
+class _Seen:
+    """One user's ended sessions on one cluster."""
+
+    latest_end: float = float("-inf")
+    rows: dict[str, EndedRow] = field(default_factory=dict)  # session id -> its row
+
+
+class EndedSessions:
+    def __init__(self, max_users: int = MAX_USERS):
+        self.max_users = max_users
+        self._users: OrderedDict[str, dict[str, _Seen]] = OrderedDict()
+
+    def ask_after(self, user_id: str, cluster: str, week_start: float) -> float:
+        """What to ask the cluster for: sessions live, or ended at or after this."""
+        seen = self._users.get(user_id, {}).get(cluster)
+        if seen is None:
+            return week_start
+        return max(week_start, seen.latest_end - CLOCK_MARGIN_S)
+
+    def add(self, user_id: str, cluster: str, ended: list[tuple[str, float, EndedRow]]) -> None:
+        """Remembers the ended sessions (id, end, row) a cluster listed, in full, for what
+        `ask_after` asked."""
+        clusters = self._users.get(user_id)
+        if clusters is None:
+            clusters = self._users[user_id] = {}
+            while len(self._users) > self.max_users:
+                self._users.popitem(last=False)
+        self._users.move_to_end(user_id)
+        seen = clusters.setdefault(cluster, _Seen())
+        for sid, ended_at, row in ended:
+            seen.rows[sid] = row
+            seen.latest_end = max(seen.latest_end, ended_at)
+
+    def rows(self, user_id: str, cluster: str, week_start: float) -> list[EndedRow]:
+        """The ended sessions remembered, those that ended before the week dropped."""
+        seen = self._users.get(user_id, {}).get(cluster)
+        if seen is None:
+            return []
+        old = [sid for sid, r in seen.rows.items() if r.metered.ended_at is not None and r.metered.ended_at < week_start]
+        for sid in old:
+            del seen.rows[sid]
+        return list(seen.rows.values())
