@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
-from provisioner.decide.preempt import STOP_REASON, Held, Request, Share, Victim, choose_victims, mark_over_share
+from provisioner.decide.preempt import (STOP_REASON, Held, Request, Share, Victim, choose_victims, grace_plan,
+                                        mark_over_share)
 from provisioner.decide.states import SessionState as S
 from provisioner.errors import ProvisionerError
 from provisioner.model import Notice, Session
@@ -49,7 +50,8 @@ class Preemption:
         preemptible: dict[str, int] = {}
         for h in held:
             preemptible[h.owner] = preemptible.get(h.owner, 0) + 1
-        # Each owner's sessions of never-preempted classes fill the share first.
+        # What each owner holds that is not up for preemption (sessions of never-preempted classes,
+        # stopping sessions' VMs until wiped) fills the share first.
         ahead = {owner: (holding[owner] - n) * gpus for owner, n in preemptible.items()}
         shares = {owner: Share(share, holding[owner] * gpus) for owner in preemptible}
         shares[user] = Share(share, mine)
@@ -62,7 +64,9 @@ class Preemption:
         grace = self.priority.grace_period_s
         self._claims.add(s.id)
         for v in victims:
-            self._warn_preempted(self.sessions[v.session_id], v, shares[v.owner], s, now + grace, now)
+            victim = self.sessions[v.session_id]
+            plan = grace_plan(v, now, grace, victim.spec.requeue)
+            self._warn_preempted(victim, v, shares[v.owner], s, plan.stop_at, now)
         n = len(victims)
         return (f"waiting for {n} preempted session{'s' if n > 1 else ''} to give back their GPUs "
                 f"(a {grace:g} s grace period)")
