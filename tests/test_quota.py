@@ -268,6 +268,12 @@ async def test_a_user_without_budget_left_is_refused_with_the_reset_time(tmp_pat
             await c.create_session(user_id="saver", accelerator="gpu-p100", image="gpu:latest")
 
 
+def metered_s(ended: list[pb.Session], gpus: dict) -> float:
+    """The GPU-seconds of ended sessions, from their records."""
+    return sum((s.end_time.ToNanoseconds() - s.ready_time.ToNanoseconds()) / 1e9 * gpus[(s.cluster, s.pool)]
+               for s in ended)
+
+
 async def test_get_quota_agrees_with_the_sessions(tmp_path):
     config = with_quotas(tmp_path, accelerator_weights={"nvidia-tesla-t4": 0.5})
     gpus = {(c.name, p.name): p.accelerator_count * (0.5 if p.accelerator == "nvidia-tesla-t4" else 1.0)
@@ -290,8 +296,7 @@ async def test_get_quota_agrees_with_the_sessions(tmp_path):
             await fleet.watch_until(s.id, pb.SESSION_STATE_STOPPED)
         quota = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="meter"))).quota
         listed = (await fleet.sessions.ListSessions(s_pb.ListSessionsRequest(user_id="meter"))).sessions
-        expected_s = sum((s.end_time.ToNanoseconds() - s.ready_time.ToNanoseconds()) / 1e9 * gpus[(s.cluster, s.pool)]
-                         for s in listed)
+        expected_s = metered_s(listed, gpus)
         assert len(listed) == 2 and expected_s > 0
         assert quota.gpu_hours_used == pytest.approx(expected_s / 3600)
         assert quota.gpu_hours_used >= running.gpu_hours_used
@@ -308,8 +313,7 @@ async def test_get_quota_agrees_with_the_sessions(tmp_path):
         await fleet.watch_until(third.id, pb.SESSION_STATE_STOPPED)
         later = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="meter"))).quota
         listed = (await fleet.sessions.ListSessions(s_pb.ListSessionsRequest(user_id="meter"))).sessions
-        expected_s = sum((s.end_time.ToNanoseconds() - s.ready_time.ToNanoseconds()) / 1e9 * gpus[(s.cluster, s.pool)]
-                         for s in listed)
+        expected_s = metered_s(listed, gpus)
         assert len(listed) == 3 and later.gpu_hours_used == pytest.approx(expected_s / 3600)
         assert later.gpu_hours_used > quota.gpu_hours_used
 

@@ -218,30 +218,13 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         seen = self.ended_sessions
 
         async def one(c: ClusterClient) -> list[pb.Session]:
-            after = seen.ask_after(user_id, c.name, week_start)
-            out, token = [], ""
-            while True:
-                resp = await call(c.sessions.List, cluster_pb.ListRequest(
-                    user_id=user_id, page_size=500, page_token=token, ended_after=convert.timestamp(after),
-                    brief=True), timeout)
-                out += resp.sessions
-                if not (token := resp.next_page_token):
-                    break
+            after = convert.timestamp(seen.ask_after(user_id, c.name, week_start))
+            out = await _listed(c, cluster_pb.ListRequest(user_id=user_id, ended_after=after, brief=True), timeout)
             seen.add(user_id, c.name, [(s.id, s.end_time.ToNanoseconds() / 1e9, self._ended_row(s))
                                        for s in out if s.state not in LIVE_STATES])
             return [s for s in out if s.state in LIVE_STATES]
 
-        live = [c for c in self.fleet.clients.values() if c.healthy]
-        results = await asyncio.gather(*(one(c) for c in live), return_exceptions=lenient)
-        sessions: list[pb.Session] = []
-        for c, r in zip(live, results):
-            if isinstance(r, BaseException):
-                if not isinstance(r, Exception):
-                    raise r
-                log.warning("cluster %s did not list the sessions of user %s; its live ones are not counted: %s",
-                            c.name, quote(user_id), r)
-            else:
-                sessions += r
+        sessions = await _from_each([c for c in self.fleet.clients.values() if c.healthy], one, user_id, lenient)
         ended = [row for c in self.fleet.clients for row in seen.rows(user_id, c, week_start)]
         return sessions, ended
 
@@ -276,24 +259,11 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         does not hold up the caller."""
         timeout = ATTEMPT_TIMEOUT_S if lenient else None
 
-        async def one(c: ClusterClient):
-            out, token = [], ""
-            while True:
-                resp = await call(c.sessions.List, cluster_pb.ListRequest(
-                    user_id=user_id, states=states, page_size=500, page_token=token, brief=brief), timeout)
-                out += resp.sessions
-                if not (token := resp.next_page_token):
-                    return out
+        async def one(c: ClusterClient) -> list[pb.Session]:
+            return await _listed(c, cluster_pb.ListRequest(user_id=user_id, states=states, brief=brief), timeout)
 
         live = [c for name, c in self.fleet.clients.items() if c.healthy and cluster in ("", name)]
-        results = await asyncio.gather(*(one(c) for c in live), return_exceptions=lenient)
-        for c, r in zip(live, results):
-            if isinstance(r, BaseException):
-                if not isinstance(r, Exception):
-                    raise r
-                log.warning("cluster %s did not list the sessions of user %s; they are not counted: %s",
-                            c.name, quote(user_id), r)
-        sessions = [s for r in results if not isinstance(r, BaseException) for s in r]
+        sessions = await _from_each(live, one, user_id, lenient)
         sessions.sort(key=lambda s: (-s.create_time.ToNanoseconds(), s.id))
         return sessions
 
@@ -535,3 +505,30 @@ def register(server, servicer: SessionServicer):
     audit = AuditLog(servicer.store, servicer.clock)
     admin_grpc.add_AdminServiceServicer_to_server(FrontAdminServicer(servicer.fleet, audit, servicer), server)
     return SERVICE_NAMES
+
+
+async def _listed(c: ClusterClient, request: cluster_pb.ListRequest, timeout: float | None) -> list[pb.Session]:
+    """Every page of one cluster's answer to `request`."""
+    request.page_size, out = 500, []
+    while True:
+        resp = await call(c.sessions.List, request, timeout)
+        out += resp.sessions
+        if not resp.next_page_token:
+            return out
+        request.page_token = resp.next_page_token
+
+
+async def _from_each(clients: list[ClusterClient], one, user_id: str, lenient: bool) -> list[pb.Session]:
+    """`one(cluster)` on every cluster at once, added up; with `lenient`, a cluster that fails is
+    left out (and logged) instead of failing the call."""
+    results = await asyncio.gather(*(one(c) for c in clients), return_exceptions=lenient)
+    sessions: list[pb.Session] = []
+    for c, r in zip(clients, results):
+        if isinstance(r, BaseException):
+            if not isinstance(r, Exception):
+                raise r
+            log.warning("cluster %s did not list the sessions of user %s; they are not counted: %s",
+                        c.name, quote(user_id), r)
+        else:
+            sessions += r
+    return sessions
