@@ -141,6 +141,16 @@ def test_a_preemption_survives_a_restart_of_the_core():
     fresh.run_until(lambda: waiting.state is S.RUNNING, 600)
 
 
+def test_a_session_whose_class_left_the_config_is_restored_in_its_kinds():
+    d, batches = full_pool()
+    record = batches[0].to_dict()
+    record["priority_class"] = "bronze"  # a class the fleet's config no longer declares
+    fresh = Driver(make_core(max_vms=4, min_vms=0, headroom_fraction=0.0,
+                             priority={"share_gpus_per_user": 1, "grace_period_s": GRACE}), now=d.now)
+    fresh.send(ev.Restored(fresh.now, (Session.from_dict(record),), ()))
+    assert fresh.core.sessions[batches[0].id].priority_class == "batch"
+
+
 def test_a_session_may_not_name_a_class_above_its_kinds():
     d, _ = full_pool()
     for kind, klass in ((BATCH, "interactive"), (INTERACTIVE, "batch"), (BATCH, "gold")):

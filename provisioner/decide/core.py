@@ -198,7 +198,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
             restored.append(vm)
         for s in sessions:
             self.sessions[s.id] = s
-            s.priority_class = s.priority_class or self.priority.class_of(s.spec.kind.value)  # older records
+            if s.priority_class not in self.priority.classes:  # an older record, or a class since removed
+                s.priority_class = self.priority.class_of(s.spec.kind.value)
             self.by_request[s.spec.key] = s.id
             if s.terminal:
                 self._retain(s, s.ended_at or s.history[-1].time)
