@@ -72,6 +72,7 @@ async def test_a_miner_is_stopped_and_its_user_blocked_at_every_front_until_unbl
             stopping = next(h for h in end.history if h.state == "stopping")
             assert stopping.reason == "stopped for abuse: miner_program"
             assert seconds(stopping.time) - marked_at <= 600  # within 10 model minutes
+            print(f"miner stopped {seconds(stopping.time) - marked_at:.1f} model s after it was marked")
 
             async with api.AsyncClient(fleet.front_address, token=token, ca=ca) as one, \
                     api.AsyncClient(second.address, token=token, ca=ca) as other:

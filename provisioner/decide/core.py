@@ -47,6 +47,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
         self.catalog = catalog
         self.sessions_config = sessions
         self.priority = priority or PriorityConfig()  # the fleet's classes and shares (decide/preempt.py)
+        self._ranks = {name: c.rank for name, c in self.priority.classes.items()}  # the queue's order
         self.abuse = abuse or AbuseConfig()  # the fleet's abuse thresholds (provisioner/abuse.py)
         self.ids = ids or IdSource(cluster.name)
         self.event_log = event_log

@@ -265,8 +265,8 @@ class Sessions:
                 self._session_changed(s)
 
     def _holding(self, pool: PoolState) -> dict[str, int]:
-        """The pool's VMs each user's sessions hold or have coming (a VM being wiped after a
-        session is no longer its user's), from counts kept as sessions change state."""
+        """The pool's VMs each user's sessions hold or have coming (a stopping session's until it
+        is wiped), from counts kept as sessions change state (decide/preemption.py)."""
         return self._held.get(pool.config.name, {})
 
     def _at_user_ceiling(self, pool: PoolState, s: Session) -> bool:
@@ -280,8 +280,7 @@ class Sessions:
         return "waiting for capacity: the pool is at its maximum or stocked out"
 
     def _queue_order(self, pool: PoolState) -> list[Session]:
-        ranks = {name: c.rank for name, c in self.priority.classes.items()}
-        return queue_order([self.sessions[i] for i in pool.queue], self._holding(pool), ranks,
+        return queue_order([self.sessions[i] for i in pool.queue], self._holding(pool), self._ranks,
                            self._claimants(pool.config.name) if self._claims else frozenset())
 
     def _queued_demand(self, pool: PoolState) -> int:

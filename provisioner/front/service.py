@@ -119,7 +119,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self._check_rate(request.spec.user_id, guard.current().caller.identity)
         spec = convert.spec_from_pb(request.spec)
         image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
-        priority_class(spec, self.config.settings.priority)
+        priority_class(spec, self.limits.priority)
         if spec.region_hint and spec.region_hint not in self.regions:
             raise InvalidArgument(f"unknown region {quote(spec.region_hint)}; the fleet's regions: "
                                   f"{', '.join(sorted(self.regions))}", field="spec.region_hint")

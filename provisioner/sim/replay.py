@@ -521,8 +521,7 @@ class Replay(Engine):
             end = self.now + self._left.pop(s.id)
             self.requeued_started += 1
             self.at(end, self._stop, core, s.id)
-            if self.requeue:
-                self._ends[s.id] = end
+            self._ends[s.id] = end  # it may be preempted and requeued again
         elif s.terminal:
             self.preempted += s.reason.startswith(PREEMPTED + ":")
             self._left.pop(s.id, None)
