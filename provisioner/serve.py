@@ -31,7 +31,6 @@ from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
 from provisioner.front.service import Fleet
 from provisioner.front.budget_enforcer import BudgetEnforcer
-from provisioner.front.user_lease import UserLeases
 from provisioner.metrics import Metrics
 from provisioner.cluster import leader
 from provisioner.security import auth, tls
@@ -194,7 +193,7 @@ class FrontProcess:
     server: Server
     store: Store
     placement: Placement
-    leases: UserLeases
+    sessions: front_service.SessionServicer
     resolver: asyncio.Task
     budgets: asyncio.Task  # the GPU budget sweep (front/budget_enforcer.py)
 
@@ -207,7 +206,7 @@ class FrontProcess:
         self.resolver.cancel()
         self.budgets.cancel()
         await asyncio.gather(self.resolver, self.budgets, return_exceptions=True)
-        await self.leases.flush()
+        await self.sessions.flush()
         for client in self.fleet.clients.values():
             await client.close()
         # Commits the writes still queued (the group committer drains), off the event loop.
@@ -253,7 +252,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
                     plaintext_anywhere=plaintext_anywhere, health_port=health_port)
     await server.start()
     log.info("front listening on %s", server.address)
-    return FrontProcess(fleet, server, store, sessions.placement, sessions.leases,
+    return FrontProcess(fleet, server, store, sessions.placement, sessions,
                         asyncio.create_task(sessions.placement.run_resolver()),
                         asyncio.create_task(BudgetEnforcer(sessions).run()))
 

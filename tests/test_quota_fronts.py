@@ -1,19 +1,18 @@
-"""Quotas across front replicas: the per-user lease in the shared store (SQLite and PostgreSQL),
-then two front processes racing 50 creates of one user against the active-session cap."""
+"""Quotas across front replicas: the per-user admission version in the shared store (SQLite and
+PostgreSQL), then two front processes racing 50 creates of one user against the active-session cap."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 
 import grpc
 import pytest
 
 from conftest import front_channel
-from provisioner.errors import Unavailable
-from provisioner.front import user_lease
-from provisioner.front.user_lease import LEASE_S, UserLeases
-from provisioner.store import open_store
+from provisioner.front.attempts import Attempt
+from provisioner.store import MIGRATIONS, open_store
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
 from provisioner.v1 import types_pb2 as pb
@@ -21,6 +20,7 @@ from test_processes import Fleet, Service, free_port
 from test_quota import with_quotas
 
 NOW = 1_800_000_000.0
+WEEK = NOW - 3 * 86400.0  # when the quota week began
 USERS = 6
 
 
@@ -33,80 +33,71 @@ def stores(store_url, tmp_path):
         s.close()
 
 
-def test_a_user_lease_has_one_holder_until_released(stores):
+def test_an_attempt_is_recorded_only_if_the_users_admission_is_unchanged(stores):
     a, b = stores
-    assert a.try_user_lease("u", "front-a", NOW + LEASE_S, NOW)
-    assert a.try_user_lease("u", "front-a", NOW + LEASE_S, NOW)  # a holder asking again still holds it
-    assert not b.try_user_lease("u", "front-b", NOW + LEASE_S, NOW)
-    assert b.try_user_lease("other", "front-b", NOW + LEASE_S, NOW)  # users are apart
-    b.release_user_lease("u", "front-b")  # not b's to release
-    assert not b.try_user_lease("u", "front-b", NOW + LEASE_S, NOW)
-    a.release_user_lease("u", "front-a")
-    assert b.try_user_lease("u", "front-b", NOW + LEASE_S, NOW)
+    seen_by_a = a.admission("u/r-a", WEEK)
+    seen_by_b = b.admission("u/r-b", WEEK)
+    assert seen_by_a.version == seen_by_b.version == 0
+    assert b.note_attempt("u/r-b", "c1", NOW, admitted=seen_by_b.version) is Attempt.PENDING
+    assert a.note_attempt("u/r-a", "c1", NOW, admitted=seen_by_a.version) is None  # b's came first
+    assert a.open_attempts("u/r-a") == []  # nothing written for the create that must check again
+    again = a.admission("u/r-a", WEEK)
+    assert again.version == 1 and again.placing == {"r-b"}  # b's create counts while it is placed
+    assert a.note_attempt("u/r-a", "c1", NOW, admitted=again.version) is Attempt.PENDING
+    assert a.note_attempt("other/r", "c1", NOW, admitted=0) is Attempt.PENDING  # users are apart
+    # Once made, b's session is one of the user's sessions, no longer a placement under way.
+    b.remember_request("u/r-b", "c1.s-b", "c1", NOW)
+    seen = a.admission("u/r-a", WEEK)
+    assert seen.placing == set() and [(m.request_id, m.session_id, m.ended_at) for m in seen.made] == [
+        ("r-b", "c1.s-b", None)]
+    assert b.admission("u/r-b", WEEK).answer == "c1.s-b"
 
 
-def test_a_lease_its_holder_stopped_renewing_lapses(stores):
-    a, b = stores
-    assert a.try_user_lease("u", "dead", NOW + LEASE_S, NOW)
-    assert not b.try_user_lease("u", "live", NOW + 2 * LEASE_S, NOW + LEASE_S - 0.1)
-    assert a.renew_user_lease("u", "dead", NOW + 2 * LEASE_S)  # renewed: still held past the first expiry
-    assert not b.try_user_lease("u", "live", NOW + 3 * LEASE_S, NOW + LEASE_S + 0.1)
-    assert b.try_user_lease("u", "live", NOW + 4 * LEASE_S, NOW + 2 * LEASE_S + 0.1)  # lapsed: taken over
-    assert not a.renew_user_lease("u", "dead", NOW + 5 * LEASE_S)  # the old holder learns it lost it
+def test_sessions_seen_to_end_before_the_week_leave_the_admission(stores):
+    a, _ = stores
+    for i, made_at in enumerate([WEEK - 100, WEEK - 50, WEEK + 10]):
+        a.remember_request(f"u/r{i}", f"c1.s{i}", "c1", made_at)
+    a.mark_ended([("u/r0", "c1.s0", WEEK - 1), ("u/r1", "c1.s1", WEEK + 5), ("u/r2", "c1.s-not-its", WEEK + 20)])
+    made = {m.session_id: m.ended_at for m in a.admission("u/r-new", WEEK).made}
+    assert made == {"c1.s1": WEEK + 5, "c1.s2": None}  # s0 ended before the week; s2's row names another session
 
 
-def test_one_lease_holder_among_threads(store_url, tmp_path):
-    """Many processes' worth of connections asking at once: exactly one gets the lease."""
+def test_one_admission_among_threads(store_url, tmp_path):
+    """Many processes' worth of connections recording at once from one version: exactly one does."""
     stores = [open_store(store_url, tmp_path / "race.db") for _ in range(6)]
-    won: list[str] = []
+    won: list[int] = []
     start = threading.Barrier(len(stores))
 
-    def ask(i: int) -> None:
+    def record(i: int) -> None:
         start.wait()
-        if stores[i].try_user_lease("u", f"h{i}", NOW + LEASE_S, NOW):
-            won.append(f"h{i}")
+        if stores[i].note_attempt(f"u/r{i}", "c1", NOW, admitted=0) is not None:
+            won.append(i)
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(stores))]
+    threads = [threading.Thread(target=record, args=(i,)) for i in range(len(stores))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert len(won) == 1
+    assert stores[0].admission("u/r-next", WEEK).placing == {f"r{won[0]}"}
     for s in stores:
         s.close()
-    assert len(won) == 1
 
 
-async def test_a_create_waits_a_bounded_time_for_the_lease_then_says_so(tmp_path):
-    store = open_store(None, tmp_path / "front.db")
+def test_requests_recorded_before_they_carried_their_user_get_it(tmp_path):
+    """An upgrade fills in the user of the requests and attempts already recorded."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    for version, sql in enumerate(MIGRATIONS[:8], start=1):
+        db.executescript(sql)
+    db.executescript("CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (8);"
+                     "INSERT INTO front_requests VALUES ('u/r1', 'c1.s1', 'c1', 1.0);"
+                     "INSERT INTO front_attempts VALUES ('u/r2', 'c1', 5.0, 'pending');")
+    db.close()
+    store = open_store(None, path)
     try:
-        store.try_user_lease("u", "another-front", 1e12, 0.0)
-        with pytest.raises(Unavailable) as e:
-            async with UserLeases(store).held("u", wait_s=0.05):
-                pytest.fail("the lease was held elsewhere")
-        assert "another create for user 'u'" in e.value.message and e.value.retryable
-        store.release_user_lease("u", "another-front")
-        leases = UserLeases(store)
-        async with leases.held("u", wait_s=0.05):
-            assert not store.try_user_lease("u", "another-front", 1e12, 0.0)
-        await leases.flush()  # the release does not hold up the create's answer
-        assert store.try_user_lease("u", "another-front", 1e12, 0.0)  # released on the way out
-    finally:
-        store.close()
-
-
-async def test_a_held_lease_is_renewed_while_its_create_works(tmp_path, monkeypatch):
-    monkeypatch.setattr(user_lease, "RENEW_EVERY_S", 0.01)
-    store = open_store(None, tmp_path / "front.db")
-    wall = [NOW]
-    try:
-        leases = UserLeases(store, wall=lambda: wall[0])
-        async with leases.held("u", wait_s=1.0):
-            wall[0] += LEASE_S - 1
-            await asyncio.sleep(0.1)  # renewals run
-            wall[0] += LEASE_S - 1  # past the expiry it was taken with
-            assert not store.try_user_lease("u", "another-front", wall[0] + LEASE_S, wall[0])
-        await leases.flush()
-        assert store.try_user_lease("u", "another-front", wall[0] + LEASE_S, wall[0])
+        seen = store.admission("u/r3", 0.0)
+        assert [m.session_id for m in seen.made] == ["c1.s1"] and seen.placing == {"r2"}
     finally:
         store.close()
 

@@ -70,7 +70,8 @@ def test_a_failed_batch_leaves_nothing_behind(store):
 
     with pytest.raises(Boom):
         with store.transaction() as cur:
-            cur.execute(store._sql("INSERT INTO front_requests VALUES (?, ?, ?, ?)"), ("r", "s", "c", 1.0))
+            cur.execute(store._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at) "
+                                  "VALUES (?, ?, ?, ?)"), ("r", "s", "c", 1.0))
             raise Boom()
     assert store.session_for_request("r") is None
     # One bad row (a second session for one request id in one cluster) rolls back the whole batch.

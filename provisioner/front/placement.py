@@ -36,7 +36,7 @@ from provisioner.store import Store
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
 
-__all__ = ["ATTEMPT_TIMEOUT_S", "Placement"]
+__all__ = ["ATTEMPT_TIMEOUT_S", "AdmissionChanged", "Placement"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,11 @@ PRUNE_AFTER_S = 3600.0
 # Answers that say the cluster did not make the session and will not.
 REFUSALS = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.FAILED_PRECONDITION,
                       grpc.StatusCode.ABORTED})
+
+
+class AdmissionChanged(Exception):
+    """Another create of the user was recorded since this one's quota check: nothing was sent, and
+    the create checks again."""
 
 
 class Placement:
@@ -76,8 +81,12 @@ class Placement:
             if not self._waiters[request_id]:
                 del self._waiters[request_id], self._locks[request_id]
 
-    async def place(self, request: pb.SessionSpec, candidates: list[Candidate], deadline: float) -> pb.Session:
-        """Tries the candidates in order until one makes the session; `deadline` is the clock's time."""
+    async def place(self, request: pb.SessionSpec, candidates: list[Candidate], deadline: float,
+                    admitted: int | None = None, made_at: float | None = None) -> pb.Session:
+        """Tries the candidates in order until one makes the session; `deadline` is the clock's time.
+        `admitted`: the user's admission version the quota check read; the first attempt is recorded
+        only if it is unchanged, else AdmissionChanged. `made_at`: the time the store records for
+        the session (the fleet's; default this clock's)."""
         span = trace.get_current_span()
         key = request_key(request.user_id, request.request_id)
         open_at = {cluster for _, cluster, state, _ in await self.store.read(self.store.attempts_to_resolve, key)
@@ -111,6 +120,14 @@ class Placement:
                 case Discard():
                     self.attempt_outcomes[action.cluster, "duplicate"] += 1
                     event = await self._carry_out(key, action)
+                case Record(cluster=cluster, commit_by=commit_by):
+                    # Durable before the cluster is called: the resolver's record of a maybe-made session.
+                    state = await self.store.commit(self.store.note_attempt, key, cluster, commit_by, admitted)
+                    if state is None:
+                        raise AdmissionChanged()
+                    admitted, event = None, Recorded(state)
+                case Remember(cluster=cluster, session_id=sid):
+                    event = await self._remember(key, cluster, sid, made_at)
                 case Settle():
                     event = await self._settle(key, action)
                     if action.outcome in ("refused", "unresolved"):
@@ -154,19 +171,19 @@ class Placement:
             self.attempt_outcomes[settle.cluster, settle.outcome] += 1
         return Settled(applied)
 
+    async def _remember(self, key: str, cluster: str, session_id: str, made_at: float | None = None) -> Remembered:
+        # Durable before the answer, not after it: two placements of one request at once (two
+        # replicas, a retry reaching another replica) can each make a session at a different
+        # cluster, and this first-writer-wins record is what makes both answer the same one. The
+        # cluster's request key settles one cluster's outcome, not which of two clusters' sessions
+        # is the answer.
+        return Remembered(await self.store.commit(self.store.remember_request, key, session_id, cluster,
+                                                  self.clock.now() if made_at is None else made_at))
+
     async def _carry_out(self, key: str, action):
         match action:
-            case Record(cluster=cluster, commit_by=commit_by):
-                # Durable before the cluster is called: the resolver's record of a maybe-made session.
-                return Recorded(await self.store.commit(self.store.note_attempt, key, cluster, commit_by))
             case Remember(cluster=cluster, session_id=sid):
-                # Durable before the answer, not after it: two placements of one request at once
-                # (two replicas, a retry reaching another replica) can each make a session at a
-                # different cluster, and this first-writer-wins record is what makes both answer
-                # the same one. The cluster's request key settles one cluster's outcome, not which
-                # of two clusters' sessions is the answer.
-                return Remembered(await self.store.commit(self.store.remember_request, key, sid, cluster,
-                                                          self.clock.now()))
+                return await self._remember(key, cluster, sid)
             case Discard(cluster=cluster, winner=winner):
                 user_id, request_id = split_request_key(key)
                 try:

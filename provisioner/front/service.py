@@ -8,6 +8,7 @@ its id names.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from contextlib import asynccontextmanager
@@ -24,16 +25,16 @@ from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig
 from provisioner.config_policy import QuotaConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
-from provisioner.front import blocks
+from provisioner.front import admission, blocks
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedRow, EndedSessions
-from provisioner.front.placement import ATTEMPT_TIMEOUT_S, Placement
+from provisioner.front.placement import ATTEMPT_TIMEOUT_S, AdmissionChanged, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
 from provisioner.front.router import rank, why_none
-from provisioner.front.user_lease import UserLeases
-from provisioner.model import cluster_of
+from provisioner.model import cluster_of, request_key
 from provisioner.store import SqliteStore
+from provisioner.store.front_records import Admission, Made
 from provisioner.validation import priority_class, validate_spec
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -45,7 +46,9 @@ from provisioner.v1 import types_pb2 as pb
 log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT_S = 1.0
-LEASE_WAIT_S = 10.0  # the most a create waits for another replica's create of the same user
+# A create checks again when another replica recorded a create of the same user meanwhile; it
+# gives up (retryably) after this many checks.
+ADMISSION_TRIES = 20
 LIVE_STATES = [pb.SESSION_STATE_QUEUED, pb.SESSION_STATE_PROVISIONING, pb.SESSION_STATE_PULLING_IMAGE,
                pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_STOPPING]
 KIND_NAMES = {pb.SESSION_KIND_UNSPECIFIED: "interactive", pb.SESSION_KIND_INTERACTIVE: "interactive",
@@ -97,7 +100,10 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         # Weighted GPUs per (cluster, pool): what one second of a session there meters.
         self.gpus = {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
                      for c in config.clusters for p in c.pools}
-        self.leases = UserLeases(store, wall.now)
+        # The most one session can meter per second: what a check that knows only when a session
+        # was made assumes it ran on.
+        self.max_gpus = max(self.gpus.values(), default=1.0)
+        self._noting: set[asyncio.Task] = set()
         r = self.limits.rate_limits
         self.user_rates = ratelimit.TokenBuckets(r.creates_per_user_per_s, r.create_burst_per_user)
         self.caller_rates = ratelimit.TokenBuckets(r.creates_per_caller_per_s, r.create_burst_per_caller)
@@ -126,34 +132,44 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         span.set_attributes({telemetry.ATTR_REQUEST_ID: spec.request_id, telemetry.ATTR_USER: spec.user_id,
                              telemetry.ATTR_IMAGE: image, telemetry.ATTR_POOL: spec.accelerator})
         deadline = self.placement.clock.now() + _remaining(context)
-        # A user's creates are checked and placed one at a time, so two of them cannot both pass
-        # the check for the last slot: in this front by a lock, across replicas by the user's
-        # lease in the shared store (taken once this front's turn has come).
-        async with self._one_user(spec.user_id), \
-                self.leases.held(spec.user_id, min(LEASE_WAIT_S, _remaining(context))), \
-                self.placement.exclusive(spec.key):
-            if known := await self.store.read(self.store.session_for_request, spec.key):
-                span.add_event("duplicate request", {"session.id": known})
-                resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
-                return session_pb.CreateSessionResponse(session=resp.session)
-            blocks.check(self.store, spec.user_id)  # every session is a GPU session
-            await self._check_quota(spec.user_id, spec.request_id, KIND_NAMES[request.spec.kind])
-            candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
-                              spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
-            for cand in candidates:
-                span.add_event("candidate", {"cluster": cand.cluster, "expected_s": cand.expected_s,
-                                             "how": cand.how, "region_penalty_s": cand.region_penalty_s,
-                                             "load": cand.load})
-            if not candidates:
-                views = [c.view() for c in self.fleet.clients.values()]
-                raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
-            first = self.fleet.clients[candidates[0].cluster]
-            hold = first.hold(spec.accelerator, image)
-            try:
-                session = await self.placement.place(request.spec, candidates, deadline)
-            finally:
-                first.settle(hold)
-            return session_pb.CreateSessionResponse(session=session)
+        kind = KIND_NAMES[request.spec.kind]
+        # A user's creates are checked and placed one at a time in this front (a lock). Across
+        # replicas, a create's attempt is recorded only if no other create of the user was recorded
+        # since its check read the user's admission version; else it checks again, now counting
+        # that one (front_records.admission). So two creates cannot both pass the check for the
+        # last slot, and no write is spent on taking turns.
+        async with self._one_user(spec.user_id), self.placement.exclusive(spec.key):
+            for _ in range(ADMISSION_TRIES):
+                q = await self.quotas(spec.user_id)
+                stored = await self.store.read(self.store.admission, spec.key, self._week_start(q))
+                if known := stored.answer:
+                    span.add_event("duplicate request", {"session.id": known})
+                    resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
+                    return session_pb.CreateSessionResponse(session=resp.session)
+                blocks.check(self.store, spec.user_id)  # every session is a GPU session
+                await self._check_quota(spec.user_id, spec.request_id, kind, q, stored)
+                candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
+                                  spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
+                for cand in candidates:
+                    span.add_event("candidate", {"cluster": cand.cluster, "expected_s": cand.expected_s,
+                                                 "how": cand.how, "region_penalty_s": cand.region_penalty_s,
+                                                 "load": cand.load})
+                if not candidates:
+                    views = [c.view() for c in self.fleet.clients.values()]
+                    raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
+                first = self.fleet.clients[candidates[0].cluster]
+                hold = first.hold(spec.accelerator, image)
+                try:
+                    session = await self.placement.place(request.spec, candidates, deadline, stored.version,
+                                                         self.clock.now())
+                except AdmissionChanged:
+                    span.add_event("checked again", {"reason": "another create of the user was recorded"})
+                    continue
+                finally:
+                    first.settle(hold)
+                return session_pb.CreateSessionResponse(session=session)
+            raise Unavailable(f"creates of user {quote(spec.user_id)} keep arriving at other front replicas at "
+                              "once; retry", retry_after_s=0.1)
 
     def _check_rate(self, user_id: str, caller: str) -> None:
         """Refuses a create over the user's or the caller's rate, before it waits for anything."""
@@ -209,40 +225,80 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             rows.append((self._metered(s), KIND_NAMES.get(s.spec.kind, "interactive"), live))
         return quota.usage(rows, now, q.gpu_hours_per_week * 3600, window)
 
-    async def _week(self, user_id: str, q: QuotaConfig, lenient: bool = True) -> tuple[list[pb.Session], list[EndedRow]]:
+    async def _week(self, user_id: str, q: QuotaConfig, lenient: bool = True,
+                    made: list[Made] | None = None) -> tuple[list[pb.Session], list[EndedRow]]:
         """A user's sessions that meter this week: those each cluster lists (the live ones and those
         ended since the latest end this front has seen there, brief), and the rows of the ended
-        ones it remembers (front/ended_sessions.py). `lenient` as for _user_sessions."""
+        ones it remembers (front/ended_sessions.py). `lenient` as for _user_sessions. The ends of
+        the `made` sessions (the store's, front/admission.py) that the lists show are recorded."""
         week_start = self._week_start(q)
         timeout = ATTEMPT_TIMEOUT_S if lenient else None
         seen = self.ended_sessions
+        ended_made: list[tuple[str, float]] = []
 
         async def one(c: ClusterClient) -> list[pb.Session]:
-            after = convert.timestamp(seen.ask_after(user_id, c.name, week_start))
-            out = await _listed(c, cluster_pb.ListRequest(user_id=user_id, ended_after=after, brief=True), timeout)
+            asked_after = seen.ask_after(user_id, c.name, week_start)
+            out = await _listed(c, cluster_pb.ListRequest(user_id=user_id, ended_after=convert.timestamp(asked_after),
+                                                          brief=True), timeout)
             seen.add(user_id, c.name, [(s.id, s.end_time.ToNanoseconds() / 1e9, self._ended_row(s))
                                        for s in out if s.state not in LIVE_STATES])
+            if made:
+                ended_made.extend(admission.ends_seen([m for m in made if m.cluster == c.name], out, asked_after))
             return [s for s in out if s.state in LIVE_STATES]
 
         sessions = await _from_each([c for c in self.fleet.clients.values() if c.healthy], one, user_id, lenient)
         ended = [row for c in self.fleet.clients for row in seen.rows(user_id, c, week_start)]
+        # A cluster no longer in the fleet is not listed, and its sessions are not counted.
+        gone = [(m.session_id, self.clock.now()) for m in made or () if m.cluster not in self.fleet.clients
+                and m.ended_at is None]
+        if ended_made or gone:
+            self._note_ends(user_id, ended_made + gone, made)
         return sessions, ended
+
+    def _note_ends(self, user_id: str, ended: list[tuple[str, float]], made: list[Made]) -> None:
+        """Records the ends a check saw, in the background: the check that saw them has its answer."""
+        by_session = {m.session_id: m.request_id for m in made}
+        rows = [(request_key(user_id, by_session[sid]), sid, at) for sid, at in ended]
+        task = asyncio.create_task(self.store.commit(self.store.mark_ended, rows))
+        self._noting.add(task)
+        task.add_done_callback(self._noted)
+
+    def _noted(self, task: asyncio.Task) -> None:
+        self._noting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Only the store's bound stays looser: the next check that lists records them again.
+            log.warning("could not record the sessions a quota check saw end: %s", task.exception())
+
+    async def flush(self) -> None:
+        """Waits for the ends being recorded (before the store closes)."""
+        await asyncio.gather(*self._noting, return_exceptions=True)
 
     def _ended_row(self, s: pb.Session) -> EndedRow:
         return EndedRow(self._metered(s), KIND_NAMES.get(s.spec.kind, "interactive"), s.spec.request_id)
 
-    async def _check_quota(self, user_id: str, request_id: str, kind: str) -> None:
-        """Refuses a new session over the user's active-session cap or without budget left."""
-        q = await self.quotas(user_id)
-        sessions, ended = await self._week(user_id, q)
+    async def _check_quota(self, user_id: str, request_id: str, kind: str, q: QuotaConfig, a: Admission) -> None:
+        """Refuses a new session over the user's active-session cap or without budget left: from the
+        store alone when it proves the create within quota (front/admission.py), else from what
+        the clusters list, with the user's placements under way elsewhere counted as live."""
+        now, span = self.clock.now(), trace.get_current_span()
+        week = quota.week_window(now, q.reset_weekday, q.reset_hour_utc)
+        if admission.surely_within(a, now, week, q.gpu_hours_per_week * 3600, q.max_active(kind),
+                                   q.min_budget_to_start_s, self.max_gpus):
+            span.add_event("quota: within, from the store")
+            return
+        sessions, ended = await self._week(user_id, q, made=a.made)
         # A session already made for this very request (its answer lost) is this create's own,
         # not one more: a retry must find it, never be refused for it.
         sessions = [s for s in sessions if s.spec.request_id != request_id]
         ended = [r for r in ended if r.request_id != request_id]
-        refusal = quota.check_create(self._usage(sessions, ended, self.clock.now(), q), kind, q.max_active(kind),
-                                     q.min_budget_to_start_s)
+        usage = self._usage(sessions, ended, now, q)
+        listed = {s.spec.request_id for s in sessions}
+        placing = len(a.placing - listed)  # not made yet, or not listed yet: one more each, of this kind
+        if placing:
+            usage = dataclasses.replace(usage, active=usage.active | {kind: usage.active.get(kind, 0) + placing})
+        refusal = quota.check_create(usage, kind, q.max_active(kind), q.min_budget_to_start_s)
         if refusal is not None:
-            trace.get_current_span().add_event("quota refused", {"quota.subject": refusal.field})
+            span.add_event("quota refused", {"quota.subject": refusal.field})
             raise QuotaExceeded(refusal.message, field=refusal.field, reset_time=refusal.reset_time)
 
     @unary

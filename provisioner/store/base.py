@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from provisioner.group_commit import GroupCommit, WriterClosed
-from provisioner.store.schema import MIGRATIONS
+from provisioner.store.schema import BACKFILLS, MIGRATIONS
 
 if TYPE_CHECKING:
     from provisioner.store.cluster_records import _VmRows
@@ -152,6 +152,8 @@ class StoreBase:
             for version, sql in enumerate(MIGRATIONS[current:], start=current + 1):
                 for statement in filter(str.strip, sql.split(";")):
                     cur.execute(statement)
+                if version in BACKFILLS:
+                    getattr(self, BACKFILLS[version])(cur)
                 cur.execute(self._sql("INSERT INTO schema_version (version) VALUES (?)"), (version,))
 
     def _lock_schema(self, cur) -> None:

@@ -1,12 +1,14 @@
-"""The front's records: request key -> the session it created, attempts, per-user leases and
-quota overrides."""
+"""The front's records: request key -> the session it created, attempts, per-user admission
+versions and quota overrides."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from provisioner.front.attempts import SETTLED, UNSETTLED, Attempt, Event, check_change, sources
+from provisioner.front.attempts import SETTLED, STICKY, UNSETTLED, Attempt, Event, check_change, sources
+from provisioner.model import split_request_key
 from provisioner.store.base import _marks, _values
 
 # The front's attempt states; their transitions are the table in front/attempts.py.
@@ -22,8 +24,9 @@ class FrontRecords:
         """Records the first session for a request key; returns whichever session id won. If this
         one won, its attempt takes the WON edge in the same transaction."""
         with self.transaction() as cur:
-            cur.execute(self._sql("INSERT INTO front_requests VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"),
-                        (request_id, session_id, cluster, now))
+            cur.execute(self._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at, user_id) "
+                                  "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
+                        (request_id, session_id, cluster, now, split_request_key(request_id)[0]))
             cur.execute(self._sql("SELECT session_id FROM front_requests WHERE request_id = ?"), (request_id,))
             winner = cur.fetchone()[0]
             if winner == session_id:
@@ -37,21 +40,38 @@ class FrontRecords:
         rows = self._rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
         return rows[0][0] if rows else None
 
-    def note_attempt(self, request_id: str, cluster: str, commit_by: float) -> Attempt:
+    def note_attempt(self, request_id: str, cluster: str, commit_by: float, admitted: int | None = None) -> Attempt | None:
         """The SENT edge: the attempt is pending, with the later commit_by of this one and any earlier
-        one there. A made one stays made. Returns the state after."""
+        one there. A made one stays made. Returns the state after. With `admitted` (the user's
+        admission version its quota check read), only if no other attempt of the user was
+        recorded since, which it counts as one more; else it writes nothing and returns None."""
         edges = {b: a for b, a in sources(Event.SENT).items() if b is not None}
         case, args = _edges(Event.SENT, "front_attempts.outcome", edges)
+        user_id = split_request_key(request_id)[0]
         with self.transaction() as cur:
+            if admitted is not None and not self._admit(cur, user_id, admitted):
+                return None
             cur.execute(self._sql(
-                "INSERT INTO front_attempts VALUES (?, ?, ?, ?) ON CONFLICT (request_id, cluster) DO UPDATE "
+                "INSERT INTO front_attempts (request_id, cluster, commit_by, outcome, user_id) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (request_id, cluster) DO UPDATE "
                 "SET commit_by = CASE WHEN excluded.commit_by > front_attempts.commit_by "
                 f"THEN excluded.commit_by ELSE front_attempts.commit_by END, outcome = {case} "
                 f"WHERE front_attempts.outcome IN ({_marks(edges)})"),
-                (request_id, cluster, commit_by, sources(Event.SENT)[None].value, *args, *_values(edges)))
+                (request_id, cluster, commit_by, sources(Event.SENT)[None].value, user_id, *args, *_values(edges)))
             cur.execute(self._sql("SELECT outcome FROM front_attempts WHERE request_id = ? AND cluster = ?"),
                         (request_id, cluster))
             return Attempt(cur.fetchone()[0])
+
+    def _admit(self, cur, user_id: str, version: int) -> bool:
+        """Moves the user's admission version on from `version`; False if it was not there (a
+        row-level compare-and-set: atomic across processes on SQLite and PostgreSQL alike)."""
+        if version == 0:
+            cur.execute(self._sql("INSERT INTO user_admissions (user_id, version) VALUES (?, 1) ON CONFLICT DO NOTHING"),
+                        (user_id,))
+        else:
+            cur.execute(self._sql("UPDATE user_admissions SET version = version + 1 WHERE user_id = ? AND version = ?"),
+                        (user_id, version))
+        return cur.rowcount == 1
 
     def settle_attempt(self, request_id: str, cluster: str, to: Attempt, expected: Attempt = PENDING,
                        commit_by: float | None = None) -> bool:
@@ -84,29 +104,42 @@ class FrontRecords:
             f"SELECT request_id, cluster, outcome, commit_by FROM front_attempts WHERE {where} "
             "ORDER BY commit_by, request_id, cluster", args)]
 
-    # ---- quotas: per-user leases across front replicas, operator overrides ------------------
+    # ---- quotas: what a create's check reads of the user, operator overrides ----------------
 
-    def try_user_lease(self, user_id: str, holder: str, expires_at: float, now: float) -> bool:
-        """Takes the user's lease for `holder` until `expires_at` if it is free or lapsed (its
-        expiry before `now`); whether `holder` has it. Atomic across processes."""
-        with self.transaction() as cur:
-            cur.execute(self._sql(
-                "INSERT INTO user_leases (user_id, holder, expires_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (user_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
-                "WHERE user_leases.expires_at < ?"), (user_id, holder, expires_at, now))
-            cur.execute(self._sql("SELECT holder FROM user_leases WHERE user_id = ?"), (user_id,))
-            return cur.fetchone()[0] == holder
+    def admission(self, request_id: str, since: float) -> Admission:
+        """What a create's quota check knows of the user of request key `request_id` from the store
+        alone. Read in this order, so that a placement recorded after the version was read moves
+        the version on (its create then checks again), and one recorded before shows as under way
+        or, by the time its record is read, as made (then it counts twice, never not at all)."""
+        user_id = split_request_key(request_id)[0]
+        version = self._rows("SELECT version FROM user_admissions WHERE user_id = ?", (user_id,))
+        placing = self._rows(
+            f"SELECT DISTINCT request_id FROM front_attempts a WHERE user_id = ? AND outcome IN ({_marks(STICKY)}) "
+            "AND request_id <> ? AND NOT EXISTS (SELECT 1 FROM front_requests r WHERE r.request_id = a.request_id)",
+            (user_id, *_values(STICKY), request_id))
+        answer = self._rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
+        made = self._rows("SELECT request_id, session_id, cluster, created_at, ended_at FROM front_requests "
+                          "WHERE user_id = ? AND (ended_at IS NULL OR ended_at >= ?) AND request_id <> ?",
+                          (user_id, since, request_id))
+        return Admission(version=version[0][0] if version else 0, answer=answer[0][0] if answer else None,
+                         placing=frozenset(split_request_key(k)[1] for k, in placing),
+                         made=[Made(split_request_key(k)[1], sid, c, at, end) for k, sid, c, at, end in made])
 
-    def renew_user_lease(self, user_id: str, holder: str, expires_at: float) -> bool:
-        """Extends `holder`'s lease; False if it is no longer theirs."""
+    def mark_ended(self, ended: list[tuple[str, str, float]]) -> None:
+        """Records that sessions a check saw (request key, session id, ended by) have ended."""
         with self.transaction() as cur:
-            cur.execute(self._sql("UPDATE user_leases SET expires_at = ? WHERE user_id = ? AND holder = ?"),
-                        (expires_at, user_id, holder))
-            return cur.rowcount == 1
+            for request_id, session_id, ended_at in ended:
+                cur.execute(self._sql("UPDATE front_requests SET ended_at = ? "
+                                      "WHERE request_id = ? AND session_id = ? AND ended_at IS NULL"),
+                            (ended_at, request_id, session_id))
 
-    def release_user_lease(self, user_id: str, holder: str) -> None:
-        with self.transaction() as cur:
-            cur.execute(self._sql("DELETE FROM user_leases WHERE user_id = ? AND holder = ?"), (user_id, holder))
+    def backfill_users(self, cur) -> None:
+        """The user of each request and attempt recorded before they carried one (the key's first part)."""
+        for table in ("front_requests", "front_attempts"):
+            cur.execute(f"SELECT DISTINCT request_id FROM {table} WHERE user_id = ''")
+            for (key,) in cur.fetchall():
+                cur.execute(self._sql(f"UPDATE {table} SET user_id = ? WHERE request_id = ?"),
+                            (split_request_key(key)[0], key))
 
     def save_quota_override(self, user_id: str, body: dict[str, Any], now: float) -> None:
         """Sets what operators chose for a user's quota; an empty `body` removes it (back to the config)."""
@@ -123,6 +156,24 @@ class FrontRecords:
         """What operators set for the user and when ({} and None: nothing)."""
         rows = self._rows("SELECT body, updated_at FROM quota_overrides WHERE user_id = ?", (user_id,))
         return (json.loads(rows[0][0]), rows[0][1]) if rows else ({}, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Made:
+    """A session a front made for one of the user's requests."""
+    request_id: str
+    session_id: str
+    cluster: str
+    created_at: float
+    ended_at: float | None  # by when it had ended, once a check saw it ended; None: not seen to
+
+
+@dataclass(frozen=True)
+class Admission:
+    version: int  # the user's attempts recorded so far: a create records its own only if unchanged
+    answer: str | None  # the session already made for this very request
+    placing: frozenset[str]  # request ids of the user's other placements whose outcome is unknown yet
+    made: list[Made]  # the user's other sessions not seen to end, or seen to end at or after `since`
 
 
 def _edges(event: Event, column: str = "outcome", edges: dict | None = None) -> tuple[str, list[str]]:

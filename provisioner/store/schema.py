@@ -144,7 +144,27 @@ MIGRATIONS: list[str] = [
     CREATE INDEX sessions_state ON sessions (cluster, state);
     CREATE INDEX sessions_ended ON sessions (cluster, ended_at);
     """,
+    # Quotas across front replicas without a lease: a create's attempt is recorded only if no other
+    # create of the user was recorded since its check read the user's admission version, and a
+    # check counts the user's placements still under way. Requests carry their user and, once a
+    # check has seen their session end, its end: a check that can prove from these alone that a
+    # create is within quota asks no cluster. Filled in for earlier rows by `backfill_users`.
+    """
+    DROP TABLE user_leases;
+    CREATE TABLE user_admissions (
+        user_id TEXT PRIMARY KEY,
+        version BIGINT NOT NULL
+    );
+    ALTER TABLE front_attempts ADD COLUMN user_id TEXT NOT NULL DEFAULT '';
+    CREATE INDEX front_attempts_user ON front_attempts (user_id, outcome);
+    ALTER TABLE front_requests ADD COLUMN user_id TEXT NOT NULL DEFAULT '';
+    ALTER TABLE front_requests ADD COLUMN ended_at DOUBLE PRECISION;
+    CREATE INDEX front_requests_user ON front_requests (user_id, ended_at);
+    """,
 ]
+
+# Python run after a migration's SQL, by the version it brings the schema to.
+BACKFILLS = {9: "backfill_users"}
 
 # Serializes schema upgrades between replicas starting at once (PostgreSQL advisory lock key).
 MIGRATION_LOCK = 0x70726F76

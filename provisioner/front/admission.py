@@ -1,0 +1,57 @@
+"""What a create's quota check can decide from the front's store alone, without asking a cluster.
+
+The store holds every session the fronts made for a user (a request's answer), when it was made,
+and, once a check has listed it ended, by when it had ended; and the user's placements whose
+outcome is not known yet. From these, an upper bound of the user's live sessions and of the GPU
+time they used this week: a session not seen to end is assumed live and running since it was made,
+on the largest GPU weight of the fleet. When the bound passes the check, the real count would
+too, and the create asks no cluster. Only a user near a cap, or with a placement under way, costs
+a check the clusters' lists; that check then records the ends it saw, which keeps the bound close.
+
+A session the fronts did not make is one a cluster requeued after a preemption: it runs in place of
+the preempted one, whose record is therefore not marked ended while a requeued session of the user
+lives there.
+"""
+
+from __future__ import annotations
+
+from provisioner.store.front_records import Admission, Made
+
+REQUEUED_PREFIX = "requeue-"  # the request id of a session a cluster requeued (decide/preemption.py)
+
+
+def surely_within(a: Admission, now: float, week: tuple[float, float], limit_s: float, max_active: int,
+                  min_budget_s: float, max_gpus: float) -> bool:
+    """Whether one more session passes the quota check whatever the clusters would list: every
+    session not seen to end counted live (of the kind asked for, whatever its kind), and as having
+    run since it was made."""
+    if a.placing:  # another create of the user under way: its size is unknown here
+        return False
+    live = sum(1 for m in a.made if m.ended_at is None)
+    if live + 1 > max_active:
+        return False
+    used = 0.0
+    for m in a.made:
+        end = now if m.ended_at is None else min(m.ended_at, now)
+        used += max(0.0, min(end, week[1]) - max(m.created_at, week[0])) * max_gpus
+    return limit_s - used >= min_budget_s
+
+
+def ends_seen(made: list[Made], listed: list, asked_after: float) -> list[tuple[str, float]]:
+    """(session id, ended by) of the made sessions at one cluster that its list shows have ended.
+    `listed` answered "live, or ended at or after `asked_after`", all of it: a made session not
+    listed live ended before then, or when the list says. None while a requeued session lives there."""
+    live = {s.id for s in listed if not s.end_time.ToNanoseconds()}
+    if any(s.spec.request_id.startswith(REQUEUED_PREFIX) for s in listed if s.id in live):
+        return []
+    ended = {s.id: s for s in listed if s.id not in live}
+    out = []
+    for m in made:
+        if m.ended_at is not None or m.session_id in live:
+            continue
+        s = ended.get(m.session_id)
+        if s is None:
+            out.append((m.session_id, asked_after))
+        elif not s.requeued_as:
+            out.append((m.session_id, s.end_time.ToNanoseconds() / 1e9))
+    return out
