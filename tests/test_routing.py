@@ -121,10 +121,22 @@ def test_a_burst_of_creates_spreads_once_the_warm_vms_it_was_shown_are_taken():
         best = rank(views, "gpu-p100", "gpu:v160", "us-central1", False, PENALTY_S)[0]
         routed.append((best.cluster, best.how))
         views = [ClusterView(v.name, v.region, v.healthy, v.draining,
-                             {"gpu-p100": taken(v.pools["gpu-p100"], "gpu:v160")}) if v.name == best.cluster else v
+                             {"gpu-p100": taken(v.pools["gpu-p100"], {"gpu:v160": 1})}) if v.name == best.cluster else v
                  for v in views]
     assert sorted(routed[:5]) == [("a", "warm")] * 3 + [("b", "warm")] * 2
     assert routed[5][1] == "cold"  # the sixth finds no warm VM left anywhere
+
+
+def test_creates_held_at_once_take_what_as_many_taken_one_by_one_would():
+    from provisioner.front.clusters import taken
+
+    pool = PoolView({"a": 2, "b": 1, "c": 0}, warm=4, booting=0, assigned=1, queued=0, max_vms=9, cold_start_s=600)
+    one_by_one = pool
+    for image in ["a", "a", "a", "c", "b", "b"]:
+        one_by_one = taken(one_by_one, {image: 1})
+    assert taken(pool, {"a": 3, "c": 1, "b": 2}) == one_by_one
+    assert (one_by_one.warm, one_by_one.assigned, one_by_one.queued) == (0, 5, 2)
+    assert one_by_one.warm_by_image == {"a": 0, "b": 0, "c": 0}
 
 
 def test_a_push_of_changed_pools_only_keeps_the_others_as_they_were():

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
@@ -62,6 +63,7 @@ class ClusterClient:
         self.sessions = cluster_grpc.ClusterServiceStub(traced)
         self.admin = admin_grpc.AdminServiceStub(traced)
         self.capacity: pb.ClusterCapacity | None = None
+        self._pools: dict[str, PoolView] = {}  # the capacity as views, made once per push
         self.healthy = False
         self.updated = asyncio.Event()
         # Pushes are throttled, so a burst of creates would all see the same warm VMs and go to
@@ -88,6 +90,7 @@ class ClusterClient:
                     if resp.abuse_flags and self.on_flags is not None:
                         await self.on_flags([convert.abuse_flag_from_pb(f) for f in resp.abuse_flags])
                     self.capacity, self.healthy = merged(self.capacity, resp), True
+                    self._pools = pool_views(self.capacity)
                     self._pushes += 1
                     self._holds = {k: h for k, h in self._holds.items()
                                    if h.settled_at_push is None or h.settled_at_push >= self._pushes}
@@ -115,15 +118,10 @@ class ClusterClient:
 
     def view(self) -> ClusterView:
         cap = self.capacity
-        pools = {}
-        if cap is not None:
-            for p in cap.pools:
-                pools[p.pool] = PoolView(
-                    warm_by_image={ic.image: ic.count for ic in p.warm_by_image}, warm=p.warm, booting=p.booting,
-                    assigned=p.assigned, queued=p.queued, max_vms=p.max_vms, cold_start_s=p.cold_start_s)
-            for hold in self._holds.values():
-                if pool := pools.get(hold.pool):
-                    pools[hold.pool] = taken(pool, hold.image)
+        held: dict[str, Counter[str]] = {}
+        for hold in self._holds.values():
+            held.setdefault(hold.pool, Counter())[hold.image] += 1
+        pools = {name: taken(pool, held[name]) if name in held else pool for name, pool in self._pools.items()}
         routable = self.healthy and cap is not None and self.breaker.allows(self.clock.now())
         return ClusterView(self.name, self.region, routable, bool(cap and cap.draining), pools)
 
@@ -144,11 +142,21 @@ def merged(known: pb.ClusterCapacity | None, resp: cluster_pb.WatchCapacityRespo
     return out
 
 
-def taken(pool: PoolView, image: str) -> PoolView:
-    """`pool` with one more session assigned, on a warm VM with `image` if one is left."""
+def pool_views(cap: pb.ClusterCapacity) -> dict[str, PoolView]:
+    return {p.pool: PoolView(warm_by_image={ic.image: ic.count for ic in p.warm_by_image}, warm=p.warm,
+                             booting=p.booting, assigned=p.assigned, queued=p.queued, max_vms=p.max_vms,
+                             cold_start_s=p.cold_start_s)
+            for p in cap.pools}
+
+
+def taken(pool: PoolView, images: Mapping[str, int]) -> PoolView:
+    """`pool` with one more session assigned per count of `images`, each on a warm VM with its
+    image while one is left, then on any warm VM, then queued."""
     by_image = dict(pool.warm_by_image)
-    if by_image.get(image, 0) > 0:
-        by_image[image] -= 1
-    if pool.warm > 0:
-        return replace(pool, warm_by_image=by_image, warm=pool.warm - 1, assigned=pool.assigned + 1)
-    return replace(pool, queued=pool.queued + 1)
+    for image, n in images.items():
+        if by_image.get(image, 0) > 0:
+            by_image[image] -= min(n, by_image[image])
+    n = sum(images.values())
+    on_warm = min(n, pool.warm)
+    return replace(pool, warm_by_image=by_image, warm=pool.warm - on_warm, assigned=pool.assigned + on_warm,
+                   queued=pool.queued + n - on_warm)
