@@ -9,7 +9,7 @@ from core_driver import Driver, fleet, make_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioner.decide.assignment import choose_vm, queue_order
+from provisioner.decide.assignment import QueueOrder, choose_vm, queue_order
 from provisioner.errors import FailedPrecondition
 from provisioner.decide.images import LayerCache
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
@@ -94,6 +94,42 @@ def test_queue_order_is_class_then_fair_share_then_age(rows, data):
             if rank[a.id] == rank[b.id]:
                 assert (a.created_at, a.id) <= (b.created_at, b.id), "older first"
     assert queue_order(list(reversed(sessions))) == order
+
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("queue"), st.integers(0, 3), st.sampled_from(SessionKind), st.integers(0, 5)),
+    st.tuples(st.just("hold"), st.integers(0, 3), st.integers(-1, 1)),  # what a user holds changes
+    st.tuples(st.just("leave"), st.integers(0, 30)),  # a session leaves the queue (placed, stopped)
+    st.tuples(st.just("claim"), st.integers(0, 30)),  # a session preempted others: first in the queue
+), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_the_order_kept_between_changes_is_the_order_sorted_whole(steps):
+    """QueueOrder, as the core drives it, always gives queue_order of the queue as it stands, and
+    the index it reports as the first changed leaves every session before it in place."""
+    kept, queue, holding, first = QueueOrder(), [], {}, frozenset()
+    shown = []  # the order as last read
+    for i, step in enumerate(steps):
+        match step:
+            case ("queue", user, kind, t):
+                s = queued(i, user, kind, float(t))
+                queue.append(s)
+                changed = kept.add(s, holding, None, first)
+                order = kept.order(lambda: queue, holding, None, first)
+                if changed is not None:
+                    assert order[:changed] == shown[:changed], "sessions before it stay put"
+            case ("hold", user, delta):
+                holding = {**holding, f"u{user}": max(0, holding.get(f"u{user}", 0) + delta)}
+                kept.stale()
+            case ("leave", n) if queue:
+                queue.remove(queue[n % len(queue)])
+                kept.stale()
+            case ("claim", n) if queue:
+                first = first | {queue[n % len(queue)].id}
+        shown = list(kept.order(lambda: queue, holding, None, first))  # a copy: the kept one changes in place
+        assert shown == queue_order(queue, holding, None, first)
 
 
 # ---- no VM is ever given to two sessions --------------------------------------------------

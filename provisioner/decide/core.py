@@ -206,6 +206,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
                 self._retain(s, s.ended_at or s.history[-1].time)
             elif s.state is S.QUEUED:
                 self.pools[s.pool].queue[s.id] = None
+                self.pools[s.pool].order.stale()
                 self._watch_queue(s, s.history[-1].time)
             elif s.state is S.RUNNING:
                 self._watch_cull(s)

@@ -21,7 +21,7 @@ from provisioner.decide.autoscale import (
     plan_scale,
     standby_target,
 )
-from provisioner.decide.assignment import choose_standby
+from provisioner.decide.assignment import QueueOrder, choose_standby
 from provisioner.decide.commands import Pull
 from provisioner.decide.deadlines import CREATE_ESTIMATE_S
 from provisioner.decide.forecast import Forecast
@@ -68,6 +68,7 @@ class PoolState:
     # Dicts, not sets: iteration follows insertion, so runs are the same in every process.
     vms: dict[str, Vm] = field(default_factory=dict)  # every VM of the pool not yet deleted
     queue: dict[str, None] = field(default_factory=dict)  # queued session ids
+    order: QueueOrder = field(default_factory=QueueOrder)  # the queue's order, kept between changes
     ready: dict[str, Vm] = field(default_factory=dict)  # assignable: warm and healthy
     standby: dict[str, Vm] = field(default_factory=dict)  # stopped, startable
     count: dict[VmState, int] = field(default_factory=lambda: defaultdict(int))  # VMs by state

@@ -117,6 +117,8 @@ class Preemption:
             held[s.spec.user_id] = held.get(s.spec.user_id, 0) + (1 if new in _OCCUPYING else -1)
             if not held[s.spec.user_id]:
                 del held[s.spec.user_id]
+            if pool := self.pools.get(s.pool):
+                pool.order.stale()  # the user's queued sessions move
         if (old in _HOLDING) != (new in _HOLDING):
             klass = self.priority.classes.get(s.priority_class)
             if klass is not None and klass.preemptible:

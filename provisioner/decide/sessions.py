@@ -9,7 +9,7 @@ import heapq
 from collections import defaultdict
 from typing import Mapping
 
-from provisioner.decide.assignment import choose_standby, choose_vm, queue_order
+from provisioner.decide.assignment import choose_standby, choose_vm
 from provisioner.decide.autoscale import queued_demand
 from provisioner.decide.commands import Pull
 from provisioner.decide.pools import PoolState
@@ -97,7 +97,7 @@ class Sessions:
             return s
         reason = reason or "stopped by the user"
         if s.state is S.QUEUED:
-            del self.pools[s.pool].queue[s.id]
+            self._dequeue(s)
             self._end(s, S.STOPPED, reason, now)
             self._renumber_queue(self.pools[s.pool], now)
         elif s.state is S.PROVISIONING:
@@ -237,8 +237,14 @@ class Sessions:
         s.vm_id = ""
         s.estimated_ready_at = now + self._cold_start_s(s.image)
         self._set_session(s, S.QUEUED, reason, now)
-        self._renumber_queue(pool, now)
+        at = pool.order.add(s, self._holding(pool), self._ranks, self._first(pool))
+        self._renumber_queue(pool, now, since=at or 0)
         self._watch_queue(s, now)
+
+    def _dequeue(self, s: Session) -> None:
+        pool = self.pools[s.pool]
+        del pool.queue[s.id]
+        pool.order.stale()
 
     def _watch_queue(self, s: Session, since: float) -> None:
         if timeout := self.sessions_config.queue_timeout_s:
@@ -253,15 +259,17 @@ class Sessions:
             # Queued again since this entry was made: a later entry stands for it.
             if s is None or s.state is not S.QUEUED or s.history[-1].time + timeout > now:
                 continue
-            pool = self.pools[s.pool]
-            del pool.queue[s.id]
+            self._dequeue(s)
             self._end(s, S.FAILED, f"waited {_minutes(timeout)} in the queue without getting a VM", now)
-            self._renumber_queue(pool, now)
+            self._renumber_queue(self.pools[s.pool], now)
 
-    def _renumber_queue(self, pool: PoolState, now: float) -> None:
-        for pos, s in enumerate(self._queue_order(pool), start=1):
-            if s.queue_position != pos:
-                s.queue_position = pos
+    def _renumber_queue(self, pool: PoolState, now: float, since: int = 0) -> None:
+        """Sets the positions of the queue's sessions from index `since` on (those before kept theirs)."""
+        order = self._queue_order(pool)
+        for pos in range(since, len(order)):
+            s = order[pos]
+            if s.queue_position != pos + 1:
+                s.queue_position = pos + 1
                 self._session_changed(s)
 
     def _holding(self, pool: PoolState) -> dict[str, int]:
@@ -280,8 +288,11 @@ class Sessions:
         return "waiting for capacity: the pool is at its maximum or stocked out"
 
     def _queue_order(self, pool: PoolState) -> list[Session]:
-        return queue_order([self.sessions[i] for i in pool.queue], self._holding(pool), self._ranks,
-                           self._claimants(pool.config.name) if self._claims else frozenset())
+        return pool.order.order(lambda: [self.sessions[i] for i in pool.queue], self._holding(pool), self._ranks,
+                                self._first(pool))
+
+    def _first(self, pool: PoolState) -> frozenset[str]:
+        return self._claimants(pool.config.name) if self._claims else frozenset()
 
     def _queued_demand(self, pool: PoolState) -> int:
         """The queued sessions the autoscaler grows the pool for: with a per-user ceiling, a user's
@@ -297,13 +308,16 @@ class Sessions:
     def _dispatch_queue(self, pool: PoolState, now: float) -> None:
         if not pool.queue:
             return
-        for s in self._queue_order(pool):
+        placed = False
+        for s in list(self._queue_order(pool)):  # a copy: placing one may change the order kept
             if not self._place(s, now):
                 if self._at_user_ceiling(pool, s):
                     continue  # its user's ceiling holds it, not the pool: the next may go
                 break
-            del pool.queue[s.id]
-        self._renumber_queue(pool, now)
+            self._dequeue(s)
+            placed = True
+        if placed:
+            self._renumber_queue(pool, now)
 
     # ---- culling -------------------------------------------------------------------------
 

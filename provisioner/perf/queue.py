@@ -1,0 +1,62 @@
+"""What queueing costs the cluster's core: a burst of creates behind a pool that has no VM to give.
+
+    python -m provisioner.perf.queue [--creates 10000] [--users 200]
+
+Feeds one shipped cluster's core (its gpu-p100 pool held at one VM) `--creates` session
+requests from `--users` users in turn, a hundredth of a model second apart, as its service
+would, and prints the core's time per create for each thousand (each one queued behind the
+last), and the number of sessions whose queue position changed. Commands are not carried out:
+this is the core's cost alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from provisioner.config import load_fleet
+from provisioner.decide import events as ev
+from provisioner.decide.core import ClusterCore
+from provisioner.decide.ids import IdSource
+from provisioner.model import SessionSpec
+
+CLUSTER, POOL = "us-central1", "gpu-p100"
+BLOCK = 1000
+
+
+def core() -> ClusterCore:
+    fleet = load_fleet()
+    c = fleet.cluster(CLUSTER)
+    pool = c.pool(POOL).model_copy(update={"autoscaler": "fixed", "min_vms": 1, "max_vms": 1, "standby": False})
+    c = c.model_copy(update={"pools": (pool,)})
+    return ClusterCore(c, fleet.catalog, fleet.settings.sessions, IdSource(c.name, 0), priority=fleet.settings.priority,
+                       abuse=fleet.settings.abuse)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--creates", type=int, default=10_000)
+    parser.add_argument("--users", type=int, default=200)
+    args = parser.parse_args(argv)
+    if args.creates < 1 or args.users < 1:
+        parser.error("--creates and --users must be at least 1")
+    c = core()
+    image = c.catalog.latest
+    print(f"{'queued':>8}  {'ms per create':>13}  {'positions changed per create':>28}", flush=True)
+    now, block_start, moved = 1000.0, time.perf_counter(), 0
+    for i in range(1, args.creates + 1):
+        now += 0.01
+        spec = SessionSpec(request_id=f"burst-{i}", user_id=f"user-{i % args.users}", accelerator=POOL, image=image)
+        step = c.handle(ev.SessionRequested(now, spec))
+        moved += len(step.sessions) - 1  # the new session, and those whose position it changed
+        if i % BLOCK == 0 or i == args.creates:
+            n = BLOCK if i % BLOCK == 0 else i % BLOCK
+            print(f"{len(c.pools[POOL].queue):>8}  {1000 * (time.perf_counter() - block_start) / n:>13.3f}  "
+                  f"{moved / n:>28.1f}", flush=True)
+            block_start, moved = time.perf_counter(), 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
