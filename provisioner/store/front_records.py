@@ -108,22 +108,31 @@ class FrontRecords:
 
     def admission(self, request_id: str, since: float) -> Admission:
         """What a create's quota check knows of the user of request key `request_id` from the store
-        alone. Read in this order, so that a placement recorded after the version was read moves
-        the version on (its create then checks again), and one recorded before shows as under way
-        or, by the time its record is read, as made (then it counts twice, never not at all)."""
+        alone, in one statement (one snapshot, one round trip). A placement recorded after it
+        moves the version on, so its create checks again; one recorded before shows as under way,
+        or as made once its record is written."""
         user_id = split_request_key(request_id)[0]
-        version = self._rows("SELECT version FROM user_admissions WHERE user_id = ?", (user_id,))
-        placing = self._rows(
-            f"SELECT DISTINCT request_id FROM front_attempts a WHERE user_id = ? AND outcome IN ({_marks(STICKY)}) "
-            "AND request_id <> ? AND NOT EXISTS (SELECT 1 FROM front_requests r WHERE r.request_id = a.request_id)",
-            (user_id, *_values(STICKY), request_id))
-        answer = self._rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
-        made = self._rows("SELECT request_id, session_id, cluster, created_at, ended_at FROM front_requests "
-                          "WHERE user_id = ? AND (ended_at IS NULL OR ended_at >= ?) AND request_id <> ?",
-                          (user_id, since, request_id))
-        return Admission(version=version[0][0] if version else 0, answer=answer[0][0] if answer else None,
-                         placing=frozenset(split_request_key(k)[1] for k, in placing),
-                         made=[Made(split_request_key(k)[1], sid, c, at, end) for k, sid, c, at, end in made])
+        # The branch with every column typed comes first: PostgreSQL types a UNION's columns from it.
+        rows = self._rows(
+            "SELECT 'made', request_id, session_id, cluster, created_at, ended_at FROM front_requests "
+            "WHERE user_id = ? AND (ended_at IS NULL OR ended_at >= ?) AND request_id <> ? "
+            "UNION ALL SELECT 'version', NULL, NULL, NULL, version, NULL FROM user_admissions WHERE user_id = ? "
+            "UNION ALL SELECT 'placing', request_id, NULL, NULL, NULL, NULL FROM front_attempts a "
+            f"WHERE user_id = ? AND outcome IN ({_marks(STICKY)}) AND request_id <> ? "
+            "AND NOT EXISTS (SELECT 1 FROM front_requests r WHERE r.request_id = a.request_id) "
+            "UNION ALL SELECT 'answer', session_id, NULL, NULL, NULL, NULL FROM front_requests WHERE request_id = ?",
+            (user_id, since, request_id, user_id, user_id, *_values(STICKY), request_id, request_id))
+        version, answer, placing, made = 0, None, set(), []
+        for kind, key_or_id, session_id, cluster, number, ended_at in rows:
+            if kind == "version":
+                version = int(number)
+            elif kind == "placing":
+                placing.add(split_request_key(key_or_id)[1])
+            elif kind == "answer":
+                answer = key_or_id
+            else:
+                made.append(Made(split_request_key(key_or_id)[1], session_id, cluster, number, ended_at))
+        return Admission(version, answer, frozenset(placing), made)
 
     def mark_ended(self, ended: list[tuple[str, str, float]]) -> None:
         """Records that sessions a check saw (request key, session id, ended by) have ended."""
