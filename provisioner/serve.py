@@ -96,9 +96,9 @@ class ClusterProcess:
     def address(self) -> str:
         return self.server.address
 
-    async def stop(self, grace_s: float = 5.0) -> None:
+    async def stop(self, grace_s: float = 5.0, settle_s: float = 0.0) -> None:
         self.watchdog.cancel()
-        await self.server.stop(grace_s)
+        await self.server.stop(grace_s, settle_s)
         await self.runtime.close()
         self.store.close()
         self.lease.release()
@@ -201,8 +201,8 @@ class FrontProcess:
     def address(self) -> str:
         return self.server.address
 
-    async def stop(self, grace_s: float = 5.0) -> None:
-        await self.server.stop(grace_s)
+    async def stop(self, grace_s: float = 5.0, settle_s: float = 0.0) -> None:
+        await self.server.stop(grace_s, settle_s)
         self.resolver.cancel()
         self.budgets.cancel()
         await asyncio.gather(self.resolver, self.budgets, return_exceptions=True)

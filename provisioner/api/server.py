@@ -59,12 +59,16 @@ class Server:
         await self.server.start()
         await self._set_serving(health_pb2.HealthCheckResponse.SERVING)
 
-    async def stop(self, grace_s: float = 10.0) -> None:
-        """Reports NOT_SERVING, ends open streams (watchers reconnect elsewhere or later), refuses
-        new RPCs, and gives in-flight unary ones `grace_s` to finish."""
+    async def stop(self, grace_s: float = 10.0, settle_s: float = 0.0) -> None:
+        """Reports NOT_SERVING, ends open streams (watchers reconnect elsewhere or later), still
+        serves for `settle_s` (calls already on their way are taken, not refused: a signal can be
+        handled before the calls that arrived with it), then refuses new RPCs and gives in-flight
+        unary ones `grace_s` to finish."""
         await self._set_serving(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.on_drain is not None:
             self.on_drain()
+        if settle_s > 0:
+            await asyncio.sleep(settle_s)
         await self.server.stop(grace_s)
 
     async def _set_serving(self, status) -> None:

@@ -12,6 +12,10 @@ DEFAULT_DATA_DIR = ".data"
 # The local fleet runs model time 30x faster than the wall: a 90 s boot takes 3 s and a full
 # 10-minute image pull 20 s, so a demo never waits minutes (idle culling after 2 real minutes).
 UP_TIME_SCALE = 30.0
+# After SIGTERM, a server reports NOT_SERVING and ends its streams, then still takes calls for
+# this long (wall time) before it refuses new ones: calls that arrived with the signal, or were
+# sent before the senders heard of the drain, are served instead of refused.
+DRAIN_SETTLE_S = 0.5
 CLUSTERS_HELP = ("fleet config directory (default: $PROVISIONER_CLUSTERS, else /etc/provisioner, else a source "
                  "checkout's clusters/)")
 
@@ -330,7 +334,7 @@ def cmd_serve_cluster(args) -> int:
         freeze_startup_heap()
 
         async def stop() -> None:
-            await proc.stop()
+            await proc.stop(settle_s=DRAIN_SETTLE_S)
             await edge.close()
         return stop
 
@@ -361,7 +365,7 @@ def cmd_serve_front(args) -> int:
         freeze_startup_heap()
 
         async def stop() -> None:
-            await proc.stop()
+            await proc.stop(settle_s=DRAIN_SETTLE_S)
             await edge.close()
         return stop
 
