@@ -26,6 +26,7 @@ from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import ClusterConfig, FleetConfig
 from provisioner.front import blocks
+from provisioner.gc_freeze import LongLivedFreezer
 from provisioner.front import service as front_service
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
@@ -54,12 +55,15 @@ CLUSTER_POLICY = auth.with_cluster_service(
 log = logging.getLogger(__name__)
 
 
-def freeze_startup_heap() -> None:
+def freeze_startup_heap() -> LongLivedFreezer:
     """Called once a process has started (config, catalog, restored sessions and VMs, servers):
     what is alive now lives as long as the process, so it leaves the collector's generations
-    and full collections stop walking it again and again."""
+    and full collections stop walking it again and again. What accumulates later (a warming
+    pool's VMs, sessions) follows it after a full collection that found it all alive
+    (provisioner/gc_freeze.py), until the freezer returned is exited."""
     gc.collect()
     gc.freeze()
+    return LongLivedFreezer().start()
 
 
 def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None,

@@ -272,11 +272,12 @@ def cmd_up(args) -> int:
         if exporter == "file":
             print(f"traces    {data_dir}/traces.jsonl   (provisioner trace SESSION_ID)")
         print(f"time      x{args.time_scale:g} (model seconds per wall second)")
-        freeze_startup_heap()
+        freezing = freeze_startup_heap()
         # In the background, so that a signal during warm-up stops the fleet at once.
         asyncio.get_running_loop().create_task(_wait_warm(local))
 
         async def stop() -> None:
+            freezing.close()
             await local.stop()
             await edge.close()
         return stop
@@ -331,9 +332,10 @@ def cmd_serve_cluster(args) -> int:
                                    database_url=args.database_url, tls_files=tls_files, metrics=edge.metrics,
                                    health_port=edge.health_port)
         print(f"cluster {args.name} listening on {proc.address}", flush=True)
-        freeze_startup_heap()
+        freezing = freeze_startup_heap()
 
         async def stop() -> None:
+            freezing.close()
             await proc.stop(settle_s=DRAIN_SETTLE_S)
             await edge.close()
         return stop
@@ -362,9 +364,10 @@ def cmd_serve_front(args) -> int:
                                  plaintext=args.plaintext, plaintext_anywhere=args.plaintext_anywhere,
                                  metrics=edge.metrics, health_port=edge.health_port)
         print(f"front listening on {proc.address}", flush=True)
-        freeze_startup_heap()
+        freezing = freeze_startup_heap()
 
         async def stop() -> None:
+            freezing.close()
             await proc.stop(settle_s=DRAIN_SETTLE_S)
             await edge.close()
         return stop
