@@ -10,54 +10,53 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from conftest import warm_fleet
 from provisioner.api import convert
-from provisioner.front.admission import ends_seen, surely_within
+from provisioner.front.admission import LIST_AFTER, ends_seen, surely_within
 from provisioner.store.front_records import Admission, Made
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
 from test_quota import refused, with_quotas
 
 HOUR = 3600.0
-WEEK = (0.0, 7 * 24 * HOUR)
-NOW = 50 * HOUR
 
 
-def admission(*made: Made, placing=()) -> Admission:
-    return Admission(version=3, answer=None, placing=frozenset(placing), made=list(made))
-
-
-def made(sid: str, at: float, ended: float | None = None) -> Made:
-    return Made(f"r-{sid}", sid, "us", at, ended)
+def admission(live: int = 0, live_h: float = 0.0, ended_h: float = 0.0, placing=()) -> Admission:
+    return Admission(version=3, answer=None, placing=frozenset(placing), live=live, live_s=live_h * HOUR,
+                     ended_s=ended_h * HOUR)
 
 
 def within(a: Admission, limit_h: float = 100.0, cap: int = 3, gpus: float = 2.0) -> bool:
-    return surely_within(a, NOW, WEEK, limit_h * HOUR, cap, 60.0, gpus)
+    return surely_within(a, limit_h * HOUR, cap, 60.0, gpus)
 
 
 def test_a_user_well_within_quota_passes_from_the_store():
     assert within(admission())
-    assert within(admission(made("a", NOW - HOUR), made("b", NOW - 2 * HOUR, ended=NOW - HOUR)))
+    assert within(admission(live=2, live_h=1.0, ended_h=1.0))
 
 
 def test_every_session_not_seen_to_end_counts_live_whatever_its_kind():
-    assert within(admission(made("a", NOW - 1), made("b", NOW - 1)), cap=3)
-    assert not within(admission(made("a", NOW - 1), made("b", NOW - 1), made("c", NOW - 1)), cap=3)
-    # Seen to end: no longer live.
-    assert within(admission(made("a", NOW - 9), made("b", NOW - 9), made("c", NOW - 9, ended=NOW - 1)), cap=3)
+    assert within(admission(live=2), cap=3)
+    assert not within(admission(live=3), cap=3)
+
+
+def test_many_sessions_not_seen_to_end_send_the_check_to_the_clusters_to_see_them_end():
+    assert within(admission(live=LIST_AFTER - 1), cap=10**9)
+    assert not within(admission(live=LIST_AFTER), cap=10**9)
 
 
 def test_a_placement_under_way_elsewhere_sends_the_check_to_the_clusters():
     assert not within(admission(placing={"r-other"}))
 
 
-def test_sessions_are_assumed_to_have_run_since_they_were_made_on_the_largest_gpus():
-    # 2 GPUs x 24 h made a day ago and not seen to end: 48 of 50 GPU hours, less than a minute left.
-    day_old = made("a", NOW - 24 * HOUR)
-    assert within(admission(day_old), limit_h=48.1)
-    assert not within(admission(day_old), limit_h=48.0)
-    # Seen to end after 1 h: 2 GPU hours.
-    assert within(admission(made("a", NOW - 24 * HOUR, ended=NOW - 23 * HOUR)), limit_h=2.1)
-    # Only this week counts: made before it began, it counts from the week's start.
-    assert within(admission(made("a", -100 * HOUR, ended=HOUR)), limit_h=2.1)
+def test_the_time_made_sessions_may_have_run_counts_on_the_largest_gpus():
+    # 2 GPUs x 24 h: 48 of the budget's GPU hours; a session needs a minute more to start.
+    assert within(admission(live=1, live_h=24.0), limit_h=48.1)
+    assert not within(admission(live=1, live_h=24.0), limit_h=48.0)
+    assert not within(admission(ended_h=24.0), limit_h=48.0)
+    assert within(admission(live=1, live_h=12.0, ended_h=12.0), limit_h=48.1)
+
+
+def made(sid: str) -> Made:
+    return Made(f"r-{sid}", sid, "us", 1.0)
 
 
 def session(sid: str, request: str = "", ended: float = 0.0, requeued_as: str = "") -> pb.Session:
@@ -68,14 +67,14 @@ def session(sid: str, request: str = "", ended: float = 0.0, requeued_as: str = 
 
 
 def test_a_list_shows_which_made_sessions_ended_and_by_when():
-    mine = [made("live", 1.0), made("gone", 1.0), made("just", 1.0), made("known", 1.0, ended=5.0)]
+    mine = [made("live"), made("gone"), made("just")]
     listed = [session("live"), session("just", ended=40.0)]
     # Not listed and not live: it ended before what the list asked for (30).
     assert sorted(ends_seen(mine, listed, asked_after=30.0)) == [("gone", 30.0), ("just", 40.0)]
 
 
 def test_no_end_is_recorded_while_a_requeued_session_runs_in_place_of_a_made_one():
-    mine = [made("preempted", 1.0)]
+    mine = [made("preempted")]
     assert ends_seen(mine, [session("preempted", ended=40.0, requeued_as="us.s-2")], 30.0) == []
     assert ends_seen(mine, [session("us.s-2", request="requeue-preempted")], 30.0) == []
     # Once the requeued one ended too, nothing runs in its place.

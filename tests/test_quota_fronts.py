@@ -35,31 +35,35 @@ def stores(store_url, tmp_path):
 
 def test_an_attempt_is_recorded_only_if_the_users_admission_is_unchanged(stores):
     a, b = stores
-    seen_by_a = a.admission("u/r-a", WEEK)
-    seen_by_b = b.admission("u/r-b", WEEK)
+    seen_by_a = a.admission("u/r-a", WEEK, NOW)
+    seen_by_b = b.admission("u/r-b", WEEK, NOW)
     assert seen_by_a.version == seen_by_b.version == 0
     assert b.note_attempt("u/r-b", "c1", NOW, admitted=seen_by_b.version) is Attempt.PENDING
     assert a.note_attempt("u/r-a", "c1", NOW, admitted=seen_by_a.version) is None  # b's came first
     assert a.open_attempts("u/r-a") == []  # nothing written for the create that must check again
-    again = a.admission("u/r-a", WEEK)
+    again = a.admission("u/r-a", WEEK, NOW)
     assert again.version == 1 and again.placing == {"r-b"}  # b's create counts while it is placed
     assert a.note_attempt("u/r-a", "c1", NOW, admitted=again.version) is Attempt.PENDING
     assert a.note_attempt("other/r", "c1", NOW, admitted=0) is Attempt.PENDING  # users are apart
     # Once made, b's session is one of the user's sessions, no longer a placement under way.
-    b.remember_request("u/r-b", "c1.s-b", "c1", NOW)
-    seen = a.admission("u/r-a", WEEK)
-    assert seen.placing == set() and [(m.request_id, m.session_id, m.ended_at) for m in seen.made] == [
-        ("r-b", "c1.s-b", None)]
-    assert b.admission("u/r-b", WEEK).answer == "c1.s-b"
+    b.remember_request("u/r-b", "c1.s-b", "c1", NOW - 10)
+    seen = a.admission("u/r-a", WEEK, NOW)
+    assert seen.placing == set() and (seen.live, seen.live_s) == (1, 10.0)
+    assert [(m.request_id, m.session_id) for m in a.made_not_seen_ended("u")] == [("r-b", "c1.s-b")]
+    assert b.admission("u/r-b", WEEK, NOW).answer == "c1.s-b"
 
 
-def test_sessions_seen_to_end_before_the_week_leave_the_admission(stores):
+def test_the_admission_sums_up_the_weeks_sessions_made(stores):
     a, _ = stores
-    for i, made_at in enumerate([WEEK - 100, WEEK - 50, WEEK + 10]):
+    for i, made_at in enumerate([WEEK - 100, WEEK - 50, WEEK + 10, NOW - 30, NOW + 5]):
         a.remember_request(f"u/r{i}", f"c1.s{i}", "c1", made_at)
     a.mark_ended([("u/r0", "c1.s0", WEEK - 1), ("u/r1", "c1.s1", WEEK + 5), ("u/r2", "c1.s-not-its", WEEK + 20)])
-    made = {m.session_id: m.ended_at for m in a.admission("u/r-new", WEEK).made}
-    assert made == {"c1.s1": WEEK + 5, "c1.s2": None}  # s0 ended before the week; s2's row names another session
+    seen = a.admission("u/r-new", WEEK, NOW)
+    # s0 ended before the week: nothing. s1 ran in the week from its start to its end: 5 s. Not
+    # seen to end: s2 since made, s3 for 30 s, s4 (made "after now": a clock ahead) for none.
+    assert seen.live == 3
+    assert seen.ended_s == 5.0 and seen.live_s == (NOW - (WEEK + 10)) + 30.0
+    assert {m.session_id for m in a.made_not_seen_ended("u")} == {"c1.s2", "c1.s3", "c1.s4"}
 
 
 def test_one_admission_among_threads(store_url, tmp_path):
@@ -79,7 +83,7 @@ def test_one_admission_among_threads(store_url, tmp_path):
     for t in threads:
         t.join()
     assert len(won) == 1
-    assert stores[0].admission("u/r-next", WEEK).placing == {f"r{won[0]}"}
+    assert stores[0].admission("u/r-next", WEEK, NOW).placing == {f"r{won[0]}"}
     for s in stores:
         s.close()
 
@@ -96,8 +100,8 @@ def test_requests_recorded_before_they_carried_their_user_get_it(tmp_path):
     db.close()
     store = open_store(None, path)
     try:
-        seen = store.admission("u/r3", 0.0)
-        assert [m.session_id for m in seen.made] == ["c1.s1"] and seen.placing == {"r2"}
+        seen = store.admission("u/r3", 0.0, 10.0)
+        assert (seen.live, seen.live_s) == (1, 9.0) and seen.placing == {"r2"}
     finally:
         store.close()
 

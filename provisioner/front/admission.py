@@ -2,11 +2,12 @@
 
 The store holds every session the fronts made for a user (a request's answer), when it was made,
 and, once a check has listed it ended, by when it had ended; and the user's placements whose
-outcome is not known yet. From these, an upper bound of the user's live sessions and of the GPU
-time they used this week: a session not seen to end is assumed live and running since it was made,
-on the largest GPU weight of the fleet. When the bound passes the check, the real count would
-too, and the create asks no cluster. Only a user near a cap, or with a placement under way, costs
-a check the clusters' lists; that check then records the ends it saw, which keeps the bound close.
+outcome is not known yet. From these, summed up by the store, an upper bound of the user's live
+sessions and of the GPU time they used this week: a session not seen to end is assumed live and
+running since it was made, on the largest GPU weight of the fleet. When the bound passes the
+check, the real count would too, and the create asks no cluster. Only a user near a cap, with a
+placement under way, or with many sessions not seen to end costs a check the clusters' lists;
+that check then records the ends it saw, which keeps the bound close.
 
 A session the fronts did not make is one a cluster requeued after a preemption: it runs in place of
 the preempted one, whose record is therefore not marked ended while a requeued session of the user
@@ -20,21 +21,21 @@ from provisioner.store.front_records import Admission, Made
 REQUEUED_PREFIX = "requeue-"  # the request id of a session a cluster requeued (decide/preemption.py)
 
 
-def surely_within(a: Admission, now: float, week: tuple[float, float], limit_s: float, max_active: int,
-                  min_budget_s: float, max_gpus: float) -> bool:
+# A check lists anyway once this many of the user's sessions are not seen to end, to see them
+# end: otherwise a user far from every limit would never be listed, and the sessions not seen to
+# end would only grow.
+LIST_AFTER = 16
+
+
+def surely_within(a: Admission, limit_s: float, max_active: int, min_budget_s: float, max_gpus: float) -> bool:
     """Whether one more session passes the quota check whatever the clusters would list: every
     session not seen to end counted live (of the kind asked for, whatever its kind), and as having
-    run since it was made."""
+    run since it was made on `max_gpus`."""
     if a.placing:  # another create of the user under way: its size is unknown here
         return False
-    live = sum(1 for m in a.made if m.ended_at is None)
-    if live + 1 > max_active:
+    if a.live + 1 > max_active or a.live >= LIST_AFTER:
         return False
-    used = 0.0
-    for m in a.made:
-        end = now if m.ended_at is None else min(m.ended_at, now)
-        used += max(0.0, min(end, week[1]) - max(m.created_at, week[0])) * max_gpus
-    return limit_s - used >= min_budget_s
+    return limit_s - (a.live_s + a.ended_s) * max_gpus >= min_budget_s
 
 
 def ends_seen(made: list[Made], listed: list, asked_after: float) -> list[tuple[str, float]]:
@@ -47,7 +48,7 @@ def ends_seen(made: list[Made], listed: list, asked_after: float) -> list[tuple[
     ended = {s.id: s for s in listed if s.id not in live}
     out = []
     for m in made:
-        if m.ended_at is not None or m.session_id in live:
+        if m.session_id in live:
             continue
         s = ended.get(m.session_id)
         if s is None:

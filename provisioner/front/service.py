@@ -141,7 +141,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         async with self._one_user(spec.user_id), self.placement.exclusive(spec.key):
             for _ in range(ADMISSION_TRIES):
                 q = await self.quotas(spec.user_id)
-                stored = await self.store.read(self.store.admission, spec.key, self._week_start(q))
+                stored = await self.store.read(self.store.admission, spec.key, self._week_start(q), self.clock.now())
                 if known := stored.answer:
                     span.add_event("duplicate request", {"session.id": known})
                     resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
@@ -249,8 +249,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         sessions = await _from_each([c for c in self.fleet.clients.values() if c.healthy], one, user_id, lenient)
         ended = [row for c in self.fleet.clients for row in seen.rows(user_id, c, week_start)]
         # A cluster no longer in the fleet is not listed, and its sessions are not counted.
-        gone = [(m.session_id, self.clock.now()) for m in made or () if m.cluster not in self.fleet.clients
-                and m.ended_at is None]
+        gone = [(m.session_id, self.clock.now()) for m in made or () if m.cluster not in self.fleet.clients]
         if ended_made or gone:
             self._note_ends(user_id, ended_made + gone, made)
         return sessions, ended
@@ -281,12 +280,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         store alone when it proves the create within quota (front/admission.py), else from what
         the clusters list, with the user's placements under way elsewhere counted as live."""
         now, span = self.clock.now(), trace.get_current_span()
-        week = quota.week_window(now, q.reset_weekday, q.reset_hour_utc)
-        if admission.surely_within(a, now, week, q.gpu_hours_per_week * 3600, q.max_active(kind),
-                                   q.min_budget_to_start_s, self.max_gpus):
+        if admission.surely_within(a, q.gpu_hours_per_week * 3600, q.max_active(kind), q.min_budget_to_start_s,
+                                   self.max_gpus):
             span.add_event("quota: within, from the store")
             return
-        sessions, ended = await self._week(user_id, q, made=a.made)
+        made = await self.store.read(self.store.made_not_seen_ended, user_id)
+        sessions, ended = await self._week(user_id, q, made=[m for m in made if m.request_id != request_id])
         # A session already made for this very request (its answer lost) is this create's own,
         # not one more: a retry must find it, never be refused for it.
         sessions = [s for s in sessions if s.spec.request_id != request_id]

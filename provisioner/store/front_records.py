@@ -106,33 +106,49 @@ class FrontRecords:
 
     # ---- quotas: what a create's check reads of the user, operator overrides ----------------
 
-    def admission(self, request_id: str, since: float) -> Admission:
+    def admission(self, request_id: str, since: float, now: float) -> Admission:
         """What a create's quota check knows of the user of request key `request_id` from the store
-        alone, in one statement (one snapshot, one round trip). A placement recorded after it
-        moves the version on, so its create checks again; one recorded before shows as under way,
-        or as made once its record is written."""
+        alone, in one statement (one snapshot, one round trip), whatever the user's history: the
+        sessions made are summed up in the database (`since`: the week's start). A placement
+        recorded after it moves the version on, so its create checks again; one recorded before
+        shows as under way, or as made once its record is written."""
         user_id = split_request_key(request_id)[0]
+
+        def within(column: str) -> tuple[str, list[float]]:  # the column's time, held to [since, now]
+            return f"CASE WHEN {column} > ? THEN ? WHEN {column} < ? THEN ? ELSE {column} END", [now, now, since, since]
+
+        made_at, made_args = within("created_at")
+        ended_at, ended_args = within("ended_at")
         # The branch with every column typed comes first: PostgreSQL types a UNION's columns from it.
         rows = self._rows(
-            "SELECT 'made', request_id, session_id, cluster, created_at, ended_at FROM front_requests "
-            "WHERE user_id = ? AND (ended_at IS NULL OR ended_at >= ?) AND request_id <> ? "
-            "UNION ALL SELECT 'version', NULL, NULL, NULL, version, NULL FROM user_admissions WHERE user_id = ? "
-            "UNION ALL SELECT 'placing', request_id, NULL, NULL, NULL, NULL FROM front_attempts a "
+            "SELECT 'made', '', CAST(SUM(CASE WHEN ended_at IS NULL THEN 1 ELSE 0 END) AS DOUBLE PRECISION), "
+            f"CAST(SUM(CASE WHEN ended_at IS NULL THEN ? - {made_at} ELSE 0 END) AS DOUBLE PRECISION), "
+            f"CAST(SUM(CASE WHEN ended_at IS NULL THEN 0 ELSE {ended_at} - {made_at} END) AS DOUBLE PRECISION) "
+            "FROM front_requests WHERE user_id = ? AND (ended_at IS NULL OR ended_at >= ?) AND request_id <> ? "
+            "UNION ALL SELECT 'version', NULL, version, NULL, NULL FROM user_admissions WHERE user_id = ? "
+            "UNION ALL SELECT 'placing', request_id, NULL, NULL, NULL FROM front_attempts a "
             f"WHERE user_id = ? AND outcome IN ({_marks(STICKY)}) AND request_id <> ? "
             "AND NOT EXISTS (SELECT 1 FROM front_requests r WHERE r.request_id = a.request_id) "
-            "UNION ALL SELECT 'answer', session_id, NULL, NULL, NULL, NULL FROM front_requests WHERE request_id = ?",
-            (user_id, since, request_id, user_id, user_id, *_values(STICKY), request_id, request_id))
-        version, answer, placing, made = 0, None, set(), []
-        for kind, key_or_id, session_id, cluster, number, ended_at in rows:
-            if kind == "version":
-                version = int(number)
+            "UNION ALL SELECT 'answer', session_id, NULL, NULL, NULL FROM front_requests WHERE request_id = ?",
+            (now, *made_args, *ended_args, *made_args, user_id, since, request_id,
+             user_id, user_id, *_values(STICKY), request_id, request_id))
+        version, answer, placing, live, live_s, ended_s = 0, None, set(), 0, 0.0, 0.0
+        for kind, text, a, b, c in rows:
+            if kind == "made":
+                live, live_s, ended_s = int(a or 0), b or 0.0, c or 0.0
+            elif kind == "version":
+                version = int(a)
             elif kind == "placing":
-                placing.add(split_request_key(key_or_id)[1])
-            elif kind == "answer":
-                answer = key_or_id
+                placing.add(split_request_key(text)[1])
             else:
-                made.append(Made(split_request_key(key_or_id)[1], session_id, cluster, number, ended_at))
-        return Admission(version, answer, frozenset(placing), made)
+                answer = text
+        return Admission(version, answer, frozenset(placing), live, live_s, ended_s)
+
+    def made_not_seen_ended(self, user_id: str) -> list[Made]:
+        """The sessions made for the user that no check has seen end yet."""
+        return [Made(split_request_key(k)[1], sid, c, at) for k, sid, c, at in self._rows(
+            "SELECT request_id, session_id, cluster, created_at FROM front_requests WHERE user_id = ? AND ended_at IS NULL",
+            (user_id,))]
 
     def mark_ended(self, ended: list[tuple[str, str, float]]) -> None:
         """Records that sessions a check saw (request key, session id, ended by) have ended."""
@@ -169,12 +185,11 @@ class FrontRecords:
 
 @dataclass(frozen=True, slots=True)
 class Made:
-    """A session a front made for one of the user's requests."""
+    """A session a front made for one of the user's requests, not seen to end yet."""
     request_id: str
     session_id: str
     cluster: str
     created_at: float
-    ended_at: float | None  # by when it had ended, once a check saw it ended; None: not seen to
 
 
 @dataclass(frozen=True)
@@ -182,7 +197,9 @@ class Admission:
     version: int  # the user's attempts recorded so far: a create records its own only if unchanged
     answer: str | None  # the session already made for this very request
     placing: frozenset[str]  # request ids of the user's other placements whose outcome is unknown yet
-    made: list[Made]  # the user's other sessions not seen to end, or seen to end at or after `since`
+    live: int  # the user's other sessions made and not seen to end
+    live_s: float  # their time since made (or since the week began), up to now
+    ended_s: float  # the time within the week of those seen to end in it, from made to end
 
 
 def _edges(event: Event, column: str = "outcome", edges: dict | None = None) -> tuple[str, list[str]]:
