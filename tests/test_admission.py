@@ -106,3 +106,4 @@ async def test_creates_within_quota_ask_no_cluster_and_a_check_that_listed_teach
         await fleet.create(user_id="ada", request_id="5")  # 3 and 4, plus this one
         await refused(fleet, user_id="ada", request_id="6")  # at the cap: the lists say so
         assert quota_checks(exporter) == ["store", "store", "store", "listed", "store", "listed"]
+

@@ -9,13 +9,16 @@ from provisioner.v1 import admin_service_pb2 as admin_pb
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
+# A cluster's List, which only fronts call: a front's sweep of every running session of the
+# fleet would otherwise take a page (and a filtering of every session in memory) per 500.
+MAX_CLUSTER_PAGE_SIZE = 5000
 
 
-def page(items: list, page_size: int, page_token: str) -> tuple[list, str]:
+def page(items: list, page_size: int, page_token: str, max_size: int = MAX_PAGE_SIZE) -> tuple[list, str]:
     """Offset pagination over an already ordered list; the token is the next offset."""
     if page_size < 0:
         raise InvalidArgument("page_size must not be negative", field="page_size")
-    size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+    size = min(page_size or DEFAULT_PAGE_SIZE, max_size)
     try:
         start = int(page_token) if page_token else 0
     except ValueError:
