@@ -41,6 +41,9 @@ def test_every_session_not_seen_to_end_counts_live_whatever_its_kind():
 def test_many_sessions_not_seen_to_end_send_the_check_to_the_clusters_to_see_them_end():
     assert within(admission(live=LIST_AFTER - 1), cap=10**9)
     assert not within(admission(live=LIST_AFTER), cap=10**9)
+    # A listing that showed 20 live: the next lists at 40 not seen to end, not on every create.
+    assert surely_within(admission(live=39), 100 * HOUR, 10**9, 60.0, 2.0, live_when_listed=20)
+    assert not surely_within(admission(live=40), 100 * HOUR, 10**9, 60.0, 2.0, live_when_listed=20)
 
 
 def test_a_placement_under_way_elsewhere_sends_the_check_to_the_clusters():

@@ -21,19 +21,27 @@ from provisioner.store.front_records import Admission, Made
 REQUEUED_PREFIX = "requeue-"  # the request id of a session a cluster requeued (decide/preemption.py)
 
 
-# A check lists anyway once this many of the user's sessions are not seen to end, to see them
-# end: otherwise a user far from every limit would never be listed, and the sessions not seen to
-# end would only grow.
+# A check lists anyway once this many of the user's sessions are not seen to end (or twice as
+# many as were live at the user's last listing), to see them end: otherwise a user far from every
+# limit would never be listed, and the sessions not seen to end would only grow.
 LIST_AFTER = 16
 
 
-def surely_within(a: Admission, limit_s: float, max_active: int, min_budget_s: float, max_gpus: float) -> bool:
+def list_at(live_when_listed: int) -> int:
+    """How many sessions not seen to end make a check list, given how many the user's last
+    listing showed live: each listing that finds most still live doubles it, so a user with many
+    live sessions is listed once in a while, not on every create."""
+    return max(LIST_AFTER, 2 * live_when_listed)
+
+
+def surely_within(a: Admission, limit_s: float, max_active: int, min_budget_s: float, max_gpus: float,
+                  live_when_listed: int = 0) -> bool:
     """Whether one more session passes the quota check whatever the clusters would list: every
     session not seen to end counted live (of the kind asked for, whatever its kind), and as having
     run since it was made on `max_gpus`."""
     if a.placing:  # another create of the user under way: its size is unknown here
         return False
-    if a.live + 1 > max_active or a.live >= LIST_AFTER:
+    if a.live + 1 > max_active or a.live >= list_at(live_when_listed):
         return False
     return limit_s - (a.live_s + a.ended_s) * max_gpus >= min_budget_s
 

@@ -49,6 +49,7 @@ STATUS_TIMEOUT_S = 1.0
 # A create checks again when another replica recorded a create of the same user meanwhile; it
 # gives up (retryably) after this many checks.
 ADMISSION_TRIES = 20
+MAX_USERS_LISTED = 10_000
 LIVE_STATES = [pb.SESSION_STATE_QUEUED, pb.SESSION_STATE_PROVISIONING, pb.SESSION_STATE_PULLING_IMAGE,
                pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_STOPPING]
 KIND_NAMES = {pb.SESSION_KIND_UNSPECIFIED: "interactive", pb.SESSION_KIND_INTERACTIVE: "interactive",
@@ -104,6 +105,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         # was made assumes it ran on.
         self.max_gpus = max(self.gpus.values(), default=1.0)
         self._noting: set[asyncio.Task] = set()
+        self._live_when_listed: dict[str, int] = {}  # by user: live sessions the last listing showed
         r = self.limits.rate_limits
         self.user_rates = ratelimit.TokenBuckets(r.creates_per_user_per_s, r.create_burst_per_user)
         self.caller_rates = ratelimit.TokenBuckets(r.creates_per_caller_per_s, r.create_burst_per_caller)
@@ -281,11 +283,14 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         the clusters list, with the user's placements under way elsewhere counted as live."""
         now, span = self.clock.now(), trace.get_current_span()
         if admission.surely_within(a, q.gpu_hours_per_week * 3600, q.max_active(kind), q.min_budget_to_start_s,
-                                   self.max_gpus):
+                                   self.max_gpus, self._live_when_listed.get(user_id, 0)):
             span.add_event("quota: within, from the store")
             return
         made = await self.store.read(self.store.made_not_seen_ended, user_id)
         sessions, ended = await self._week(user_id, q, made=[m for m in made if m.request_id != request_id])
+        if len(self._live_when_listed) >= MAX_USERS_LISTED:
+            self._live_when_listed.clear()  # a cache: forgotten users are listed a little sooner
+        self._live_when_listed[user_id] = len(sessions)
         # A session already made for this very request (its answer lost) is this create's own,
         # not one more: a retry must find it, never be refused for it.
         sessions = [s for s in sessions if s.spec.request_id != request_id]
