@@ -149,8 +149,9 @@ MIGRATIONS: list[str] = [
     # check counts the user's placements still under way. Requests carry their user and, once a
     # check has seen their session end, its end: a check that can prove from these alone that a
     # create is within quota asks no cluster. Filled in for earlier rows by `backfill_users`.
+    # (user_leases stays: front replicas of the previous release take their leases there until a
+    # rolling upgrade has replaced them.)
     """
-    DROP TABLE user_leases;
     CREATE TABLE user_admissions (
         user_id TEXT PRIMARY KEY,
         version BIGINT NOT NULL
