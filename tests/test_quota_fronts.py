@@ -66,6 +66,22 @@ def test_the_admission_sums_up_the_weeks_sessions_made(stores):
     assert {m.session_id for m in a.made_not_seen_ended("u")} == {"c1.s2", "c1.s3", "c1.s4"}
 
 
+def test_rows_a_front_of_the_previous_release_writes_count_for_their_user(stores):
+    """During a rolling upgrade, fronts of the release before write requests and attempts without
+    a user; the request key names it."""
+    a, _ = stores
+    with a.transaction() as cur:
+        cur.execute(a._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at) "
+                           "VALUES (?, ?, ?, ?)"), ("u/old-made", "c1.s-old", "c1", NOW - 10))
+        cur.execute(a._sql("INSERT INTO front_attempts (request_id, cluster, commit_by, outcome) VALUES (?, ?, ?, ?)"),
+                    ("u/old-placing", "c1", NOW, "pending"))
+        cur.execute(a._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at) "
+                           "VALUES (?, ?, ?, ?)"), ("u2/not-u", "c1.s-u2", "c1", NOW - 10))  # another user: u2
+    seen = a.admission("u/r-new", WEEK, NOW)
+    assert (seen.live, seen.live_s, seen.placing) == (1, 10.0, {"old-placing"})
+    assert [m.session_id for m in a.made_not_seen_ended("u")] == ["c1.s-old"]
+
+
 def test_one_admission_among_threads(store_url, tmp_path):
     """Many processes' worth of connections recording at once from one version: exactly one does."""
     stores = [open_store(store_url, tmp_path / "race.db") for _ in range(6)]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.front.attempts import SETTLED, STICKY, UNSETTLED, Attempt, Event, check_change, sources
-from provisioner.model import split_request_key
+from provisioner.model import request_key, split_request_key
 from provisioner.store.base import _marks, _values
 
 # The front's attempt states; their transitions are the table in front/attempts.py.
@@ -119,19 +119,20 @@ class FrontRecords:
 
         made_at, made_args = within("created_at")
         ended_at, ended_args = within("ended_at")
+        users, user_args = _of_user(user_id)
         # The branch with every column typed comes first: PostgreSQL types a UNION's columns from it.
         rows = self._rows(
             "SELECT 'made', '', CAST(SUM(CASE WHEN ended_at IS NULL THEN 1 ELSE 0 END) AS DOUBLE PRECISION), "
             f"CAST(SUM(CASE WHEN ended_at IS NULL THEN ? - {made_at} ELSE 0 END) AS DOUBLE PRECISION), "
             f"CAST(SUM(CASE WHEN ended_at IS NULL THEN 0 ELSE {ended_at} - {made_at} END) AS DOUBLE PRECISION) "
-            "FROM front_requests WHERE user_id = ? AND (ended_at IS NULL OR ended_at >= ?) AND request_id <> ? "
+            f"FROM front_requests WHERE {users} AND (ended_at IS NULL OR ended_at >= ?) AND request_id <> ? "
             "UNION ALL SELECT 'version', NULL, version, NULL, NULL FROM user_admissions WHERE user_id = ? "
             "UNION ALL SELECT 'placing', request_id, NULL, NULL, NULL FROM front_attempts a "
-            f"WHERE user_id = ? AND outcome IN ({_marks(STICKY)}) AND request_id <> ? "
+            f"WHERE {users} AND outcome IN ({_marks(STICKY)}) AND request_id <> ? "
             "AND NOT EXISTS (SELECT 1 FROM front_requests r WHERE r.request_id = a.request_id) "
             "UNION ALL SELECT 'answer', session_id, NULL, NULL, NULL FROM front_requests WHERE request_id = ?",
-            (now, *made_args, *ended_args, *made_args, user_id, since, request_id,
-             user_id, user_id, *_values(STICKY), request_id, request_id))
+            (now, *made_args, *ended_args, *made_args, *user_args, since, request_id,
+             user_id, *user_args, *_values(STICKY), request_id, request_id))
         version, answer, placing, live, live_s, ended_s = 0, None, set(), 0, 0.0, 0.0
         for kind, text, a, b, c in rows:
             if kind == "made":
@@ -146,9 +147,10 @@ class FrontRecords:
 
     def made_not_seen_ended(self, user_id: str) -> list[Made]:
         """The sessions made for the user that no check has seen end yet."""
+        users, user_args = _of_user(user_id)
         return [Made(split_request_key(k)[1], sid, c, at) for k, sid, c, at in self._rows(
-            "SELECT request_id, session_id, cluster, created_at FROM front_requests WHERE user_id = ? AND ended_at IS NULL",
-            (user_id,))]
+            f"SELECT request_id, session_id, cluster, created_at FROM front_requests WHERE {users} AND ended_at IS NULL",
+            tuple(user_args))]
 
     def mark_ended(self, ended: list[tuple[str, str, float]]) -> None:
         """Records that sessions a check saw (request key, session id, ended by) have ended."""
@@ -200,6 +202,13 @@ class Admission:
     live: int  # the user's other sessions made and not seen to end
     live_s: float  # their time since made (or since the week began), up to now
     ended_s: float  # the time within the week of those seen to end in it, from made to end
+
+
+def _of_user(user_id: str) -> tuple[str, list]:
+    """SQL for the rows of `user_id`: those written with the user, and those a front of an earlier
+    release writes during a rolling upgrade (no user; the request key begins with it)."""
+    prefix = request_key(user_id, "")
+    return "(user_id = ? OR (user_id = '' AND substr(request_id, 1, ?) = ?))", [user_id, len(prefix), prefix]
 
 
 def _edges(event: Event, column: str = "outcome", edges: dict | None = None) -> tuple[str, list[str]]:
