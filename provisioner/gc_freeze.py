@@ -2,7 +2,7 @@
 
 A cluster builds most of its heap after start-up: the VMs of a pool warming up, the sessions
 of a day. Python's full collections walk every tracked object each time, and on a cluster with
-a few thousand VMs they took 90-230 ms (a pause of every call in flight) and freed nothing. So
+a few thousand VMs they took 45-225 ms (a pause of every call in flight) and freed nothing. So
 after a full collection that was slow and freed almost nothing, what survived it is moved out
 of the collector's generations (`gc.freeze`): the next full collections walk only what was made
 since. Frozen objects are still freed by reference counting when dropped (an ended session, a

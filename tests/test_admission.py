@@ -19,9 +19,9 @@ from test_quota import refused, with_quotas
 HOUR = 3600.0
 
 
-def admission(live: int = 0, live_h: float = 0.0, ended_h: float = 0.0, placing=()) -> Admission:
-    return Admission(version=3, answer=None, placing=frozenset(placing), live=live, live_s=live_h * HOUR,
-                     ended_s=ended_h * HOUR)
+def admission(live: int = 0, live_h: float = 0.0, ended_h: float = 0.0, placing=(), refused=()) -> Admission:
+    return Admission(version=3, answer=None, placing=frozenset(placing), refused=frozenset(refused), live=live,
+                     live_s=live_h * HOUR, ended_s=ended_h * HOUR)
 
 
 def within(a: Admission, limit_h: float = 100.0, cap: int = 3, gpus: float = 2.0) -> bool:
@@ -48,6 +48,7 @@ def test_many_sessions_not_seen_to_end_send_the_check_to_the_clusters_to_see_the
 
 def test_a_placement_under_way_elsewhere_sends_the_check_to_the_clusters():
     assert not within(admission(placing={"r-other"}))
+    assert not within(admission(refused={"r-other"}))  # a late copy of its Allocate may still make it
 
 
 def test_the_time_made_sessions_may_have_run_counts_on_the_largest_gpus():

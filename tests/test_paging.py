@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from provisioner.api.paging import MAX_CLUSTER_PAGE_SIZE, page
+from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, page
 
 
-def test_public_pages_hold_500_at_most_and_a_clusters_pages_for_fronts_5000():
+def test_pages_hold_500_at_most_and_brief_ones_for_fronts_5000():
     items = list(range(12_000))
     assert page(items, 10_000, "") == (items[:500], "500")
-    first, token = page(items, 10_000, "", MAX_CLUSTER_PAGE_SIZE)
-    assert first == items[:5000] and page(items, 10_000, token, MAX_CLUSTER_PAGE_SIZE)[0] == items[5000:10_000]
+    first, token = page(items, 10_000, "", MAX_BRIEF_PAGE_SIZE)
+    assert first == items[:5000] and page(items, 10_000, token, MAX_BRIEF_PAGE_SIZE)[0] == items[5000:10_000]

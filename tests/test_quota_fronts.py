@@ -45,6 +45,11 @@ def test_an_attempt_is_recorded_only_if_the_users_admission_is_unchanged(stores)
     assert again.version == 1 and again.placing == {"r-b"}  # b's create counts while it is placed
     assert a.note_attempt("u/r-a", "c1", NOW, admitted=again.version) is Attempt.PENDING
     assert a.note_attempt("other/r", "c1", NOW, admitted=0) is Attempt.PENDING  # users are apart
+    # Refused, not settled: not under way, but maybe made until its commit_by passes.
+    a.note_attempt("u/r-refused", "c1", NOW)
+    a.settle_attempt("u/r-refused", "c1", Attempt.REFUSED)
+    seen = a.admission("u/r-a", WEEK, NOW)
+    assert seen.refused == {"r-refused"} and "r-refused" not in seen.placing
     # Once made, b's session is one of the user's sessions, no longer a placement under way.
     b.remember_request("u/r-b", "c1.s-b", "c1", NOW - 10)
     seen = a.admission("u/r-a", WEEK, NOW)

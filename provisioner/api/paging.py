@@ -9,9 +9,11 @@ from provisioner.v1 import admin_service_pb2 as admin_pb
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
-# A cluster's List, which only fronts call: a front's sweep of every running session of the
-# fleet would otherwise take a page (and a filtering of every session in memory) per 500.
-MAX_CLUSTER_PAGE_SIZE = 5000
+# A cluster's List of brief sessions (no history, no notices: a few hundred bytes each, so a page
+# stays well under gRPC's 4 MB message limit), which only fronts call: a front's sweep of every
+# running session of the fleet would otherwise take a page (and a filtering of every session in
+# memory) per 500.
+MAX_BRIEF_PAGE_SIZE = 5000
 
 
 def page(items: list, page_size: int, page_token: str, max_size: int = MAX_PAGE_SIZE) -> tuple[list, str]:

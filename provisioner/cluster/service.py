@@ -6,7 +6,7 @@ from opentelemetry import trace
 
 from provisioner import telemetry
 from provisioner.api import convert
-from provisioner.api.paging import MAX_CLUSTER_PAGE_SIZE, audit_page, page
+from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page, page
 from provisioner.audit import AuditLog
 from provisioner.api.status import stream, unary
 from provisioner.clock import Clock, RealClock
@@ -83,7 +83,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         ended_after = request.ended_after.ToNanoseconds() / 1e9 if request.HasField("ended_after") else None
         sessions = filter_sessions(self.rt.sessions(request.user_id, ended_after), request.user_id,
                                    list(request.states), ended_after)
-        items, token = page(sessions, request.page_size, request.page_token, MAX_CLUSTER_PAGE_SIZE)
+        items, token = page(sessions, request.page_size, request.page_token,
+                            MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE)
         now = self.rt.clock.now()
         response = cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, now, request.brief) for s in items],
                                            next_page_token=token)

@@ -2,7 +2,8 @@
 
 The store holds every session the fronts made for a user (a request's answer), when it was made,
 and, once a check has listed it ended, by when it had ended; and the user's placements whose
-outcome is not known yet. From these, summed up by the store, an upper bound of the user's live
+outcome is not known yet (refused ones included, until settled: a late copy of an Allocate may
+still make the session). From these, summed up by the store, an upper bound of the user's live
 sessions and of the GPU time they used this week: a session not seen to end is assumed live and
 running since it was made, on the largest GPU weight of the fleet. When the bound passes the
 check, the real count would too, and the create asks no cluster. Only a user near a cap, with a
@@ -39,7 +40,7 @@ def surely_within(a: Admission, limit_s: float, max_active: int, min_budget_s: f
     """Whether one more session passes the quota check whatever the clusters would list: every
     session not seen to end counted live (of the kind asked for, whatever its kind), and as having
     run since it was made on `max_gpus`."""
-    if a.placing:  # another create of the user under way: its size is unknown here
+    if a.placing or a.refused:  # another create of the user under way, or maybe made: unknown here
         return False
     if a.live + 1 > max_active or a.live >= list_at(live_when_listed):
         return False

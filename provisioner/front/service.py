@@ -19,7 +19,7 @@ from opentelemetry import trace
 
 from provisioner import quota, ratelimit, telemetry
 from provisioner.api import convert, guard
-from provisioner.api.paging import MAX_CLUSTER_PAGE_SIZE, audit_page, page
+from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page, page
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig
@@ -569,7 +569,7 @@ def register(server, servicer: SessionServicer):
 
 async def _listed(c: ClusterClient, request: cluster_pb.ListRequest, timeout: float | None) -> list[pb.Session]:
     """Every page of one cluster's answer to `request`."""
-    request.page_size, out = MAX_CLUSTER_PAGE_SIZE, []
+    request.page_size, out = MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE, []
     while True:
         resp = await call(c.sessions.List, request, timeout)
         out += resp.sessions

@@ -127,23 +127,24 @@ class FrontRecords:
             f"CAST(SUM(CASE WHEN ended_at IS NULL THEN 0 ELSE {ended_at} - {made_at} END) AS DOUBLE PRECISION) "
             f"FROM front_requests WHERE {users} AND (ended_at IS NULL OR ended_at >= ?) AND request_id <> ? "
             "UNION ALL SELECT 'version', NULL, version, NULL, NULL FROM user_admissions WHERE user_id = ? "
-            "UNION ALL SELECT 'placing', request_id, NULL, NULL, NULL FROM front_attempts a "
-            f"WHERE {users} AND outcome IN ({_marks(STICKY)}) AND request_id <> ? "
+            f"UNION ALL SELECT CASE WHEN outcome IN ({_marks(STICKY)}) THEN 'placing' ELSE 'refused' END, request_id, "
+            "NULL, NULL, NULL FROM front_attempts a "
+            f"WHERE {users} AND outcome IN ({_marks(UNSETTLED)}) AND request_id <> ? "
             "AND NOT EXISTS (SELECT 1 FROM front_requests r WHERE r.request_id = a.request_id) "
             "UNION ALL SELECT 'answer', session_id, NULL, NULL, NULL FROM front_requests WHERE request_id = ?",
             (now, *made_args, *ended_args, *made_args, *user_args, since, request_id,
-             user_id, *user_args, *_values(STICKY), request_id, request_id))
-        version, answer, placing, live, live_s, ended_s = 0, None, set(), 0, 0.0, 0.0
+             user_id, *_values(STICKY), *user_args, *_values(UNSETTLED), request_id, request_id))
+        version, answer, placing, refused, live, live_s, ended_s = 0, None, set(), set(), 0, 0.0, 0.0
         for kind, text, a, b, c in rows:
             if kind == "made":
                 live, live_s, ended_s = int(a or 0), b or 0.0, c or 0.0
             elif kind == "version":
                 version = int(a)
-            elif kind == "placing":
-                placing.add(split_request_key(text)[1])
+            elif kind in ("placing", "refused"):
+                (placing if kind == "placing" else refused).add(split_request_key(text)[1])
             else:
                 answer = text
-        return Admission(version, answer, frozenset(placing), live, live_s, ended_s)
+        return Admission(version, answer, frozenset(placing), frozenset(refused - placing), live, live_s, ended_s)
 
     def made_not_seen_ended(self, user_id: str) -> list[Made]:
         """The sessions made for the user that no check has seen end yet."""
@@ -164,9 +165,9 @@ class FrontRecords:
         """The user of each request and attempt recorded before they carried one (the key's first part)."""
         for table in ("front_requests", "front_attempts"):
             cur.execute(f"SELECT DISTINCT request_id FROM {table} WHERE user_id = ''")
-            for (key,) in cur.fetchall():
-                cur.execute(self._sql(f"UPDATE {table} SET user_id = ? WHERE request_id = ?"),
-                            (split_request_key(key)[0], key))
+            keys = [key for (key,) in cur.fetchall()]
+            cur.executemany(self._sql(f"UPDATE {table} SET user_id = ? WHERE request_id = ?"),
+                            [(split_request_key(key)[0], key) for key in keys])
 
     def save_quota_override(self, user_id: str, body: dict[str, Any], now: float) -> None:
         """Sets what operators chose for a user's quota; an empty `body` removes it (back to the config)."""
@@ -199,6 +200,9 @@ class Admission:
     version: int  # the user's attempts recorded so far: a create records its own only if unchanged
     answer: str | None  # the session already made for this very request
     placing: frozenset[str]  # request ids of the user's other placements whose outcome is unknown yet
+    # ... and of those a cluster refused, not settled yet: a late copy of the Allocate may still
+    # make a session there until its commit_by, which only a cluster's list would show
+    refused: frozenset[str]
     live: int  # the user's other sessions made and not seen to end
     live_s: float  # their time since made (or since the week began), up to now
     ended_s: float  # the time within the week of those seen to end in it, from made to end
