@@ -4,7 +4,7 @@ Any client interceptor puts every call of a grpc.aio channel on grpc's slower in
 and OpenTelemetry's server interceptor rebuilds the handler and wraps the context of every call:
 together they cost the front about a third of its GetSession throughput (README: Performance).
 Here a channel's multicallables are wrapped instead (one span, the trace context added to the
-call's metadata), and one server interceptor wraps each method's handler once. Spans are named
+call's metadata), and each method's handler is wrapped once, as its service is registered. Spans are named
 and described as OpenTelemetry's gRPC instrumentation does: the full method as the name, kind
 CLIENT or SERVER, `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status_code`.
 """
@@ -12,11 +12,11 @@ CLIENT or SERVER, `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-from typing import Callable, Iterator
+from typing import Callable
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -122,46 +122,34 @@ async def _end_streaming(span: trace.Span, call) -> None:
 
 # ---- server ----------------------------------------------------------------------------------
 
-class ServerTracing(grpc.aio.ServerInterceptor):
+class ServerTracing:
     """A server span per call of a traced method, child of the caller's context in the metadata,
-    current while the handler runs. Each method's handler is wrapped once and kept."""
+    current while the handler runs. Wraps each method's handler (`wrap`, see api/wrapping.py)."""
 
     def __init__(self, tracer: trace.Tracer, traced: Callable[[str], bool]):
         self._tracer, self._traced = tracer, traced
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}  # method -> (inner, ours)
 
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if handler is None or not self._traced(details.method):
-            return handler
-        inner, wrapped = self._wrapped.get(details.method, (None, None))
-        if inner is not handler:  # the handlers inside may be made anew per call
-            wrapped = self._wrap(handler, details.method)
-            self._wrapped[details.method] = handler, wrapped
-        return wrapped
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        return self._wrap(handler, method) if self._traced(method) else handler
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         tracer, attributes = self._tracer, _attributes(method)
 
-        @contextlib.contextmanager
-        def serving(context) -> Iterator[None]:
-            """The call's span, current inside; ended with the status the handler left."""
+        def start(context) -> tuple[trace.Span, object]:
+            """The call's span, made current."""
             parent = propagate.extract(dict(context.invocation_metadata() or ()))
             span = tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-            failed = False
-            try:
-                with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-                    yield
-            except BaseException:
-                failed = True
-                raise
-            finally:
-                code = context.code()
-                if code is None:  # not set by the handler: OK, or UNKNOWN for an escaping error
-                    code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
-                elif not isinstance(code, grpc.StatusCode):
-                    code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-                _finish(span, code, context.details() if code != grpc.StatusCode.OK else None)
+            return span, otel_context.attach(trace.set_span_in_context(span))
+
+        def end(span: trace.Span, token, context, failed: bool) -> None:
+            """Ended with the status the handler left."""
+            otel_context.detach(token)
+            code = context.code()
+            if code is None:  # not set by the handler: OK, or UNKNOWN for an escaping error
+                code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+            elif not isinstance(code, grpc.StatusCode):
+                code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+            _finish(span, code, context.details() if code != grpc.StatusCode.OK else None)
 
         serde = {"request_deserializer": handler.request_deserializer,
                  "response_serializer": handler.response_serializer}
@@ -169,17 +157,31 @@ class ServerTracing(grpc.aio.ServerInterceptor):
             inner = handler.unary_unary
 
             async def unary(request, context):
-                with serving(context):
+                span, token = start(context)
+                failed = False
+                try:
                     return await inner(request, context)
+                except BaseException:
+                    failed = True
+                    raise
+                finally:
+                    end(span, token, context, failed)
 
             return grpc.unary_unary_rpc_method_handler(unary, **serde)
         if handler.unary_stream is not None and inspect.isasyncgenfunction(handler.unary_stream):
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
-                with serving(context):
+                span, token = start(context)
+                failed = False
+                try:
                     async for item in inner_stream(request, context):
                         yield item
+                except BaseException:
+                    failed = True
+                    raise
+                finally:
+                    end(span, token, context, failed)
 
             return grpc.unary_stream_rpc_method_handler(stream, **serde)
         return handler  # shapes the services here do not serve stay untraced

@@ -150,7 +150,7 @@ def setup_tracing(
     `sample_ratio` (default: $PROVISIONER_TRACE_SAMPLE, else 1) is the share of traces started
     here that are recorded; a trace that came with the call's context keeps its caller's choice.
     A later call (several services in one process, tests) gets a working provider that is not
-    global; pass it explicitly to `server_interceptors` / `client_interceptors`.
+    global; pass it explicitly to `server_wrappers` / `traced_channel`.
     """
     kind = (exporter or os.environ.get(ENV_EXPORTER) or "none").strip().lower()
     if kind not in EXPORTERS:
@@ -198,36 +198,33 @@ def shutdown_tracing(provider: TracerProvider | None) -> None:
     provider.shutdown()
 
 
-class _StreamsCloseInTheirCall(grpc.aio.ServerInterceptor):
+def _streams_close_in_their_call(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """Serves server streams through the write API instead of handing grpc the generator.
 
     When a client goes away while a stream waits on a write, grpc drops the generator unclosed
     and asyncio's finalizer closes it later in a task of its own, where resetting the context
     variables the stream set (the span OpenTelemetry attached, the caller) fails with a logged
     traceback. Here the generator is closed in the call's own task."""
+    if not inspect.isasyncgenfunction(handler.unary_stream):
+        return handler
+    inner = handler.unary_stream
 
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if handler is None or not inspect.isasyncgenfunction(handler.unary_stream):
-            return handler
-        inner = handler.unary_stream
+    async def behavior(request, context):
+        stream = inner(request, context)
+        try:
+            async for item in stream:
+                await context.write(item)
+        finally:
+            await stream.aclose()
 
-        async def behavior(request, context):
-            stream = inner(request, context)
-            try:
-                async for item in stream:
-                    await context.write(item)
-            finally:
-                await stream.aclose()
-
-        return grpc.unary_stream_rpc_method_handler(behavior, request_deserializer=handler.request_deserializer,
-                                                    response_serializer=handler.response_serializer)
+    return grpc.unary_stream_rpc_method_handler(behavior, request_deserializer=handler.request_deserializer,
+                                                response_serializer=handler.response_serializer)
 
 
-def server_interceptors(tracer_provider: TracerProvider | None = None) -> list:
-    """For grpc.aio.server(interceptors=...), outermost first: one server span per traced call,
+def server_wrappers(tracer_provider: TracerProvider | None = None) -> list:
+    """Handler wrappers for api/wrapping.py, outermost first: one server span per traced call,
     child of the caller's context from the metadata."""
-    return [_StreamsCloseInTheirCall(), rpc_tracing.ServerTracing(_tracer(tracer_provider), is_traced)]
+    return [_streams_close_in_their_call, rpc_tracing.ServerTracing(_tracer(tracer_provider), is_traced).wrap]
 
 
 def traced_channel(channel: grpc.aio.Channel, tracer_provider: TracerProvider | None = None) -> rpc_tracing.TracedChannel:

@@ -1,7 +1,7 @@
 """Calls whose client is gone end quietly.
 
 A server stream whose client goes away while it waits on a write is closed in the call's own
-task (telemetry._StreamsCloseInTheirCall), so context variables it set can be reset; and the
+task (telemetry._streams_close_in_their_call), so context variables it set can be reset; and the
 guard's stream, which the tracing wrapper above it leaves to asyncio's finalizer, closes cleanly
 from another task. Likewise a call past its deadline ends without sending a status. Each of these
 logged a traceback under the fuzzer (test_fuzz_api.py)."""
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -19,7 +18,7 @@ from provisioner.api import status
 from provisioner.api.guard import Guard
 from provisioner.errors import InvalidArgument
 from provisioner.security.auth import CLUSTER_SERVICE, FRONT, Caller, with_cluster_service
-from provisioner.telemetry import server_interceptors
+from provisioner.telemetry import server_wrappers
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_stream_var", default="")
@@ -50,10 +49,7 @@ async def test_a_stream_cancelled_on_a_write_is_closed_in_its_own_task():
 
     handler = grpc.unary_stream_rpc_method_handler(watch)
 
-    async def continuation(details):
-        return handler
-
-    wrapped = await server_interceptors()[0].intercept_service(continuation, None)
+    wrapped = server_wrappers()[0]("/test.Test/Watch", handler)
     context = StuckWriter()
     call = asyncio.create_task(wrapped.unary_stream(b"", context))
     while not context.writes:
@@ -70,10 +66,7 @@ async def test_other_handlers_are_left_alone():
 
     handler = grpc.unary_unary_rpc_method_handler(unary)
 
-    async def continuation(details):
-        return handler
-
-    assert await server_interceptors()[0].intercept_service(continuation, None) is handler
+    assert server_wrappers()[0]("/test.Test/Unary", handler) is handler
 
 
 async def test_a_guarded_stream_may_be_closed_from_another_task():
@@ -90,10 +83,7 @@ async def test_a_guarded_stream_may_be_closed_from_another_task():
 
     handler = grpc.unary_stream_rpc_method_handler(watch, request_deserializer=cluster_pb.WatchRequest.FromString)
 
-    async def continuation(details):
-        return handler
-
-    wrapped = await guard.intercept_service(continuation, SimpleNamespace(method=CLUSTER_SERVICE + "Watch"))
+    wrapped = guard.wrap(CLUSTER_SERVICE + "Watch", handler)
     stream = wrapped.unary_stream(b"", None)
     assert await asyncio.create_task(stream.__anext__()) == "first"
     await asyncio.create_task(stream.aclose())

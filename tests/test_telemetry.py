@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otlp_receiver import OtlpReceiver, otlp_receiver  # noqa: F401  (fixture)
 
 from provisioner import telemetry
+from provisioner.api.wrapping import WrappingServer
 from provisioner.config import ConfigError, default_clusters_dir, load_fleet
 from provisioner.telemetry import (
     ATTR_CLUSTER,
@@ -30,7 +31,7 @@ from provisioner.telemetry import (
     ATTR_SESSION_ID,
     ATTR_START,
     JsonLinesSpanExporter,
-    server_interceptors,
+    server_wrappers,
     setup_tracing,
 )
 from provisioner.traceview import find_traces, load_spans, render_tree
@@ -45,8 +46,8 @@ def _bytes_method(path: str, behavior) -> grpc.GenericRpcHandler:
 
 
 async def _serve(provider, *handlers: grpc.GenericRpcHandler, extra=None):
-    server = grpc.aio.server(interceptors=server_interceptors(provider))
-    server.add_generic_rpc_handlers(handlers)
+    server = grpc.aio.server()
+    WrappingServer(server, server_wrappers(provider)).add_generic_rpc_handlers(handlers)
     if extra:
         extra(server)
     port = server.add_insecure_port("127.0.0.1:0")

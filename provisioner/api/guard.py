@@ -1,7 +1,7 @@
 """The server's edge: every call is decoded, bounded, authenticated and authorized here, before
 any servicer sees it.
 
-One interceptor per server turns credentials (a bearer token at the front, the peer's
+One guard per server, wrapped around each method's handler, turns credentials (a bearer token at the front, the peer's
 certificate at a cluster) into a typed `Caller`, decodes the request itself (so undecodable bytes
 are INVALID_ARGUMENT, not a traceback), checks its limits, asks the pure `authorize`, and hands
 the servicer the caller and the user it may act for (`current()`). Admin actions and refused
@@ -91,7 +91,9 @@ def certificate_identity(names_to_roles: dict[str, frozenset[str]]) -> Identify:
     return identify
 
 
-class Guard(grpc.aio.ServerInterceptor):
+class Guard:
+    """Wraps each of a server's method handlers (`wrap`, see api/wrapping.py)."""
+
     def __init__(self, policy: dict[str, Rule], identify: Identify, audit: AuditLog | None = None,
                  max_streams: Callable[[Caller], int] | None = None):
         self.policy = policy
@@ -99,18 +101,11 @@ class Guard(grpc.aio.ServerInterceptor):
         self.audit = audit
         self.max_streams = max_streams
         self._streams: dict[str, int] = {}  # open streams by caller identity
-        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler | None]] = {}
 
-    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
-        handler = await continuation(details)
-        method = details.method
-        if handler is None or method.split("/")[1] in ANONYMOUS_SERVICES:
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler | None:
+        if method.split("/")[1] in ANONYMOUS_SERVICES:
             return handler
-        inner, guarded = self._guarded.get(method, (None, None))
-        if inner is not handler:  # made once per method: nothing in it is per call
-            guarded = self._guard(method, handler)
-            self._guarded[method] = handler, guarded
-        return guarded
+        return self._guard(method, handler)
 
     def _guard(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler | None:
         if handler.unary_unary is not None:

@@ -14,6 +14,8 @@ from grpc_reflection.v1alpha import reflection
 
 from provisioner import telemetry
 from provisioner.api import limits
+from provisioner.api.guard import Guard
+from provisioner.api.wrapping import WrappingServer
 from provisioner.security.tls import check_plaintext
 
 log = logging.getLogger(__name__)
@@ -32,16 +34,16 @@ class Server:
 
     def __init__(self, address: str, register: Callable[[grpc.aio.Server], Iterable[str]],
                  tracer_provider=None, on_drain: Callable[[], None] | None = None, *,
-                 guard: grpc.aio.ServerInterceptor, credentials: grpc.ServerCredentials | None,
+                 guard: Guard, credentials: grpc.ServerCredentials | None,
                  plaintext_anywhere: bool = False, health_port: HealthPort | None = None):
         """`health_port`, if any, mirrors this server's serving status."""
         self.on_drain = on_drain
         self.health_port = health_port
-        # Tracing outermost, so the guard's refusals and the caller's identity land on the span.
-        self.server = grpc.aio.server(interceptors=[*telemetry.server_interceptors(tracer_provider), guard],
-                                      options=[*ACCEPT_PINGS, ("grpc.max_receive_message_length",
+        self.server = grpc.aio.server(options=[*ACCEPT_PINGS, ("grpc.max_receive_message_length",
                                                                limits.MAX_REQUEST_BYTES)])
-        self.services = list(register(self.server))
+        # Tracing outermost, so the guard's refusals and the caller's identity land on the span.
+        wrappers = [*telemetry.server_wrappers(tracer_provider), guard.wrap]
+        self.services = list(register(WrappingServer(self.server, wrappers)))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

@@ -1,14 +1,17 @@
-"""Which failures of a call to a cluster are worth repeating, and how: tenacity with exponential
-backoff and full jitter, bounded in attempts and in time (never past the caller's deadline)."""
+"""Which failures of a call to a cluster are worth repeating, and how: exponential backoff with
+full jitter (the same as a create's Allocate tries, front/attempts.py), bounded in tries and in
+time (never past the caller's deadline)."""
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
+
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from provisioner.api.status import RemoteError
-# One backoff for every call to a cluster; placement's Allocate tries follow it too.
-from provisioner.front.attempts import BACKOFF_S, MAX_BACKOFF_S, TRIES
+from provisioner.front.attempts import TRIES, backoff
 
 # The call may or may not have taken effect: the request or its reply was lost, or it timed out.
 AMBIGUOUS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -16,27 +19,26 @@ AMBIGUOUS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXC
 # For a call whose caller gave no deadline.
 DEFAULT_DEADLINE_S = 30.0
 
+_rng = random.Random()
+
 
 def ambiguous(err: BaseException) -> bool:
     return isinstance(err, RemoteError) and err.code in AMBIGUOUS
 
 
-def retrying(budget_s: float, tries: int = TRIES) -> AsyncRetrying:
-    """Repeats on ambiguous failures only; the last failure is raised as it was."""
-    return AsyncRetrying(
-        retry=retry_if_exception(ambiguous),
-        stop=stop_after_attempt(tries) | stop_after_delay(max(0.0, budget_s)),
-        wait=wait_random_exponential(multiplier=BACKOFF_S, max=MAX_BACKOFF_S),
-        reraise=True,
-    )
-
-
 async def call(rpc, request, timeout: float | None = None, tries: int = TRIES):
     """An RPC to a cluster, made up to `tries` times on ambiguous failures (more than once only
-    for idempotent calls); the last error status goes back to our caller unchanged."""
-    async for try_ in retrying(timeout or DEFAULT_DEADLINE_S, tries):
-        with try_:
-            try:
-                return await rpc(request, timeout=timeout)
-            except grpc.aio.AioRpcError as err:
-                raise RemoteError(err) from None
+    for idempotent calls) while the next try would start within `timeout` (else 30 s) of the
+    first; the last error status goes back to our caller unchanged."""
+    deadline = time.monotonic() + (timeout or DEFAULT_DEADLINE_S)
+    try_no = 1
+    while True:
+        try:
+            return await rpc(request, timeout=timeout)
+        except grpc.aio.AioRpcError as err:
+            failure = RemoteError(err)
+        wait_s = backoff(try_no + 1, _rng)
+        if try_no >= tries or not ambiguous(failure) or time.monotonic() + wait_s >= deadline:
+            raise failure from None
+        await asyncio.sleep(wait_s)
+        try_no += 1
