@@ -70,6 +70,10 @@ def is_traced(method: str) -> bool:
     return not method.lstrip("/").startswith(_UNTRACED_SERVICE_PREFIXES)
 
 
+# One encoder for every span: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(default=str)
+
+
 class JsonLinesSpanExporter(SpanExporter):
     """Appends one JSON object per finished span to a file, rotated by size: when a write would
     take it past `max_bytes`, the file becomes `<name>.1` (`.1` becomes `.2` ..., the oldest beyond
@@ -83,7 +87,7 @@ class JsonLinesSpanExporter(SpanExporter):
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        data = "".join(json.dumps(span_to_dict(s), default=str) + "\n" for s in spans).encode()
+        data = "".join(_ENCODER.encode(span_to_dict(s)) + "\n" for s in spans).encode()
         try:
             with self._lock, open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
