@@ -48,6 +48,9 @@ ATTR_START = "provisioner.start_kind"
 ATTR_REQUEST_ID = "provisioner.request_id"
 ATTR_USER = "enduser.id"
 ATTR_VM_ID = "provisioner.vm_id"
+# A List: the sessions that matched it, and those on the page answered.
+ATTR_MATCHED = "provisioner.sessions_matched"
+ATTR_LISTED = "provisioner.sessions_listed"
 
 EXPORTERS = ("none", "console", "otlp", "file")
 ENV_EXPORTER = "PROVISIONER_TRACES"

@@ -57,3 +57,45 @@ async def test_a_running_session_is_warned_then_stopped_when_the_budget_runs_out
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         quota = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="spender"))).quota
         assert quota.gpu_hours_left * 3600 < 60 and not quota.HasField("exhaustion_time")
+
+
+async def test_a_sweep_looks_in_full_only_at_users_whose_budget_end_may_have_moved(tmp_path):
+    """Each sweep lists every cluster once; a user is listed at every cluster (the full look that
+    computes their end) only when a session of theirs started running or ended, their quotas
+    changed, or the sweep has never seen them."""
+    from provisioner.front.budget_enforcer import BudgetEnforcer
+    from provisioner.v1 import admin_service_pb2 as admin_pb
+
+    async with warm_fleet(with_budget(tmp_path, 100.0), tmp_path / "data") as fleet:
+        svc = fleet.fleet.front.sessions
+        enforcer = BudgetEnforcer(svc)
+
+        async def sweep() -> list[str]:
+            """The users the sweep looked at in full (creates' quota checks look too: not counted)."""
+            looked_at: list[str] = []
+            week = svc._week
+
+            async def spying_week(user, q, *args, **kwargs):
+                looked_at.append(user)
+                return await week(user, q, *args, **kwargs)
+
+            svc._week = spying_week
+            try:
+                await enforcer.sweep()
+            finally:
+                del svc._week
+            return sorted(looked_at)
+
+        await fleet.create(user_id="alice")
+        await fleet.create(user_id="bob")
+        assert await sweep() == ["alice", "bob"]  # never seen
+        assert await sweep() == []  # nothing changed
+        await fleet.create(user_id="alice")
+        assert await sweep() == ["alice"]  # a session started
+        brief = await fleet.create(user_id="bob")  # started and ended between two sweeps
+        await fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=brief.id))
+        await fleet.watch_until(brief.id, pb.SESSION_STATE_STOPPED, pb.SESSION_STATE_FAILED)
+        assert await sweep() == ["bob"]
+        await fleet.admin.SetUserQuota(admin_pb.SetUserQuotaRequest(user_id="alice", gpu_hours_per_week=50.0))
+        assert await sweep() == ["alice"]  # an operator changed the quotas
+        assert await sweep() == []

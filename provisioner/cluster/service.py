@@ -85,6 +85,7 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
                                    list(request.states), ended_after)
         items, token = page(sessions, request.page_size, request.page_token,
                             MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE)
+        trace.get_current_span().set_attributes({telemetry.ATTR_MATCHED: len(sessions), telemetry.ATTR_LISTED: len(items)})
         now = self.rt.clock.now()
         response = cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, now, request.brief) for s in items],
                                            next_page_token=token)

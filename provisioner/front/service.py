@@ -240,7 +240,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
         async def one(c: ClusterClient) -> list[pb.Session]:
             asked_after = seen.ask_after(user_id, c.name, week_start)
-            out = await _listed(c, cluster_pb.ListRequest(user_id=user_id, ended_after=convert.timestamp(asked_after),
+            out = await listed(c, cluster_pb.ListRequest(user_id=user_id, ended_after=convert.timestamp(asked_after),
                                                           brief=True), timeout)
             seen.add(user_id, c.name, [(s.id, s.end_time.ToNanoseconds() / 1e9, self._ended_row(s))
                                        for s in out if s.state not in LIVE_STATES])
@@ -320,7 +320,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         timeout = ATTEMPT_TIMEOUT_S if lenient else None
 
         async def one(c: ClusterClient) -> list[pb.Session]:
-            return await _listed(c, cluster_pb.ListRequest(user_id=user_id, states=states, brief=brief), timeout)
+            return await listed(c, cluster_pb.ListRequest(user_id=user_id, states=states, brief=brief), timeout)
 
         live = [c for name, c in self.fleet.clients.items() if c.healthy and cluster in ("", name)]
         sessions = await _from_each(live, one, user_id, lenient)
@@ -567,7 +567,7 @@ def register(server, servicer: SessionServicer):
     return SERVICE_NAMES
 
 
-async def _listed(c: ClusterClient, request: cluster_pb.ListRequest, timeout: float | None) -> list[pb.Session]:
+async def listed(c: ClusterClient, request: cluster_pb.ListRequest, timeout: float | None) -> list[pb.Session]:
     """Every page of one cluster's answer to `request`."""
     request.page_size, out = MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE, []
     while True:
