@@ -10,6 +10,7 @@ run again after a rollback (the store's writes are: upserts and guarded updates)
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -29,7 +30,14 @@ class WriterClosed(RuntimeError):
 @dataclass
 class _Write:
     run: Callable[[Any], Any]  # given the batch's cursor
-    future: Future
+    future: Future | asyncio.Future
+    loop: asyncio.AbstractEventLoop | None = None  # an asyncio future's, answered on it
+
+    def start(self) -> bool:
+        """False if its caller gave up before it ran: it is not run."""
+        if self.loop is None:
+            return self.future.set_running_or_notify_cancel()
+        return not self.future.cancelled()  # a racy read, and harmless: a write may run unawaited
 
 
 class GroupCommit:
@@ -55,10 +63,21 @@ class GroupCommit:
     def submit(self, run: Callable[[Any], Any]) -> Future:
         """Queues `run(cursor)`; the future holds its result once its transaction is durable."""
         future: Future = Future()
+        self._put(_Write(run, future))
+        return future
+
+    def submit_async(self, run: Callable[[Any], Any]) -> asyncio.Future:
+        """The same for a caller on an event loop: the batch's answers come back to the loop in
+        one hand-off, not one per write."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._put(_Write(run, future, loop))
+        return future
+
+    def _put(self, write: _Write) -> None:
         with self._lock:
             self._start()
-            self._queue.put(_Write(run, future))
-        return future
+            self._queue.put(write)
 
     def _start(self) -> None:
         if self._closed:
@@ -106,29 +125,57 @@ class GroupCommit:
         return batch, False
 
     def _commit(self, batch: list[_Write]) -> None:
-        live = [w for w in batch if w.future.set_running_or_notify_cancel()]
+        live = [w for w in batch if w.start()]
         try:
             with self._transaction() as cur:
                 results = [w.run(cur) for w in live]
         except BaseException as e:  # noqa: BLE001 - each write is retried alone below
             if len(live) == 1:
-                live[0].future.set_exception(e)
+                _answer([(live[0], None, e)])
             else:
                 self._one_by_one(live)
             return
         self.batches += 1
         self.writes += len(live)
-        for w, result in zip(live, results):
-            w.future.set_result(result)
+        _answer([(w, result, None) for w, result in zip(live, results)])
 
     def _one_by_one(self, batch: list[_Write]) -> None:
+        outcomes = []
         for w in batch:
             try:
                 with self._transaction() as cur:
                     result = w.run(cur)
             except BaseException as e:  # noqa: BLE001 - the caller's to handle
-                w.future.set_exception(e)
+                outcomes.append((w, None, e))
             else:
                 self.batches += 1
                 self.writes += 1
-                w.future.set_result(result)
+                outcomes.append((w, result, None))
+        _answer(outcomes)
+
+
+def _answer(outcomes: list[tuple[_Write, Any, BaseException | None]]) -> None:
+    """Sets each write's future: a thread's at once, a loop's all in one call on that loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for w, result, error in outcomes:
+        if w.loop is not None:
+            by_loop.setdefault(w.loop, []).append((w.future, result, error))
+        elif error is not None:
+            w.future.set_exception(error)
+        else:
+            w.future.set_result(result)
+    for loop, answers in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, answers)
+        except RuntimeError:  # its loop is closed: nobody is waiting any more
+            pass
+
+
+def _settle(answers: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
+    for future, result, error in answers:
+        if future.done():  # its caller was cancelled meanwhile
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)

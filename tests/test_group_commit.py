@@ -63,6 +63,18 @@ async def test_writes_queued_behind_a_commit_share_the_next_transaction(store_ur
     again.close()
 
 
+async def test_a_write_whose_caller_gave_up_before_it_ran_is_not_run(store):
+    gate = _hold(store)
+    kept, dropped = await _submitted(store.commit(store.save_operator_state, CLUSTER, "kept", {"x": 1}, 0.0),
+                                     store.commit(store.save_operator_state, CLUSTER, "dropped", {"x": 2}, 0.0))
+    dropped.cancel()
+    await asyncio.sleep(0)
+    gate.set()
+    await kept
+    assert dropped.cancelled()
+    assert store.load_operator_state(CLUSTER) == {"kept": {"x": 1}}
+
+
 async def test_closing_commits_what_is_queued_then_takes_no_writes(store_url, tmp_path):
     """What a server's drain does: writes waiting behind a commit in progress are committed
     and answered before close returns."""

@@ -114,7 +114,7 @@ class StoreBase:
         in one transaction with other callers' writes, and returns its result once that
         transaction is durable. A write that fails fails alone (see group_commit). The writer
         reads `args` when it runs: pass values, and sessions and VMs through `commit_save`."""
-        return await asyncio.wrap_future(self.writer.submit(lambda _cur: write(*args, **kwargs)))
+        return await self.writer.submit_async(lambda _cur: write(*args, **kwargs))
 
     async def read(self, read: Callable[..., T], *args: Any) -> T:
         """Runs `read(*args)` (one of this store's reads) without holding up the event loop for
