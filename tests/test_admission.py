@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from conftest import warm_fleet
 from provisioner.api import convert
-from provisioner.front.admission import LIST_AFTER, ends_seen, surely_within
+from provisioner.front.admission import LIST_AFTER, ends_seen, surely_within, why_list
 from provisioner.store.front_records import Admission, Made
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
@@ -44,6 +44,18 @@ def test_many_sessions_not_seen_to_end_send_the_check_to_the_clusters_to_see_the
     # A listing that showed 20 live: the next lists at 40 not seen to end, not on every create.
     assert surely_within(admission(live=39), 100 * HOUR, 10**9, 60.0, 2.0, live_when_listed=20)
     assert not surely_within(admission(live=40), 100 * HOUR, 10**9, 60.0, 2.0, live_when_listed=20)
+
+
+def test_a_check_that_lists_says_why():
+    def why(a: Admission, cap: int = 3) -> str | None:
+        return why_list(a, 100 * HOUR, cap, 60.0, 2.0)
+
+    assert why(admission()) is None
+    assert why(admission(placing={"r-other"})) == "another create of the user is under way"
+    assert why(admission(refused={"r-other"})) == "a refused placement of the user is not settled"
+    assert why(admission(live=3)) == "near the cap on active sessions"
+    assert why(admission(live=LIST_AFTER), cap=10**9) == "many sessions not seen to end"
+    assert why(admission(live=1, live_h=40.0, ended_h=10.0)) == "near the weekly GPU budget"
 
 
 def test_a_placement_under_way_elsewhere_sends_the_check_to_the_clusters():

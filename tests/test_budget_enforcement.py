@@ -59,10 +59,11 @@ async def test_a_running_session_is_warned_then_stopped_when_the_budget_runs_out
         assert quota.gpu_hours_left * 3600 < 60 and not quota.HasField("exhaustion_time")
 
 
-async def test_a_sweep_looks_in_full_only_at_users_whose_budget_end_may_have_moved(tmp_path):
-    """Each sweep lists every cluster once; a user is listed at every cluster (the full look that
-    computes their end) only when a session of theirs started running or ended, their quotas
-    changed, or the sweep has never seen them."""
+async def test_a_sweep_recomputes_only_the_users_whose_budget_end_may_have_moved(tmp_path):
+    """Each sweep lists every cluster once. A user's end is computed again only when a session of
+    theirs started running or ended, their quotas changed, or the sweep has never seen them; and
+    a user is listed on their own (at every cluster) only until the sweeps' lists carry what the
+    front knows of their ended sessions forward. The week known that way is the week listed."""
     from provisioner.front.budget_enforcer import BudgetEnforcer
     from provisioner.v1 import admin_service_pb2 as admin_pb
 
@@ -70,32 +71,50 @@ async def test_a_sweep_looks_in_full_only_at_users_whose_budget_end_may_have_mov
         svc = fleet.fleet.front.sessions
         enforcer = BudgetEnforcer(svc)
 
-        async def sweep() -> list[str]:
-            """The users the sweep looked at in full (creates' quota checks look too: not counted)."""
-            looked_at: list[str] = []
-            week = svc._week
+        async def sweep() -> tuple[list[str], list[str]]:
+            """The users the sweep computed an end for, and those it listed on their own (creates'
+            quota checks list users too: not counted)."""
+            computed: list[str] = []
+            listed: list[str] = []
+            enforce, week = enforcer._enforce, svc._week
 
-            async def spying_week(user, q, *args, **kwargs):
-                looked_at.append(user)
-                return await week(user, q, *args, **kwargs)
+            async def spying_enforce(user, *args):
+                computed.append(user)
+                return await enforce(user, *args)
 
-            svc._week = spying_week
+            async def spying_week(user, *args, **kwargs):
+                listed.append(user)
+                return await week(user, *args, **kwargs)
+
+            enforcer._enforce, svc._week = spying_enforce, spying_week
             try:
                 await enforcer.sweep()
             finally:
-                del svc._week
-            return sorted(looked_at)
+                del enforcer._enforce, svc._week
+            return sorted(computed), sorted(listed)
 
         await fleet.create(user_id="alice")
         await fleet.create(user_id="bob")
-        assert await sweep() == ["alice", "bob"]  # never seen
-        assert await sweep() == []  # nothing changed
+        assert await sweep() == (["alice", "bob"], ["alice", "bob"])  # never seen
+        assert await sweep() == ([], [])  # nothing changed
         await fleet.create(user_id="alice")
-        assert await sweep() == ["alice"]  # a session started
+        assert await sweep() == (["alice"], [])  # a session started; what ended is known
         brief = await fleet.create(user_id="bob")  # started and ended between two sweeps
         await fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=brief.id))
         await fleet.watch_until(brief.id, pb.SESSION_STATE_STOPPED, pb.SESSION_STATE_FAILED)
-        assert await sweep() == ["bob"]
-        await fleet.admin.SetUserQuota(admin_pb.SetUserQuotaRequest(user_id="alice", gpu_hours_per_week=50.0))
-        assert await sweep() == ["alice"]  # an operator changed the quotas
-        assert await sweep() == []
+        assert await sweep() == (["bob"], [])
+        await fleet.admin.SetUserQuota(admin_pb.SetUserQuotaRequest(user_id="bob", gpu_hours_per_week=50.0))
+        assert await sweep() == (["bob"], [])  # an operator changed the quotas
+        assert await sweep() == ([], [])
+
+        # Bob's week as the sweeps know it, and as listing him tells it.
+        q = await svc.quotas("bob")
+        known = enforcer._known_week("bob", q, await enforcer._list_all())
+        assert known is not None
+        listed = await svc._week("bob", q)
+        now = svc.clock.now()
+        assert sorted(r.request_id for r in known[1]) == sorted(r.request_id for r in listed[1]) != []
+        assert sorted(s.id for s in known[0]) == sorted(s.id for s in listed[0])
+        usage_known, usage_listed = svc._usage(*known, now, q), svc._usage(*listed, now, q)
+        assert (usage_known.active, usage_known.running_gpus) == (usage_listed.active, usage_listed.running_gpus)
+        assert abs(usage_known.used_s - usage_listed.used_s) < 1e-6

@@ -156,3 +156,44 @@ async def test_a_brief_list_leaves_out_histories_and_notices_and_keeps_what_mete
         assert brief.ByteSize() < full.ByteSize()
     finally:
         await rt.close()
+
+
+class _Call:
+    """A servicer context with no deadline."""
+
+    def time_remaining(self):
+        return None
+
+
+async def test_a_long_list_is_converted_a_part_at_a_time_and_answered_whole(monkeypatch):
+    from provisioner.cluster import service
+    from provisioner.v1 import cluster_service_pb2 as cluster_pb
+
+    rt, cloud, clock = runtime(min_vms=12)
+    await rt.start()
+    try:
+        await clock.advance(600)
+        made = [rt.allocate(SessionSpec(f"r{i}", f"u{i % 3}", "gpu-p100", "gpu:latest")) for i in range(12)]
+        await clock.advance(60)
+        monkeypatch.setattr(service, "CONVERT_AT_ONCE", 5)
+        turns = 0
+
+        async def count_turns():
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        counter = asyncio.create_task(count_turns())
+        await asyncio.sleep(0)
+        before = turns
+        servicer = service.ClusterServicer(rt, clock)
+        resp = await servicer.List(cluster_pb.ListRequest(brief=True, page_size=100), _Call())
+        during = turns - before
+        counter.cancel()
+        expected = service.filter_sessions(rt.sessions(""), "", [])
+        assert [s.id for s in resp.sessions] == [s.id for s in expected]
+        assert {s.id for s in made} <= {s.id for s in resp.sessions}
+        assert during >= 2  # the loop turned between the parts (12 sessions, 5 at a time)
+    finally:
+        await rt.close()

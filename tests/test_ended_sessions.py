@@ -44,3 +44,21 @@ def test_the_users_checked_longest_ago_are_forgotten_first_and_read_whole_again(
     seen.add("cy", "us", [ended("c", 1_100, 2_000)])
     assert seen.rows("bob", "us", WEEK) == [] and seen.ask_after("bob", "us", WEEK) == WEEK
     assert [r.request_id for r in seen.rows("ada", "us", WEEK)] == ["r-a"]
+
+
+def test_a_list_of_every_user_carries_forward_only_users_known_without_a_gap():
+    seen = EndedSessions()
+    seen.add("ada", "us", [ended("a1", 1_100, 1_500)], asked_at=2_000)  # known up to 2,000
+    seen.add("bob", "us", [ended("b1", 1_100, 1_500)], asked_at=1_000)  # known up to 1,000 only
+    # A list of every user's sessions on "us" that holds every end since 1,800, asked at 3,000.
+    seen.extend("us", 1_800, 3_000, {"ada": [ended("a2", 2_000, 2_500)], "bob": [ended("b2", 2_000, 2_600)],
+                                     "cy": [ended("c1", 2_000, 2_700)]})
+    assert seen.covered("ada", "us") == 3_000
+    assert sorted(r.request_id for r in seen.rows("ada", "us", WEEK)) == ["r-a1", "r-a2"]
+    assert seen.ask_after("ada", "us", WEEK) == 3_000 - CLOCK_MARGIN_S
+    # bob's ends between 1,000 and 1,800 are unknown: left as he was, to be listed on his own.
+    assert seen.covered("bob", "us") == 1_000
+    assert [r.request_id for r in seen.rows("bob", "us", WEEK)] == ["r-b1"]
+    # cy was never listed: nothing of his week before 1,800 is known.
+    assert seen.covered("cy", "us") == float("-inf") and seen.rows("cy", "us", WEEK) == []
+    assert seen.covered("ada", "eu") == float("-inf")  # each cluster on its own

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from opentelemetry import trace
 
 from provisioner import telemetry
@@ -24,6 +26,8 @@ from provisioner.v1 import types_pb2 as pb
 # Wall seconds between two pushes, whatever the runtime's clock: at a high time scale a model
 # second is a few milliseconds.
 DEFAULT_CAPACITY_INTERVAL_S = 0.1
+# Sessions a List converts between two turns of the event loop (a few milliseconds of work).
+CONVERT_AT_ONCE = 256
 
 
 def filter_sessions(sessions, user_id: str, states: list[int], ended_after: float | None = None) -> list[Session]:
@@ -87,8 +91,12 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
                             MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE)
         trace.get_current_span().set_attributes({telemetry.ATTR_MATCHED: len(sessions), telemetry.ATTR_LISTED: len(items)})
         now = self.rt.clock.now()
-        response = cluster_pb.ListResponse(sessions=[convert.session_to_pb(s, now, request.brief) for s in items],
-                                           next_page_token=token)
+        converted = []
+        for i in range(0, len(items), CONVERT_AT_ONCE):
+            if i:  # a page of thousands (a front's list of every session) holds up no other call
+                await asyncio.sleep(0)
+            converted += [convert.session_to_pb(s, now, request.brief) for s in items[i:i + CONVERT_AT_ONCE]]
+        response = cluster_pb.ListResponse(sessions=converted, next_page_token=token)
         if items:  # nothing is told before it is durable; the writes of other sessions are not waited for
             await self.rt.durable(*(s.id for s in items))
         return response

@@ -37,14 +37,26 @@ def list_at(live_when_listed: int) -> int:
 
 def surely_within(a: Admission, limit_s: float, max_active: int, min_budget_s: float, max_gpus: float,
                   live_when_listed: int = 0) -> bool:
-    """Whether one more session passes the quota check whatever the clusters would list: every
-    session not seen to end counted live (of the kind asked for, whatever its kind), and as having
-    run since it was made on `max_gpus`."""
-    if a.placing or a.refused:  # another create of the user under way, or maybe made: unknown here
-        return False
-    if a.live + 1 > max_active or a.live >= list_at(live_when_listed):
-        return False
-    return limit_s - (a.live_s + a.ended_s) * max_gpus >= min_budget_s
+    """Whether one more session passes the quota check whatever the clusters would list."""
+    return why_list(a, limit_s, max_active, min_budget_s, max_gpus, live_when_listed) is None
+
+
+def why_list(a: Admission, limit_s: float, max_active: int, min_budget_s: float, max_gpus: float,
+             live_when_listed: int = 0) -> str | None:
+    """Why a check must list the clusters, or None if one more session passes it whatever they
+    would list: every session not seen to end counted live (of the kind asked for, whatever its
+    kind), and as having run since it was made on `max_gpus`."""
+    if a.placing:
+        return "another create of the user is under way"
+    if a.refused:
+        return "a refused placement of the user is not settled"
+    if a.live + 1 > max_active:
+        return "near the cap on active sessions"
+    if a.live >= list_at(live_when_listed):
+        return "many sessions not seen to end"
+    if limit_s - (a.live_s + a.ended_s) * max_gpus < min_budget_s:
+        return "near the weekly GPU budget"
+    return None
 
 
 def ends_seen(made: list[Made], listed: list, asked_after: float) -> list[tuple[str, float]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from provisioner import quota
 from provisioner.api import convert
@@ -49,6 +49,17 @@ class _Basis:
     week_start: float
 
 
+@dataclass
+class _Lists:
+    """What one sweep's lists of the clusters show, by user."""
+
+    every_cluster: bool  # every healthy cluster answered
+    asked_at: dict[str, float] = field(default_factory=dict)  # by cluster
+    live: dict[str, list[pb.Session]] = field(default_factory=dict)
+    running: dict[str, set[str]] = field(default_factory=dict)  # session ids
+    ended: dict[str, set[str]] = field(default_factory=dict)  # session ids, of those ended since the last sweep
+
+
 class BudgetEnforcer:
     def __init__(self, sessions):
         """`sessions`: the front's SessionServicer (its clusters, clock, quotas and metering)."""
@@ -69,54 +80,76 @@ class BudgetEnforcer:
 
     async def sweep(self) -> int:
         """Sends each running session whose budget end moved its new end; returns how many."""
-        running, ended = await self._changes()
+        lists = await self._list_all()
         basis: dict[str, _Basis] = {}
         sent = 0
-        for user in sorted(running):
+        for user in sorted(lists.running):
             q = await self.svc.quotas(user)
-            now_basis = _Basis(frozenset(running[user]), q, self.svc._week_start(q))
-            if ended.get(user, set()) - self._ended or self._basis.get(user) != now_basis:
-                sent += await self._enforce(user, q)
+            now_basis = _Basis(frozenset(lists.running[user]), q, self.svc._week_start(q))
+            if lists.ended.get(user, set()) - self._ended or self._basis.get(user) != now_basis:
+                sent += await self._enforce(user, q, lists)
             basis[user] = self._basis[user] = now_basis
         self._basis = basis
         # A list asks a little further back than the last one: an end it shows again is not new.
-        self._ended = set().union(*ended.values())
+        self._ended = set().union(*lists.ended.values())
         return sent
 
-    async def _changes(self) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-        """The running sessions of each user and the sessions of each that ended since the last
-        sweep (ids), from one list of each cluster. A cluster that does not answer is left out
-        (its users' running sessions then look changed, and are looked at in full) and asked
-        again from the same time at the next sweep."""
+    def _known_week(self, user: str, q: QuotaConfig, lists: _Lists) -> tuple[list[pb.Session], list] | None:
+        """The user's week (as SessionServicer._week gives it) from this sweep's lists and the
+        ended sessions remembered, if every cluster answered and every end the user had on each
+        before its list is remembered; else None."""
+        remembered = self.svc.ended_sessions
+        if not lists.every_cluster or any(remembered.covered(user, c) < at for c, at in lists.asked_at.items()):
+            return None
+        week_start = self.svc._week_start(q)
+        ended = [row for c in self.svc.fleet.clients for row in remembered.rows(user, c, week_start)]
+        return lists.live.get(user, []), ended
+
+    async def _list_all(self) -> _Lists:
+        """One list of each cluster. A cluster that does not answer is left out (its users'
+        running sessions then look changed, and are looked at in full) and asked again from the
+        same time at the next sweep."""
         clients = [c for c in self.svc.fleet.clients.values() if c.healthy]
         results = await asyncio.gather(*(self._list(c) for c in clients), return_exceptions=True)
-        running: dict[str, set[str]] = {}
-        ended: dict[str, set[str]] = {}
+        lists = _Lists(every_cluster=True)
         for c, result in zip(clients, results):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
                 log.warning("cluster %s did not list its sessions for the GPU budget sweep: %s", c.name, result)
+                lists.every_cluster = False
                 continue
-            for s in result:
-                if s.state == pb.SESSION_STATE_RUNNING:
-                    running.setdefault(s.spec.user_id, set()).add(s.id)
-                elif s.state not in LIVE_STATES:
-                    ended.setdefault(s.spec.user_id, set()).add(s.id)
-        return running, ended
+            sessions, lists.asked_at[c.name] = result
+            for s in sessions:
+                user = s.spec.user_id
+                if s.state in LIVE_STATES:
+                    lists.live.setdefault(user, []).append(s)
+                    if s.state == pb.SESSION_STATE_RUNNING:
+                        lists.running.setdefault(user, set()).add(s.id)
+                else:
+                    lists.ended.setdefault(user, set()).add(s.id)
+        return lists
 
-    async def _list(self, c: ClusterClient) -> list[pb.Session]:
+    async def _list(self, c: ClusterClient) -> tuple[list[pb.Session], float]:
         """Every user's live sessions on `c`, and those ended since its last sweep list (less a
-        margin for the clocks), brief."""
-        asked_at = self.svc.clock.now()
-        since = self._listed_at.get(c.name, asked_at) - CLOCK_MARGIN_S
-        request = cluster_pb.ListRequest(ended_after=convert.timestamp(since), brief=True)
-        out = await listed(c, request, ATTEMPT_TIMEOUT_S)
+        margin for the clocks), brief; and when they were asked for. What they tell of ends is
+        carried into the front's memory of each user's ended sessions."""
+        asked_at, before = self.svc.clock.now(), self._listed_at.get(c.name)
+        since = (asked_at if before is None else before) - CLOCK_MARGIN_S
+        out = await listed(c, cluster_pb.ListRequest(ended_after=convert.timestamp(since), brief=True),
+                           ATTEMPT_TIMEOUT_S)
+        if before is not None:
+            ended_by_user: dict[str, list[pb.Session]] = {}
+            for s in out:
+                if s.state not in LIVE_STATES:
+                    ended_by_user.setdefault(s.spec.user_id, []).append(s)
+            self.svc.ended_sessions.extend(c.name, before, asked_at, {
+                user: self.svc.ended_rows(sessions) for user, sessions in ended_by_user.items()})
         self._listed_at[c.name] = asked_at
-        return out
+        return out, asked_at
 
-    async def _enforce(self, user: str, q: QuotaConfig) -> int:
-        sessions, ended = await self.svc._week(user, q)
+    async def _enforce(self, user: str, q: QuotaConfig, lists: _Lists) -> int:
+        sessions, ended = self._known_week(user, q, lists) or await self.svc._week(user, q)
         now = self.svc.clock.now()
         ends_at = quota.exhaustion_time(self.svc._usage(sessions, ended, now, q), now) or 0.0
         sent = 0

@@ -5,7 +5,10 @@ ended never changes again (as far as metering goes: its interval and kind), so a
 metering row of each ended session it has seen and asks each cluster only for the live sessions
 and those that ended since the latest end it has seen there (less a margin, should the cluster's
 clock step back; a session seen twice is kept once). The cost of a check then follows what
-changed since the last one, not the user's whole week. Rows older than the week asked for are
+changed since the last one, not the user's whole week. The budget sweep lists each cluster for
+every user at once (live sessions, and those that ended since its last sweep there), which
+carries forward what is known of every user remembered (`extend`), so a user's week is then
+known without listing them at all. Rows older than the week asked for are
 dropped, and users not checked for a while are forgotten first when the cache is full; a user
 forgotten is read whole again. Each front replica keeps its own: it is a cache, never the truth.
 """
@@ -34,6 +37,7 @@ class _Seen:
     """One user's ended sessions on one cluster."""
 
     latest_end: float = float("-inf")
+    covered: float = float("-inf")  # every end before this is in rows: when the list was asked
     rows: dict[str, EndedRow] = field(default_factory=dict)  # session id -> its row
 
 
@@ -47,11 +51,17 @@ class EndedSessions:
         seen = self._users.get(user_id, {}).get(cluster)
         if seen is None:
             return week_start
-        return max(week_start, seen.latest_end - CLOCK_MARGIN_S)
+        return max(week_start, max(seen.latest_end, seen.covered) - CLOCK_MARGIN_S)
 
-    def add(self, user_id: str, cluster: str, ended: list[tuple[str, float, EndedRow]]) -> None:
+    def covered(self, user_id: str, cluster: str) -> float:
+        """Every end of the user's sessions on `cluster` before this is remembered (-inf: none is)."""
+        seen = self._users.get(user_id, {}).get(cluster)
+        return float("-inf") if seen is None else seen.covered
+
+    def add(self, user_id: str, cluster: str, ended: list[tuple[str, float, EndedRow]],
+            asked_at: float | None = None) -> None:
         """Remembers the ended sessions (id, end, row) a cluster listed, in full, for what
-        `ask_after` asked."""
+        `ask_after` asked, when the list was asked for at `asked_at`."""
         clusters = self._users.get(user_id)
         if clusters is None:
             clusters = self._users[user_id] = {}
@@ -59,9 +69,21 @@ class EndedSessions:
                 self._users.popitem(last=False)
         self._users.move_to_end(user_id)
         seen = clusters.setdefault(cluster, _Seen())
-        for sid, ended_at, row in ended:
-            seen.rows[sid] = row
-            seen.latest_end = max(seen.latest_end, ended_at)
+        _remember(seen, ended)
+        if asked_at is not None:
+            seen.covered = max(seen.covered, asked_at)
+
+    def extend(self, cluster: str, complete_from: float, asked_at: float,
+               ended: dict[str, list[tuple[str, float, EndedRow]]]) -> None:
+        """Takes in a list of every user's sessions on `cluster`, asked for at `asked_at`, that
+        holds every end since `complete_from` (`ended`: by user). A user remembered without a gap
+        before `complete_from` is then known up to `asked_at`; the others are left as they are,
+        and not added."""
+        for user_id, clusters in self._users.items():
+            seen = clusters.get(cluster)
+            if seen is not None and seen.covered >= complete_from:
+                _remember(seen, ended.get(user_id, ()))
+                seen.covered = max(seen.covered, asked_at)
 
     def rows(self, user_id: str, cluster: str, week_start: float) -> list[EndedRow]:
         """The ended sessions remembered, those that ended before the week dropped."""
@@ -72,3 +94,9 @@ class EndedSessions:
         for sid in old:
             del seen.rows[sid]
         return list(seen.rows.values())
+
+
+def _remember(seen: _Seen, ended) -> None:
+    for sid, ended_at, row in ended:
+        seen.rows[sid] = row
+        seen.latest_end = max(seen.latest_end, ended_at)

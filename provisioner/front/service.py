@@ -239,11 +239,10 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         ended_made: list[tuple[str, float]] = []
 
         async def one(c: ClusterClient) -> list[pb.Session]:
-            asked_after = seen.ask_after(user_id, c.name, week_start)
+            asked_after, asked_at = seen.ask_after(user_id, c.name, week_start), self.clock.now()
             out = await listed(c, cluster_pb.ListRequest(user_id=user_id, ended_after=convert.timestamp(asked_after),
-                                                          brief=True), timeout)
-            seen.add(user_id, c.name, [(s.id, s.end_time.ToNanoseconds() / 1e9, self._ended_row(s))
-                                       for s in out if s.state not in LIVE_STATES])
+                                                         brief=True), timeout)
+            seen.add(user_id, c.name, self.ended_rows(out), asked_at)
             if made:
                 ended_made.extend(admission.ends_seen([m for m in made if m.cluster == c.name], out, asked_after))
             return [s for s in out if s.state in LIVE_STATES]
@@ -255,6 +254,10 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         if ended_made or gone:
             self._note_ends(user_id, ended_made + gone, made)
         return sessions, ended
+
+    def ended_rows(self, listed: list[pb.Session]) -> list[tuple[str, float, EndedRow]]:
+        """(id, end, metering row) of each ended session in a cluster's list."""
+        return [(s.id, s.end_time.ToNanoseconds() / 1e9, self._ended_row(s)) for s in listed if s.state not in LIVE_STATES]
 
     def _note_ends(self, user_id: str, ended: list[tuple[str, float]], made: list[Made]) -> None:
         """Records the ends a check saw, in the background: the check that saw them has its answer."""
@@ -282,10 +285,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         store alone when it proves the create within quota (front/admission.py), else from what
         the clusters list, with the user's placements under way elsewhere counted as live."""
         now, span = self.clock.now(), trace.get_current_span()
-        if admission.surely_within(a, q.gpu_hours_per_week * 3600, q.max_active(kind), q.min_budget_to_start_s,
-                                   self.max_gpus, self._live_when_listed.get(user_id, 0)):
+        why = admission.why_list(a, q.gpu_hours_per_week * 3600, q.max_active(kind), q.min_budget_to_start_s,
+                                 self.max_gpus, self._live_when_listed.get(user_id, 0))
+        if why is None:
             span.add_event("quota: within, from the store")
             return
+        span.add_event("quota: listing the clusters", {"reason": why})
         made = await self.store.read(self.store.made_not_seen_ended, user_id)
         sessions, ended = await self._week(user_id, q, made=[m for m in made if m.request_id != request_id])
         if len(self._live_when_listed) >= MAX_USERS_LISTED:
