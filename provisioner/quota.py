@@ -16,6 +16,18 @@ WEEK_S = 7 * 24 * 3600.0
 def week_window(now: float, reset_weekday: int = 0, reset_hour_utc: int = 0) -> tuple[float, float]:
     """The quota week holding `now`: (its start, the next reset), in epoch seconds. The week resets
     on `reset_weekday` (0 is Monday) at `reset_hour_utc`:00 UTC."""
+    last = _last_window.get((reset_weekday, reset_hour_utc))
+    if last is not None and last[0] <= now < last[1]:  # a create asks several times a second
+        return last
+    window = _week_window(now, reset_weekday, reset_hour_utc)
+    _last_window[(reset_weekday, reset_hour_utc)] = window
+    return window
+
+
+_last_window: dict[tuple[int, int], tuple[float, float]] = {}
+
+
+def _week_window(now: float, reset_weekday: int, reset_hour_utc: int) -> tuple[float, float]:
     at = datetime.fromtimestamp(now, timezone.utc)
     start = (at - timedelta(days=(at.weekday() - reset_weekday) % 7)).replace(
         hour=reset_hour_utc, minute=0, second=0, microsecond=0)
