@@ -4,6 +4,7 @@ on before its transaction commits, and capacity counts kept as VMs change."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 
 from core_driver import make_core
@@ -195,5 +196,35 @@ async def test_a_long_list_is_converted_a_part_at_a_time_and_answered_whole(monk
         assert [s.id for s in resp.sessions] == [s.id for s in expected]
         assert {s.id for s in made} <= {s.id for s in resp.sessions}
         assert during >= 2  # the loop turned between the parts (12 sessions, 5 at a time)
+    finally:
+        await rt.close()
+
+
+async def test_health_is_read_once_a_period_for_each_vm_spread_evenly_over_it():
+    rt, cloud, clock = runtime(min_vms=12)
+    await rt.start()
+    try:
+        await clock.advance(600)
+        warm = {vm.id for vm in rt.core.vms.values() if vm.state.value == "warm"}
+        assert len(warm) >= 12
+        reads: list[tuple[float, str]] = []
+        health = rt.backend.health
+
+        async def recording(vm_id, zone):
+            reads.append((clock.now(), vm_id))
+            return await health(vm_id, zone)
+
+        rt.backend.health = recording
+        start = clock.now()
+        await clock.advance(runtime_module.HEALTH_CHECK_S + 2 * runtime_module.HEALTH_SLICE_S)
+        in_a_period = [vm for t, vm in reads if t < start + runtime_module.HEALTH_CHECK_S]
+        assert set(in_a_period) >= warm  # every warm VM read once a period, and only once
+        assert all(n == 1 for n in collections.Counter(in_a_period).values())
+        per_instant: dict[float, int] = {}
+        for t, _ in reads:
+            per_instant[t] = per_instant.get(t, 0) + 1
+        # 12 or so VMs over 60 slices: never more than one slice's share at once.
+        assert max(per_instant.values()) <= -(-len(warm) * runtime_module.HEALTH_SLICE_S // runtime_module.HEALTH_CHECK_S)
+        assert len(per_instant) >= len(warm)
     finally:
         await rt.close()

@@ -572,9 +572,11 @@ def register(server, servicer: SessionServicer):
     return SERVICE_NAMES
 
 
-async def listed(c: ClusterClient, request: cluster_pb.ListRequest, timeout: float | None) -> list[pb.Session]:
-    """Every page of one cluster's answer to `request`."""
-    request.page_size, out = MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE, []
+async def listed(c: ClusterClient, request: cluster_pb.ListRequest, timeout: float | None,
+                 page_size: int | None = None) -> list[pb.Session]:
+    """Every page of one cluster's answer to `request` (pages of `page_size`, default the most a
+    cluster gives)."""
+    request.page_size, out = page_size or (MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE), []
     while True:
         resp = await call(c.sessions.List, request, timeout)
         out += resp.sessions
