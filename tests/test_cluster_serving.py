@@ -228,3 +228,32 @@ async def test_health_is_read_once_a_period_for_each_vm_spread_evenly_over_it():
         assert len(per_instant) >= len(warm)
     finally:
         await rt.close()
+
+
+async def test_a_listing_s_later_pages_follow_its_first_page_s_order_without_filtering_again(monkeypatch):
+    from provisioner.cluster import service
+    from provisioner.v1 import cluster_service_pb2 as cluster_pb
+
+    rt, cloud, clock = runtime(min_vms=14)
+    await rt.start()
+    try:
+        await clock.advance(600)
+        for i in range(10):
+            rt.allocate(SessionSpec(f"r{i}", "ada", "gpu-p100", "gpu:latest"))
+            await clock.advance(1)
+        servicer = service.ClusterServicer(rt, clock)
+        filtered = []
+        sessions = rt.sessions
+        monkeypatch.setattr(rt, "sessions", lambda *args: filtered.append(args) or sessions(*args))
+        first = await servicer.List(cluster_pb.ListRequest(page_size=4), _Call())
+        rt.allocate(SessionSpec("newer", "ada", "gpu-p100", "gpu:latest"))  # first in the order, now
+        await clock.advance(1)
+        second = await servicer.List(cluster_pb.ListRequest(page_size=4, page_token=first.next_page_token), _Call())
+        third = await servicer.List(cluster_pb.ListRequest(page_size=4, page_token=second.next_page_token), _Call())
+        listed = [s.spec.request_id for r in (first, second, third) for s in r.sessions]
+        assert listed == [f"r{i}" for i in reversed(range(10))]  # newest first, none twice, none left out
+        assert third.next_page_token == "" and len(filtered) == 1
+        again = await servicer.List(cluster_pb.ListRequest(page_size=4), _Call())  # a new listing sees it
+        assert again.sessions[0].spec.request_id == "newer" and len(filtered) == 2
+    finally:
+        await rt.close()

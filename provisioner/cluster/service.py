@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 
 from opentelemetry import trace
 
@@ -26,6 +27,9 @@ from provisioner.v1 import types_pb2 as pb
 # Wall seconds between two pushes, whatever the runtime's clock: at a high time scale a model
 # second is a few milliseconds.
 DEFAULT_CAPACITY_INTERVAL_S = 0.1
+# A listing's matches are kept this long (wall seconds) for its next page, for this many listings.
+LISTING_KEPT_S = 10.0
+MAX_LISTINGS_KEPT = 16
 # Sessions a List converts between two turns of the event loop (a few milliseconds of work).
 CONVERT_AT_ONCE = 256
 
@@ -52,6 +56,10 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     def __init__(self, runtime: ClusterRuntime, wall: Clock):
         self.rt = runtime
         self.wall = wall
+        # The matches of the listings whose later pages are still to be asked for, in order, and
+        # when each was made (wall time): a later page neither filters and sorts every session in
+        # memory again nor sees the order shift under it.
+        self._listings: OrderedDict[tuple, tuple[float, list[Session]]] = OrderedDict()
 
     @unary
     async def Allocate(self, request, context):
@@ -85,10 +93,19 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     @unary
     async def List(self, request, context):
         ended_after = request.ended_after.ToNanoseconds() / 1e9 if request.HasField("ended_after") else None
-        sessions = filter_sessions(self.rt.sessions(request.user_id, ended_after), request.user_id,
-                                   list(request.states), ended_after)
+        key = (request.user_id, tuple(request.states), ended_after)
+        kept = self._listings.pop(key, None)
+        if request.page_token and kept is not None and self.wall.now() - kept[0] < LISTING_KEPT_S:
+            made, sessions = kept
+        else:
+            made, sessions = self.wall.now(), filter_sessions(self.rt.sessions(request.user_id, ended_after),
+                                                              request.user_id, list(request.states), ended_after)
         items, token = page(sessions, request.page_size, request.page_token,
                             MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE)
+        if token:
+            self._listings[key] = made, sessions
+            while len(self._listings) > MAX_LISTINGS_KEPT:
+                self._listings.popitem(last=False)
         trace.get_current_span().set_attributes({telemetry.ATTR_MATCHED: len(sessions), telemetry.ATTR_LISTED: len(items)})
         now = self.rt.clock.now()
         converted = []
