@@ -11,10 +11,12 @@ that dies leaves the others (or itself, restarted) to carry on at the next sweep
 A sweep lists each cluster once, for every user: the live sessions and those that ended since
 its last sweep there. A user's end follows from their running sessions, the week's metered time
 and their quotas, and does not move while none of these changes (the time metered grows at the
-rate the end was computed for). So only the users whose running sessions changed, who had a
-session end (one that started and ended between two sweeps metered time too), whose quotas
-changed, or whose week turned over are looked at in full, each at every cluster; the others
-cost nothing more.
+rate the end was computed for). So it is computed again only for the users whose running
+sessions changed, who had a session end (one that started and ended between two sweeps metered
+time too), whose quotas changed, or whose week turned over; the others cost nothing more. The
+ends the lists show are carried into what the front remembers of each user's ended sessions
+(front/ended_sessions.py), so a user's week is then known from the lists alone; a user the front
+knows too little of is listed on their own, at every cluster.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from dataclasses import dataclass, field
 from provisioner import quota
 from provisioner.api import convert
 from provisioner.config_policy import QuotaConfig
+from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import CLOCK_MARGIN_S
-from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.retry import call
 from provisioner.front.service import LIVE_STATES, listed
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
