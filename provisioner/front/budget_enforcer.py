@@ -43,6 +43,9 @@ TOLERANCE_S = 1.0  # an end this close to the one a session holds is not sent ag
 # A page of the list of every session is one message on the connection creates use: a smaller one
 # holds them up less (5,000 sessions in one held every call for about 100 ms).
 SWEEP_PAGE_SIZE = 500
+# Wall seconds between two pages: converting a page takes the cluster a few milliseconds, and pages
+# asked back to back held its calls for a tenth of a second at a time.
+SWEEP_PAGE_PAUSE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ class BudgetEnforcer:
         asked_at, before = self.svc.clock.now(), self._listed_at.get(c.name)
         since = (asked_at if before is None else before) - CLOCK_MARGIN_S
         out = await listed(c, cluster_pb.ListRequest(ended_after=convert.timestamp(since), brief=True),
-                           ATTEMPT_TIMEOUT_S, SWEEP_PAGE_SIZE)
+                           ATTEMPT_TIMEOUT_S, SWEEP_PAGE_SIZE, SWEEP_PAGE_PAUSE_S)
         if before is not None:
             ended_by_user: dict[str, list[pb.Session]] = {}
             for s in out:

@@ -573,9 +573,9 @@ def register(server, servicer: SessionServicer):
 
 
 async def listed(c: ClusterClient, request: cluster_pb.ListRequest, timeout: float | None,
-                 page_size: int | None = None) -> list[pb.Session]:
+                 page_size: int | None = None, pause_s: float = 0.0) -> list[pb.Session]:
     """Every page of one cluster's answer to `request` (pages of `page_size`, default the most a
-    cluster gives)."""
+    cluster gives), waiting `pause_s` of wall time between pages."""
     request.page_size, out = page_size or (MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE), []
     while True:
         resp = await call(c.sessions.List, request, timeout)
@@ -583,6 +583,8 @@ async def listed(c: ClusterClient, request: cluster_pb.ListRequest, timeout: flo
         if not resp.next_page_token:
             return out
         request.page_token = resp.next_page_token
+        if pause_s:
+            await asyncio.sleep(pause_s)
 
 
 async def _from_each(clients: list[ClusterClient], one, user_id: str, lenient: bool) -> list[pb.Session]:
