@@ -4,9 +4,10 @@ Any client interceptor puts every call of a grpc.aio channel on grpc's slower in
 and OpenTelemetry's server interceptor rebuilds the handler and wraps the context of every call:
 together they cost the front about a third of its GetSession throughput (README: Performance).
 Here a channel's multicallables are wrapped instead (one span, the trace context added to the
-call's metadata), and each method's handler is wrapped once, as its service is registered. Spans are named
-and described as OpenTelemetry's gRPC instrumentation does: the full method as the name, kind
-CLIENT or SERVER, `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status_code`.
+call's metadata), and each method's handler is wrapped once, as its service is registered. Spans
+are named and described as OpenTelemetry's gRPC instrumentation does: the full method as the
+name, kind CLIENT or SERVER, `rpc.system`, `rpc.service`, `rpc.method` and
+`rpc.grpc.status_code`.
 """
 
 from __future__ import annotations
@@ -130,9 +131,8 @@ class ServerTracing:
         self._tracer, self._traced = tracer, traced
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        return self._wrap(handler, method) if self._traced(method) else handler
-
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        if not self._traced(method):
+            return handler
         tracer, attributes = self._tracer, _attributes(method)
 
         def start(context) -> tuple[trace.Span, object]:

@@ -26,10 +26,10 @@ from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import ClusterConfig, FleetConfig
 from provisioner.front import blocks
-from provisioner.gc_freeze import LongLivedFreezer
 from provisioner.front import service as front_service
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
+from provisioner.gc_freeze import LongLivedFreezer
 from provisioner.front.service import Fleet
 from provisioner.front.budget_enforcer import BudgetEnforcer
 from provisioner.metrics import Metrics

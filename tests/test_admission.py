@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from conftest import warm_fleet
 from provisioner.api import convert
-from provisioner.front.admission import LIST_AFTER, ends_seen, surely_within, why_list
+from provisioner.front.admission import LIST_AFTER, ends_seen, why_list
 from provisioner.store.front_records import Admission, Made
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
@@ -25,7 +25,7 @@ def admission(live: int = 0, live_h: float = 0.0, ended_h: float = 0.0, placing=
 
 
 def within(a: Admission, limit_h: float = 100.0, cap: int = 3, gpus: float = 2.0) -> bool:
-    return surely_within(a, limit_h * HOUR, cap, 60.0, gpus)
+    return why_list(a, limit_h * HOUR, cap, 60.0, gpus) is None
 
 
 def test_a_user_well_within_quota_passes_from_the_store():
@@ -42,8 +42,8 @@ def test_many_sessions_not_seen_to_end_send_the_check_to_the_clusters_to_see_the
     assert within(admission(live=LIST_AFTER - 1), cap=10**9)
     assert not within(admission(live=LIST_AFTER), cap=10**9)
     # A listing that showed 20 live: the next lists at 40 not seen to end, not on every create.
-    assert surely_within(admission(live=39), 100 * HOUR, 10**9, 60.0, 2.0, live_when_listed=20)
-    assert not surely_within(admission(live=40), 100 * HOUR, 10**9, 60.0, 2.0, live_when_listed=20)
+    assert why_list(admission(live=39), 100 * HOUR, 10**9, 60.0, 2.0, live_when_listed=20) is None
+    assert why_list(admission(live=40), 100 * HOUR, 10**9, 60.0, 2.0, live_when_listed=20) is not None
 
 
 def test_a_check_that_lists_says_why():

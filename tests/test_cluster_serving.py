@@ -58,7 +58,7 @@ async def test_capacity_counts_follow_every_change_as_a_full_walk_finds_them():
         assert walked(rt)[0] and counted(rt) == walked(rt)  # recycled VMs hold the image
         warm = next(vm for vm in rt.core.vms.values() if vm.state.value == "warm")
         cloud.mark_unhealthy(warm.id, "xid 79")
-        await rt._check_health()
+        await rt._check(rt._checkable())
         assert counted(rt) == walked(rt) and sum(walked(rt)[1].values()) == 1
         await clock.advance(600)
         assert counted(rt) == walked(rt)
@@ -132,7 +132,7 @@ async def test_the_health_pass_lets_other_calls_in_between_its_chunks(monkeypatc
 
         other = asyncio.create_task(another_call())
         await asyncio.sleep(0)
-        await rt._check_health()
+        await rt._check(rt._checkable())
         other.cancel()
         assert max(steps) == 5 and len(steps) == -(-len(checked) // 5) and sum(steps) == len(checked)
         assert any(0 < n < len(checked) for n in seen)  # it ran mid-pass
@@ -224,7 +224,8 @@ async def test_health_is_read_once_a_period_for_each_vm_spread_evenly_over_it():
         for t, _ in reads:
             per_instant[t] = per_instant.get(t, 0) + 1
         # 12 or so VMs over 60 slices: never more than one slice's share at once.
-        assert max(per_instant.values()) <= -(-len(warm) * runtime_module.HEALTH_SLICE_S // runtime_module.HEALTH_CHECK_S)
+        share = -(-len(warm) * runtime_module.HEALTH_SLICE_S // runtime_module.HEALTH_CHECK_S)
+        assert max(per_instant.values()) <= share
         assert len(per_instant) >= len(warm)
     finally:
         await rt.close()

@@ -430,7 +430,7 @@ async def test_a_burst_of_429s_fails_no_session_and_deletes_no_vm(tmp_path, fake
         live = {vid for vid, vm in core.vms.items() if vm.state.value in ("warm", "assigned")}
         for op in ("get", "getGuestAttributes"):
             fake.fail_next(op, 429, 200)
-        await runtime._check_health()
+        await runtime._check(runtime._checkable())
         assert {c.status for c in fake.calls("get")[-4:]} == {429}  # the pass did read into the burst
         fake.failing.clear()
         assert s.state.value == "running"

@@ -1,11 +1,11 @@
 """The server's edge: every call is decoded, bounded, authenticated and authorized here, before
 any servicer sees it.
 
-One guard per server, wrapped around each method's handler, turns credentials (a bearer token at the front, the peer's
-certificate at a cluster) into a typed `Caller`, decodes the request itself (so undecodable bytes
-are INVALID_ARGUMENT, not a traceback), checks its limits, asks the pure `authorize`, and hands
-the servicer the caller and the user it may act for (`current()`). Admin actions and refused
-calls go to the audit log. Health and reflection stay anonymous.
+One guard per server, wrapped around each method's handler, turns credentials (a bearer token
+at the front, the peer's certificate at a cluster) into a typed `Caller`, decodes the request
+itself (so undecodable bytes are INVALID_ARGUMENT, not a traceback), checks its limits, asks the
+pure `authorize`, and hands the servicer the caller and the user it may act for (`current()`).
+Admin actions and refused calls go to the audit log. Health and reflection stay anonymous.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import grpc
 Wrapper = Callable[[str, grpc.RpcMethodHandler], "grpc.RpcMethodHandler | None"]
 
 
-def wrap(method: str, handler: grpc.RpcMethodHandler | None, wrappers: Iterable[Wrapper]) -> grpc.RpcMethodHandler | None:
+def wrap(method: str, handler: grpc.RpcMethodHandler | None,
+         wrappers: Iterable[Wrapper]) -> grpc.RpcMethodHandler | None:
     """`handler` inside each of `wrappers` (outermost first)."""
     for wrapper in reversed(list(wrappers)):
         if handler is None:

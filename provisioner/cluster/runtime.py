@@ -204,10 +204,6 @@ class ClusterRuntime:
         batch, self._health_due = self._health_due[:self._health_slice], self._health_due[self._health_slice:]
         await self._check(batch)
 
-    async def _check_health(self) -> None:
-        """Reads the health of every warm and assigned VM now."""
-        await self._check(self._checkable())
-
     def _checkable(self) -> list[Vm]:
         return [vm for vm in self.core.vms.values() if vm.state in (VmState.WARM, VmState.ASSIGNED)]
 

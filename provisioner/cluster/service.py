@@ -106,7 +106,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
             self._listings[key] = made, sessions
             while len(self._listings) > MAX_LISTINGS_KEPT:
                 self._listings.popitem(last=False)
-        trace.get_current_span().set_attributes({telemetry.ATTR_MATCHED: len(sessions), telemetry.ATTR_LISTED: len(items)})
+        trace.get_current_span().set_attributes({telemetry.ATTR_MATCHED: len(sessions),
+                                                 telemetry.ATTR_LISTED: len(items)})
         now = self.rt.clock.now()
         converted = []
         for i in range(0, len(items), CONVERT_AT_ONCE):

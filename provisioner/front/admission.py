@@ -35,12 +35,6 @@ def list_at(live_when_listed: int) -> int:
     return max(LIST_AFTER, 2 * live_when_listed)
 
 
-def surely_within(a: Admission, limit_s: float, max_active: int, min_budget_s: float, max_gpus: float,
-                  live_when_listed: int = 0) -> bool:
-    """Whether one more session passes the quota check whatever the clusters would list."""
-    return why_list(a, limit_s, max_active, min_budget_s, max_gpus, live_when_listed) is None
-
-
 def why_list(a: Admission, limit_s: float, max_active: int, min_budget_s: float, max_gpus: float,
              live_when_listed: int = 0) -> str | None:
     """Why a check must list the clusters, or None if one more session passes it whatever they
