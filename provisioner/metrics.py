@@ -45,6 +45,21 @@ _BREAKER_STATES = ("closed", "open", "half-open")
 disable_created_metrics()
 
 
+class _Children:
+    """A metric's children by label values, looked up without the client library's lock and
+    checks after the first time: the cloud's health reads alone ask thousands a second at x30.
+    Labels are bounded (see the module's docstring), and no child is ever removed."""
+
+    def __init__(self, metric):
+        self._metric, self._children = metric, {}
+
+    def __call__(self, *values: str):
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class Metrics:
     """One process's registry and the counters that are fed as things happen."""
 
@@ -162,7 +177,9 @@ class _SessionCounter:
     hands over every changed session after each event; several changes may come at once)."""
 
     def __init__(self, metrics: Metrics, cluster: str):
-        self.m, self.cluster = metrics, cluster
+        self.cluster = cluster
+        self.created, self.ended = _Children(metrics.sessions_created), _Children(metrics.sessions_ended)
+        self.starts, self.to_running = _Children(metrics.session_starts), _Children(metrics.time_to_running)
         self.seen: dict[str, int] = {}  # live session id -> history entries already counted
 
     def changed(self, sessions: list[Session], restored: bool = False) -> None:
@@ -175,14 +192,14 @@ class _SessionCounter:
             for i, change in enumerate(s.history[first:], start=first):
                 state = change.state
                 if i == 0:
-                    self.m.sessions_created.labels(self.cluster, s.pool, s.spec.kind.value).inc()
+                    self.created(self.cluster, s.pool, s.spec.kind.value).inc()
                 if state == SessionState.RUNNING.value and s.start is not None:
                     start = s.start.value
-                    self.m.session_starts.labels(self.cluster, s.pool, start).inc()
-                    self.m.time_to_running.labels(self.cluster, s.pool, start).observe(
+                    self.starts(self.cluster, s.pool, start).inc()
+                    self.to_running(self.cluster, s.pool, start).observe(
                         max(0.0, change.time - s.created_at))
                 elif state in (SessionState.STOPPED.value, SessionState.FAILED.value):
-                    self.m.sessions_ended.labels(self.cluster, s.pool, state).inc()
+                    self.ended(self.cluster, s.pool, state).inc()
             if s.terminal:
                 self.seen.pop(s.id, None)
             else:
@@ -326,21 +343,25 @@ class MeteredBackend:
     _METHODS = ("create", "wait_ready", "pull", "wipe", "delete", "list_vms", "health")
 
     def __init__(self, backend, metrics: Metrics, cluster: str):
-        self._backend, self._m, self._cluster = backend, metrics, cluster
+        self._backend = backend
+        calls, seconds = _Children(metrics.cloud_calls), _Children(metrics.cloud_seconds)
+        for name in self._METHODS:
+            if hasattr(backend, name):
+                setattr(self, name, self._metered(getattr(backend, name), name, cluster, calls, seconds))
 
     def __getattr__(self, name: str):
-        attr = getattr(self._backend, name)
-        if name not in self._METHODS:
-            return attr
+        return getattr(self._backend, name)
 
+    @staticmethod
+    def _metered(method, name: str, cluster: str, calls: _Children, seconds: _Children):
         async def call(*args, **kwargs):
             started = time.perf_counter()
             outcome = "exception"
             try:
-                result = await attr(*args, **kwargs)
+                result = await method(*args, **kwargs)
                 outcome = result.code if isinstance(result, CloudFailure) else "ok"
                 return result
             finally:
-                self._m.cloud_calls.labels(self._cluster, name, outcome).inc()
-                self._m.cloud_seconds.labels(self._cluster, name).observe(time.perf_counter() - started)
+                calls(cluster, name, outcome).inc()
+                seconds(cluster, name).observe(time.perf_counter() - started)
         return call

@@ -14,6 +14,7 @@ from provisioner.audit import AuditLog
 from provisioner.api.status import stream, unary
 from provisioner.clock import Clock, RealClock
 from provisioner.cluster.runtime import ClusterRuntime
+from provisioner.cluster.session_protos import SessionProtos
 from provisioner.decide.pools import PoolState
 from provisioner.decide.states import SESSION_TERMINAL
 from provisioner.errors import Aborted, InvalidArgument, NotFound, quote
@@ -60,6 +61,7 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         # when each was made (wall time): a later page neither filters and sorts every session in
         # memory again nor sees the order shift under it.
         self._listings: OrderedDict[tuple, tuple[float, list[Session]]] = OrderedDict()
+        self._protos = SessionProtos()
 
     @unary
     async def Allocate(self, request, context):
@@ -70,7 +72,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
             raise Aborted("the request arrived after its commit deadline; nothing was made")
         session = self.rt.allocate(spec)
         _annotate(session)
-        response = cluster_pb.AllocateResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        response = cluster_pb.AllocateResponse()
+        self._protos.fill(response.session, session, self.rt.clock.now())
         await self.rt.durable()
         return response
 
@@ -86,7 +89,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
                 session = self.rt.get_by_request(request_key(request.user_id, request.request_id))
             case _:
                 raise InvalidArgument("give session_id or request_id", field="key")
-        response = cluster_pb.GetResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        response = cluster_pb.GetResponse()
+        self._protos.fill(response.session, session, self.rt.clock.now())
         await self.rt.durable(session.id)  # nothing is told before it is durable
         return response
 
@@ -109,12 +113,12 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         trace.get_current_span().set_attributes({telemetry.ATTR_MATCHED: len(sessions),
                                                  telemetry.ATTR_LISTED: len(items)})
         now = self.rt.clock.now()
-        converted = []
+        response = cluster_pb.ListResponse(next_page_token=token)
         for i in range(0, len(items), CONVERT_AT_ONCE):
             if i:  # a page of thousands (a front's list of every session) holds up no other call
                 await asyncio.sleep(0)
-            converted += [convert.session_to_pb(s, now, request.brief) for s in items[i:i + CONVERT_AT_ONCE]]
-        response = cluster_pb.ListResponse(sessions=converted, next_page_token=token)
+            for s in items[i:i + CONVERT_AT_ONCE]:
+                self._protos.fill(response.sessions.add(), s, now, request.brief)
         if items:  # nothing is told before it is durable; the writes of other sessions are not waited for
             await self.rt.durable(*(s.id for s in items))
         return response
@@ -122,7 +126,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     @unary
     async def Touch(self, request, context):
         session = self.rt.touch(request.session_id, request.user_id)
-        response = cluster_pb.TouchResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        response = cluster_pb.TouchResponse()
+        self._protos.fill(response.session, session, self.rt.clock.now())
         await self.rt.durable()
         return response
 
@@ -130,14 +135,17 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
     async def Stop(self, request, context):
         session = self.rt.stop(request.session_id, request.reason, request.user_id)
         _annotate(session)
-        response = cluster_pb.StopResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        response = cluster_pb.StopResponse()
+        self._protos.fill(response.session, session, self.rt.clock.now())
         await self.rt.durable()
         return response
 
     @stream
     async def Watch(self, request, context):
         async for session in self.rt.watch(request.session_id, request.after_revision, request.user_id):
-            yield cluster_pb.WatchResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+            response = cluster_pb.WatchResponse()
+            self._protos.fill(response.session, session, self.rt.clock.now())
+            yield response
 
     @unary
     async def Discard(self, request, context):
@@ -156,7 +164,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
             raise InvalidArgument("session_id must not be empty", field="session_id")
         ends_at = request.end_time.ToNanoseconds() / 1e9 if request.HasField("end_time") else 0.0
         session = self.rt.set_budget_end(request.session_id, ends_at)
-        response = cluster_pb.SetBudgetEndResponse(session=convert.session_to_pb(session, self.rt.clock.now()))
+        response = cluster_pb.SetBudgetEndResponse()
+        self._protos.fill(response.session, session, self.rt.clock.now())
         await self.rt.durable()
         return response
 

@@ -1,0 +1,41 @@
+"""Each session's proto made once per revision, and copied into every answer that carries it.
+
+Building a session's proto field by field in Python costs about ten times a copy in protobuf's C
+code, and the same sessions are answered again and again: a notebook polling its session, every
+front's budget sweep listing every live one. A session's revision grows with every change of it
+that is kept (decide/core.py), which Watch already relies on, so a proto made at a revision stays
+right until the next. Only the read time differs from one answer to the next.
+"""
+
+from __future__ import annotations
+
+from provisioner.api import convert
+from provisioner.model import Session
+from provisioner.v1 import types_pb2 as pb
+
+# Protos kept: more than a large cluster's live sessions, so a sweep's full list finds them all.
+MAX_KEPT = 20_000
+
+
+class SessionProtos:
+    def __init__(self, max_kept: int = MAX_KEPT):
+        self.max_kept = max_kept
+        self._kept: dict[tuple[str, bool], tuple[int, pb.Session]] = {}  # oldest made first
+
+    def fill(self, out: pb.Session, s: Session, now: float, brief: bool = False) -> pb.Session:
+        """Sets `out` to `s` read at `now` (`brief`: without the history and notices); returns it."""
+        key = (s.id, brief)
+        kept = self._kept.get(key)
+        if kept is None or kept[0] != s.revision:
+            kept = s.revision, convert.session_to_pb(s, 0.0, brief)
+            self._kept.pop(key, None)
+            self._kept[key] = kept
+            if len(self._kept) > self.max_kept:
+                del self._kept[next(iter(self._kept))]
+        out.CopyFrom(kept[1])
+        if now:  # as convert.timestamp: zero is no time
+            out.read_time.FromNanoseconds(int(now * 1e9))
+        return out
+
+    def of(self, s: Session, now: float, brief: bool = False) -> pb.Session:
+        return self.fill(pb.Session(), s, now, brief)

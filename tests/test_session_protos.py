@@ -1,0 +1,50 @@
+"""A cluster answers each session with a proto made once per revision (cluster/session_protos.py):
+through queueing, pulls with progress, starts, touches, budget notices and stops, what it answers
+is what a fresh conversion of the session gives."""
+
+from __future__ import annotations
+
+from core_driver import Driver, make_core
+
+from provisioner.api import convert
+from provisioner.cluster.session_protos import SessionProtos
+from provisioner.decide import events as ev
+from provisioner.decide.states import SessionState as S
+from provisioner.model import SessionKind
+
+
+def _same_as_fresh(protos: SessionProtos, d: Driver) -> None:
+    for s in d.sessions.values():
+        for brief in (False, True):
+            assert protos.of(s, d.now, brief) == convert.session_to_pb(s, d.now, brief), (s.id, s.state, brief)
+
+
+def test_every_answer_equals_a_fresh_conversion_through_a_session_lifecycle():
+    d = Driver(make_core(max_vms=3))
+    protos = SessionProtos()
+    d.checks.append(lambda drv: _same_as_fresh(protos, drv))
+    d.add_warm(d.core.catalog.latest)
+    batch = [d.allocate(f"user-{i}", kind=SessionKind.BATCH) for i in range(5)]  # a warm start, cold ones, a queue
+    assert {S.RUNNING, S.QUEUED} <= {s.state for s in batch}
+    seen = set()
+    d.checks.append(lambda drv: seen.update(s.state for s in drv.sessions.values()))
+    d.advance(60.0)
+    d.touch(batch[0])
+    d.send(ev.BudgetSet(d.now, batch[0].id, d.now + 10 * 60))  # inside the first warning
+    d.advance(d.core.config.tick_s)
+    assert batch[0].notices
+    d.stop(batch[1], "done")
+    d.advance(30 * 60.0)
+    assert {S.PULLING_IMAGE, S.RUNNING, S.STOPPING, S.STOPPED} <= seen
+    assert any(s.pull_bytes_done for s in d.sessions.values())  # progress was answered on the way
+
+
+def test_the_oldest_proto_made_goes_first_past_the_bound():
+    d = Driver(make_core())
+    d.add_warm(d.core.catalog.latest)
+    a, b, c = (d.allocate(f"user-{i}") for i in range(3))
+    protos = SessionProtos(max_kept=2)
+    for s in (a, b, c):
+        protos.of(s, d.now)
+    assert list(protos._kept) == [(b.id, False), (c.id, False)]
+    assert protos.of(a, d.now) == convert.session_to_pb(a, d.now)
