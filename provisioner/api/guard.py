@@ -30,6 +30,8 @@ from provisioner.security.tokens import TokenVerifier
 log = logging.getLogger(__name__)
 
 ATTR_CALLER, ATTR_ROLES = "provisioner.caller", "provisioner.caller.roles"
+# Callers remembered by the names in their certificates (a cluster's peers: fronts, operators).
+MAX_PEERS_KNOWN = 256
 
 
 @dataclass(frozen=True)
@@ -79,16 +81,27 @@ def bearer_identity(verifier: TokenVerifier) -> Identify:
 def certificate_identity(names_to_roles: dict[str, frozenset[str]]) -> Identify:
     """At a cluster: the caller is the name in its verified client certificate (mTLS)."""
 
+    known: dict[tuple, Caller] = {}  # by the names a verified certificate carries: few peers
+
     async def identify(context: grpc.aio.ServicerContext) -> Caller:
         auth = context.auth_context() or {}
-        names = [n.decode(errors="replace") for n in auth.get("x509_subject_alternative_name", ())]
-        names += [n.decode(errors="replace") for n in auth.get("x509_common_name", ())]
-        for name in names:
-            if name in names_to_roles:
-                return Caller(name, names_to_roles[name], "certificate")
-        return Caller(names[0], frozenset(), "certificate") if names else ANONYMOUS
+        key = (*auth.get("x509_subject_alternative_name", ()), b"", *auth.get("x509_common_name", ()))
+        if (caller := known.get(key)) is None:
+            caller = _certificate_caller(auth, names_to_roles)
+            if len(known) < MAX_PEERS_KNOWN:
+                known[key] = caller
+        return caller
 
     return identify
+
+
+def _certificate_caller(auth: dict, names_to_roles: dict[str, frozenset[str]]) -> Caller:
+    names = [n.decode(errors="replace") for n in auth.get("x509_subject_alternative_name", ())]
+    names += [n.decode(errors="replace") for n in auth.get("x509_common_name", ())]
+    for name in names:
+        if name in names_to_roles:
+            return Caller(name, names_to_roles[name], "certificate")
+    return Caller(names[0], frozenset(), "certificate") if names else ANONYMOUS
 
 
 class Guard:
