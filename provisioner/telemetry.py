@@ -62,6 +62,11 @@ ENV_FILE_MAX_BYTES = "PROVISIONER_TRACES_MAX_BYTES"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # per file; with 3 rotated files at most 256 MiB of spans
 DEFAULT_BACKUPS = 3
 ENV_SAMPLE = "PROVISIONER_TRACE_SAMPLE"
+# Spans encoded per export, unless OTEL_BSP_MAX_EXPORT_BATCH_SIZE says otherwise. The exporter's
+# thread holds the GIL while it encodes: the SDK's 512 at once held every call in flight for
+# about 5 ms (GetSession's p99 at 8 in flight went from 10-12 ms to 8 ms with 64).
+ENV_EXPORT_BATCH = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+EXPORT_BATCH = 64
 
 # Calls that are not part of any request: probes, tooling, and the OTLP exporter's own export
 # (tracing the export would feed itself).
@@ -165,19 +170,22 @@ def setup_tracing(
     ratio = sample_ratio_from(sample_ratio, os.environ.get(ENV_SAMPLE))
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}),
                               sampler=ParentBased(TraceIdRatioBased(ratio)))
+    batch = int(os.environ.get(ENV_EXPORT_BATCH) or EXPORT_BATCH)
     if kind == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(), max_export_batch_size=batch))
     elif kind == "file":
         path = file_path or os.environ.get(ENV_FILE) or DEFAULT_FILE
         max_bytes = int(os.environ.get(ENV_FILE_MAX_BYTES) or DEFAULT_MAX_BYTES)
-        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(path, max_bytes)))
+        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(path, max_bytes),
+                                                       max_export_batch_size=batch))
     elif kind == "otlp":
         # Imported here: it pulls in the OTLP protos, which "none" and "file" do not need.
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
 
         url = endpoint or os.environ.get(ENV_OTLP_ENDPOINT) or DEFAULT_OTLP_ENDPOINT
         insecure = {"http": True, "https": False}.get(urlparse(url).scheme)
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url, insecure=insecure)))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url, insecure=insecure),
+                                                       max_export_batch_size=batch))
     # The API allows one global provider per process and only warns on a second set.
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)
