@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from provisioner.perf.load import WORKLOADS
+from provisioner.perf.phases import PHASES
 from provisioner.perf.serving import LABELS, table
 
 
@@ -26,7 +27,11 @@ def test_quick_benchmark_reports_every_workload():
             assert set(measured["processes"]) == processes
             assert all(p["cpu"] >= 0 and p["rss_mb"] > 0 for p in measured["processes"].values())
         assert row["ratio"] > 0
+    create = next(r["provisioner"] for r in results["rows"] if r["workload"] == "create")
+    assert create["phases"]["creates"] > 0  # the create runs' spans, cut into phases
+    assert all(0 < create["phases"][p]["p50"] <= create["phases"][p]["p90"] for p in PHASES)
     assert "run 1/1, 2 in flight: mix" in out.stderr  # progress while it runs
     rendered = table(results).splitlines()
     for w, line in zip(WORKLOADS, rendered[3:]):
         assert line.startswith(LABELS[w]) and "front " in line and "| echo: forward " in line
+    assert rendered[3 + len(WORKLOADS) + 1].startswith("where a warm create's time goes")

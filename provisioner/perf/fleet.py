@@ -19,6 +19,7 @@ from provisioner.config import default_clusters_dir, load_fleet
 CLUSTER = "us-central1"
 POOL = "gpu-p100"
 TIME_SCALE = 30.0
+SPANS_DUE_MS = 500  # the fleet's processes write a partial batch of spans within this
 _CLI = "import sys; from provisioner.cli import main; sys.exit(main())"
 
 
@@ -102,7 +103,9 @@ def start_fleet(clusters: Path, data_dir: Path, log_dir: Path, traces: str) -> l
     """The cluster, then the front, as `provisioner serve` runs them."""
     common = ["--clusters", str(clusters), "--data-dir", str(data_dir), "--time-scale", str(TIME_SCALE),
               "--traces", traces, "--log-level", "WARNING"]
-    env = {"PROVISIONER_TRACES_FILE": str(data_dir / "traces.jsonl")}
+    # Partial batches of spans within SPANS_DUE_MS (not the SDK's 5 s), so the spans of a
+    # measurement's last calls are in the file soon after it (provisioner/perf/phases.py).
+    env = {"PROVISIONER_TRACES_FILE": str(data_dir / "traces.jsonl"), "OTEL_BSP_SCHEDULE_DELAY": str(SPANS_DUE_MS)}
     cluster = spawn("cluster", ["-c", _CLI, "serve", "cluster", "--name", CLUSTER, *common], "cluster ", log_dir, env)
     try:
         front = spawn("front", ["-c", _CLI, "serve", "front", *common], "front listening", log_dir, env)

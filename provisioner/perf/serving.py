@@ -11,8 +11,10 @@ start). A load generator, a process of its own, then drives each at 1, 8 and 32 
 warm CreateSession, GetSession, and the mix (10% create, 70% get, 15% touch, 5% stop); the echo
 once per in-flight level and run. Runs are interleaved (every measurement once, then again), and
 the table shows medians: calls/s of each, their ratio, the provisioner's p50/p99/max latency,
-and each process's CPU (share of one core over the window) and resident memory. Progress on
-stderr; `--json` prints one JSON object instead of the table.
+and each process's CPU (share of one core over the window) and resident memory. With file
+tracing (the default), the create rows also say where a create's time goes, phase by phase, from
+the spans written in each window (provisioner/perf/phases.py). Progress on stderr; `--json`
+prints one JSON object instead of the table.
 
 Warming the pool up takes a while: every VM prewarms the ~40 releases its disk holds, each pull a
 durable write (`--disk-cache-gb` smaller holds fewer; `--data-dir` on a RAM disk writes faster,
@@ -30,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner.perf import fleet, usage
+from provisioner.perf import fleet, phases, usage
 from provisioner.perf.load import WORKLOADS
 
 DEFAULT_VMS = 5000
@@ -51,9 +53,10 @@ def measure(procs: list[fleet.Proc], load_argv: list[str]) -> dict:
             raise RuntimeError(f"the load generator failed ({' '.join(load_argv)}): {line.strip()!r}")
         watched = [*procs, fleet.Proc("load", load)]
         before = {p.name: usage.cpu_s(p.pid) for p in watched}
-        started = time.monotonic()
+        started, started_ns = time.monotonic(), time.time_ns()
         result = json.loads(load.stdout.readline())
         wall = time.monotonic() - started
+        result["window_ns"] = [started_ns, time.time_ns()]
         result["processes"] = {p.name: {"cpu": round((usage.cpu_s(p.pid) - before[p.name]) / wall, 3),
                                         "rss_mb": round(usage.rss_mb(p.pid), 1)} for p in watched}
         load.wait()  # it stops the sessions it made before exiting
@@ -71,6 +74,8 @@ def median_of(runs: list[dict]) -> dict:
     out["not_warm"] = sum(r.get("not_warm", 0) for r in runs)
     out["processes"] = {name: {k: statistics.median(r["processes"][name][k] for r in runs) for k in ("cpu", "rss_mb")}
                         for name in runs[0]["processes"]}
+    if all("phases" in r for r in runs):
+        out["phases"] = phases.median_summary([r["phases"] for r in runs])
     return out
 
 
@@ -99,6 +104,7 @@ def run(vms: int, runs: int, seconds: float, in_flight: tuple[int, ...], workloa
                             "--workload", "warm", "--vms", str(vms)], stdout=subprocess.DEVNULL, check=True)
             progress(f"  warm after {time.monotonic() - started:.1f} s")
             samples: dict[tuple[str, int], list[dict]] = {}
+            spans = data_dir / "traces.jsonl"  # where the fleet's processes write theirs (traces: file)
             for i in range(runs):
                 for k in in_flight:
                     progress(f"run {i + 1}/{runs}, {k} in flight: echo ...")
@@ -108,8 +114,13 @@ def run(vms: int, runs: int, seconds: float, in_flight: tuple[int, ...], workloa
                     progress(f"  echo: {_brief(r)}")
                     for w in workloads:
                         progress(f"run {i + 1}/{runs}, {k} in flight: {w} ...")
+                        written = spans.stat().st_size if spans.exists() else 0
                         r = measure(served, ["provisioner", front, str(data_dir), "--workload", w, "--vms", str(vms),
                                              "--in-flight", str(k), "--seconds", str(seconds)])
+                        if w == "create" and traces == "file":
+                            time.sleep(2 * fleet.SPANS_DUE_MS / 1000)  # the window's last spans are written
+                            r["phases"] = phases.summary(phases.create_phases(
+                                phases.spans_after(spans, written), *r["window_ns"]))
                         samples.setdefault((w, k), []).append(r)
                         progress(f"  {w}: {_brief(r)}")
         finally:
@@ -152,6 +163,11 @@ def table(results: dict) -> str:
         lines.append(f"{LABELS[row['workload']]:<22}{row['in_flight']:>9}{echo['calls_per_s']:>9.0f}"
                      f"{prov['calls_per_s']:>9.0f}{row['ratio']:>7.2f}  {latency:<22}{_usage(prov)} | echo: "
                      f"{_usage(echo)}{notes}")
+    traced = [row for row in results["rows"] if "phases" in row["provisioner"]]
+    if traced:
+        lines += ["", "where a warm create's time goes (p50 / p90 ms, from the spans; python -m provisioner.perf.phases)",
+                  f"{'in flight':>9}" + phases.HEADER]
+        lines += [f"{row['in_flight']:>9}" + phases.render(row["provisioner"]["phases"]) for row in traced]
     return "\n".join(lines)
 
 
