@@ -69,6 +69,7 @@ class ClusterClient:
         # Pushes are throttled, so a burst of creates would all see the same warm VMs and go to
         # the same cluster; each routed create holds one until a push after its placement ended.
         self._holds: dict[int, Hold] = {}
+        self._held_pools: dict[str, PoolView] | None = None  # the pools less the holds, until either changes
         self._hold_ids = itertools.count()
         self._pushes = 0
         self._task: asyncio.Task | None = None
@@ -94,6 +95,7 @@ class ClusterClient:
                     self._pushes += 1
                     self._holds = {k: h for k, h in self._holds.items()
                                    if h.settled_at_push is None or h.settled_at_push >= self._pushes}
+                    self._held_pools = None
                     self.updated.set()
             except asyncio.CancelledError:
                 raise
@@ -109,6 +111,8 @@ class ClusterClient:
         """Counts a create routed here as taking a VM of `pool` until the cluster's pushes show it."""
         key = next(self._hold_ids)
         self._holds[key] = Hold(pool, image)
+        if self._held_pools is not None and pool in self._held_pools:  # one more taken, as a batch would
+            self._held_pools = {**self._held_pools, pool: taken(self._held_pools[pool], {image: 1})}
         return key
 
     def settle(self, key: int) -> None:
@@ -118,12 +122,14 @@ class ClusterClient:
 
     def view(self) -> ClusterView:
         cap = self.capacity
-        held: dict[str, Counter[str]] = {}
-        for hold in self._holds.values():
-            held.setdefault(hold.pool, Counter())[hold.image] += 1
-        pools = {name: taken(pool, held[name]) if name in held else pool for name, pool in self._pools.items()}
+        if self._held_pools is None:  # after a push; a hold takes its VM from the view made before
+            held: dict[str, Counter[str]] = {}
+            for hold in self._holds.values():
+                held.setdefault(hold.pool, Counter())[hold.image] += 1
+            self._held_pools = {name: taken(pool, held[name]) if name in held else pool
+                                for name, pool in self._pools.items()}
         routable = self.healthy and cap is not None and self.breaker.allows(self.clock.now())
-        return ClusterView(self.name, self.region, routable, bool(cap and cap.draining), pools)
+        return ClusterView(self.name, self.region, routable, bool(cap and cap.draining), self._held_pools)
 
     def breaker_state(self) -> str:
         return self.breaker.state(self.clock.now())
