@@ -7,6 +7,8 @@ import asyncio
 import collections
 import threading
 
+import pytest
+
 from core_driver import make_core
 
 from provisioner.api import convert
@@ -166,7 +168,8 @@ class _Call:
         return None
 
 
-async def test_a_long_list_is_converted_a_part_at_a_time_and_answered_whole(monkeypatch):
+@pytest.mark.parametrize("parts", ["filtered", "converted"])
+async def test_a_long_list_is_filtered_and_converted_a_part_at_a_time_and_answered_whole(monkeypatch, parts):
     from provisioner.cluster import service
     from provisioner.v1 import cluster_service_pb2 as cluster_pb
 
@@ -176,7 +179,7 @@ async def test_a_long_list_is_converted_a_part_at_a_time_and_answered_whole(monk
         await clock.advance(600)
         made = [rt.allocate(SessionSpec(f"r{i}", f"u{i % 3}", "gpu-p100", "gpu:latest")) for i in range(12)]
         await clock.advance(60)
-        monkeypatch.setattr(service, "CONVERT_AT_ONCE", 5)
+        monkeypatch.setattr(service, "FILTER_AT_ONCE" if parts == "filtered" else "CONVERT_AT_ONCE", 5)
         turns = 0
 
         async def count_turns():

@@ -48,3 +48,15 @@ def test_the_oldest_proto_made_goes_first_past_the_bound():
         protos.of(s, d.now)
     assert list(protos._kept) == [(b.id, False), (c.id, False)]
     assert protos.of(a, d.now) == convert.session_to_pb(a, d.now)
+
+
+def test_a_brief_proto_cut_from_the_whole_one_equals_a_fresh_brief_conversion():
+    d = Driver(make_core())
+    d.add_warm(d.core.catalog.latest)
+    s = d.allocate("user-1")
+    d.send(ev.BudgetSet(d.now, s.id, d.now + 10 * 60))
+    d.advance(d.core.config.tick_s)
+    assert s.history and s.notices
+    protos = SessionProtos()
+    protos.of(s, d.now)  # answered whole first (an Allocate, a Get), then listed brief
+    assert protos.of(s, d.now, brief=True) == convert.session_to_pb(s, d.now, brief=True)

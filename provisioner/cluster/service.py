@@ -31,15 +31,34 @@ DEFAULT_CAPACITY_INTERVAL_S = 0.1
 # A listing's matches are kept this long (wall seconds) for its next page, for this many listings.
 LISTING_KEPT_S = 10.0
 MAX_LISTINGS_KEPT = 16
-# Sessions a List converts between two turns of the event loop (a few milliseconds of work).
+# Sessions a List converts, and filters, between two turns of the event loop (a few milliseconds).
 CONVERT_AT_ONCE = 256
+FILTER_AT_ONCE = 2000
 
 
 def filter_sessions(sessions, user_id: str, states: list[int], ended_after: float | None = None) -> list[Session]:
+    """The sessions a List asks for, newest first."""
     wanted = {convert.session_state_from_pb(s) for s in states}
     out = [s for s in sessions if (not user_id or s.spec.user_id == user_id) and (not wanted or s.state in wanted)
            and (ended_after is None or s.state not in SESSION_TERMINAL or s.ended_at >= ended_after)]
-    out.sort(key=lambda s: (-s.created_at, s.id))
+    out.sort(key=_newest_first)
+    return out
+
+
+def _newest_first(s: Session) -> tuple:
+    return -s.created_at, s.id
+
+
+async def filter_sessions_in_parts(sessions: list[Session], user_id: str, states: list[int],
+                                   ended_after: float | None = None) -> list[Session]:
+    """filter_sessions, yielding to the event loop between parts: a front's list of every session
+    filters and sorts thousands (at 8,000 VMs its first page held every call for about 10 ms)."""
+    out: list[Session] = []
+    for i in range(0, len(sessions), FILTER_AT_ONCE):
+        if i:
+            await asyncio.sleep(0)
+        out += filter_sessions(sessions[i:i + FILTER_AT_ONCE], user_id, states, ended_after)
+    out.sort(key=_newest_first)  # sorted runs: merged, not sorted again from scratch
     return out
 
 
@@ -102,8 +121,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         if request.page_token and kept is not None and self.wall.now() - kept[0] < LISTING_KEPT_S:
             made, sessions = kept
         else:
-            made, sessions = self.wall.now(), filter_sessions(self.rt.sessions(request.user_id, ended_after),
-                                                              request.user_id, list(request.states), ended_after)
+            made, sessions = self.wall.now(), await filter_sessions_in_parts(
+                self.rt.sessions(request.user_id, ended_after), request.user_id, list(request.states), ended_after)
         items, token = page(sessions, request.page_size, request.page_token,
                             MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE)
         if token:

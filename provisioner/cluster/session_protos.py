@@ -29,7 +29,7 @@ class SessionProtos:
         key = (s.id, brief)
         kept = self._kept.get(key)
         if kept is None or kept[0] != s.revision:
-            kept = s.revision, convert.session_to_pb(s, 0.0, brief).SerializeToString()
+            kept = s.revision, self._made(s, brief)
             self._kept.pop(key, None)
             self._kept[key] = kept
             if len(self._kept) > self.max_kept:
@@ -38,6 +38,15 @@ class SessionProtos:
         if now:  # as convert.timestamp: zero is no time
             out.read_time.FromNanoseconds(int(now * 1e9))
         return out
+
+    def _made(self, s: Session, brief: bool) -> bytes:
+        full = self._kept.get((s.id, False))
+        if brief and full is not None and full[0] == s.revision:  # a session answered whole, then listed
+            out = pb.Session.FromString(full[1])
+            out.ClearField("history")
+            out.ClearField("notices")
+            return out.SerializeToString()
+        return convert.session_to_pb(s, 0.0, brief).SerializeToString()
 
     def of(self, s: Session, now: float, brief: bool = False) -> pb.Session:
         return self.fill(pb.Session(), s, now, brief)

@@ -46,6 +46,9 @@ SWEEP_PAGE_SIZE = 500
 # Wall seconds between two pages: converting a page takes the cluster a few milliseconds, and pages
 # asked back to back held its calls for a tenth of a second at a time.
 SWEEP_PAGE_PAUSE_S = 0.02
+# Sessions of a list gone through between two turns of the event loop: a few thousand at once
+# (sorted by user, their ends noted) held every create in flight for 16-28 ms at the end of a sweep.
+SWEEP_SESSIONS_AT_ONCE = 250
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,9 @@ class BudgetEnforcer:
                 lists.every_cluster = False
                 continue
             sessions, lists.asked_at[c.name] = result
-            for s in sessions:
+            for i, s in enumerate(sessions):
+                if i and not i % SWEEP_SESSIONS_AT_ONCE:
+                    await asyncio.sleep(0)
                 user = s.spec.user_id
                 if s.state in LIVE_STATES:
                     lists.live.setdefault(user, []).append(s)
@@ -149,7 +154,9 @@ class BudgetEnforcer:
                            ATTEMPT_TIMEOUT_S, SWEEP_PAGE_SIZE, SWEEP_PAGE_PAUSE_S)
         if before is not None:
             ended_by_user: dict[str, list[pb.Session]] = {}
-            for s in out:
+            for i, s in enumerate(out):
+                if i and not i % SWEEP_SESSIONS_AT_ONCE:
+                    await asyncio.sleep(0)
                 if s.state not in LIVE_STATES:
                     ended_by_user.setdefault(s.spec.user_id, []).append(s)
             self.svc.ended_sessions.extend(c.name, before, asked_at, {
