@@ -11,6 +11,8 @@ took 60 MB, as bytes 5 MB.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from provisioner.api import convert
 from provisioner.model import Session
 from provisioner.v1 import types_pb2 as pb
@@ -22,7 +24,9 @@ MAX_KEPT = 20_000
 class SessionProtos:
     def __init__(self, max_kept: int = MAX_KEPT):
         self.max_kept = max_kept
-        self._kept: dict[tuple[str, bool], tuple[int, bytes]] = {}  # oldest made first
+        # Oldest made first. An OrderedDict: a dict whose first entry is deleted over and over
+        # walks the holes they leave to find the next first one.
+        self._kept: OrderedDict[tuple[str, bool], tuple[int, bytes]] = OrderedDict()
 
     def fill(self, out: pb.Session, s: Session, now: float, brief: bool = False) -> pb.Session:
         """Sets `out` to `s` read at `now` (`brief`: without the history and notices); returns it."""
@@ -33,7 +37,7 @@ class SessionProtos:
             self._kept.pop(key, None)
             self._kept[key] = kept
             if len(self._kept) > self.max_kept:
-                del self._kept[next(iter(self._kept))]
+                self._kept.popitem(last=False)
         out.ParseFromString(kept[1])
         if now:  # as convert.timestamp: zero is no time
             out.read_time.FromNanoseconds(int(now * 1e9))
