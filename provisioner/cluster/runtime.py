@@ -288,7 +288,10 @@ class ClusterRuntime:
         if not user_id or self.store is None:
             return list(self.core.sessions.values())
         ids = self._by_user.get(user_id, set())
-        ids.intersection_update(self.core.sessions)
+        # Pruned by walking the user's ids, not every session in memory (set.intersection_update
+        # with a dict walks the dict: 8.5% of the cluster's samples under creates, growing with
+        # the sessions that ended within the retention period).
+        ids.difference_update([sid for sid in ids if sid not in self.core.sessions])
         if not ids:
             self._by_user.pop(user_id, None)
         held = {sid: self.core.sessions[sid] for sid in ids}
