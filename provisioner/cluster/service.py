@@ -52,7 +52,7 @@ def _newest_first(s: Session) -> tuple:
 async def filter_sessions_in_parts(sessions: list[Session], user_id: str, states: list[int],
                                    ended_after: float | None = None) -> list[Session]:
     """filter_sessions, yielding to the event loop between parts: a front's list of every session
-    filters and sorts thousands (at 8,000 VMs its first page held every call for about 10 ms)."""
+    filters and sorts thousands (at 8,000 VMs its first page, converted, held every call 7-13 ms)."""
     out: list[Session] = []
     for i in range(0, len(sessions), FILTER_AT_ONCE):
         if i:
