@@ -62,9 +62,9 @@ ENV_FILE_MAX_BYTES = "PROVISIONER_TRACES_MAX_BYTES"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # per file; with 3 rotated files at most 256 MiB of spans
 DEFAULT_BACKUPS = 3
 ENV_SAMPLE = "PROVISIONER_TRACE_SAMPLE"
-# Spans encoded per export, unless OTEL_BSP_MAX_EXPORT_BATCH_SIZE says otherwise. The exporter's
-# thread holds the GIL while it encodes: the SDK's 512 at once held every call in flight for
-# about 5 ms (GetSession's p99 at 8 in flight went from 10-12 ms to 8 ms with 64).
+# Spans encoded per export, unless OTEL_BSP_MAX_EXPORT_BATCH_SIZE says otherwise (the SDK reads
+# and checks it). The exporter's thread holds the GIL while it encodes: the SDK's 512 at once held
+# every call in flight for about 5 ms (GetSession's p99 at 8 in flight went from 10-12 ms to 8 ms).
 ENV_EXPORT_BATCH = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 EXPORT_BATCH = 64
 
@@ -170,26 +170,29 @@ def setup_tracing(
     ratio = sample_ratio_from(sample_ratio, os.environ.get(ENV_SAMPLE))
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}),
                               sampler=ParentBased(TraceIdRatioBased(ratio)))
-    batch = int(os.environ.get(ENV_EXPORT_BATCH) or EXPORT_BATCH)
     if kind == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(), max_export_batch_size=batch))
+        provider.add_span_processor(_batched(ConsoleSpanExporter()))
     elif kind == "file":
         path = file_path or os.environ.get(ENV_FILE) or DEFAULT_FILE
         max_bytes = int(os.environ.get(ENV_FILE_MAX_BYTES) or DEFAULT_MAX_BYTES)
-        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(path, max_bytes),
-                                                       max_export_batch_size=batch))
+        provider.add_span_processor(_batched(JsonLinesSpanExporter(path, max_bytes)))
     elif kind == "otlp":
         # Imported here: it pulls in the OTLP protos, which "none" and "file" do not need.
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
 
         url = endpoint or os.environ.get(ENV_OTLP_ENDPOINT) or DEFAULT_OTLP_ENDPOINT
         insecure = {"http": True, "https": False}.get(urlparse(url).scheme)
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url, insecure=insecure),
-                                                       max_export_batch_size=batch))
+        provider.add_span_processor(_batched(OTLPSpanExporter(endpoint=url, insecure=insecure)))
     # The API allows one global provider per process and only warns on a second set.
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)
     return provider
+
+
+def _batched(exporter: SpanExporter) -> BatchSpanProcessor:
+    """`exporter` behind a batch processor (its own thread), EXPORT_BATCH spans per export."""
+    return BatchSpanProcessor(exporter, max_export_batch_size=None if os.environ.get(ENV_EXPORT_BATCH)
+                              else EXPORT_BATCH)
 
 
 def sample_ratio_from(given: float | str | None, env: str | None = None) -> float:

@@ -11,12 +11,19 @@ from provisioner.cluster.session_protos import SessionProtos
 from provisioner.decide import events as ev
 from provisioner.decide.states import SessionState as S
 from provisioner.model import SessionKind
+from provisioner.v1 import types_pb2 as pb
+
+
+def _answered(protos: SessionProtos, s, now: float, brief: bool = False) -> pb.Session:
+    out = pb.Session()
+    protos.fill(out, s, now, brief)
+    return out
 
 
 def _same_as_fresh(protos: SessionProtos, d: Driver) -> None:
     for s in d.sessions.values():
         for brief in (False, True):
-            assert protos.of(s, d.now, brief) == convert.session_to_pb(s, d.now, brief), (s.id, s.state, brief)
+            assert _answered(protos, s, d.now, brief) == convert.session_to_pb(s, d.now, brief), (s.id, s.state, brief)
 
 
 def test_every_answer_equals_a_fresh_conversion_through_a_session_lifecycle():
@@ -45,9 +52,9 @@ def test_the_oldest_proto_made_goes_first_past_the_bound():
     a, b, c = (d.allocate(f"user-{i}") for i in range(3))
     protos = SessionProtos(max_kept=2)
     for s in (a, b, c):
-        protos.of(s, d.now)
+        _answered(protos, s, d.now)
     assert list(protos._kept) == [(b.id, False), (c.id, False)]
-    assert protos.of(a, d.now) == convert.session_to_pb(a, d.now)
+    assert _answered(protos, a, d.now) == convert.session_to_pb(a, d.now)
 
 
 def test_a_brief_proto_cut_from_the_whole_one_equals_a_fresh_brief_conversion():
@@ -58,5 +65,5 @@ def test_a_brief_proto_cut_from_the_whole_one_equals_a_fresh_brief_conversion():
     d.advance(d.core.config.tick_s)
     assert s.history and s.notices
     protos = SessionProtos()
-    protos.of(s, d.now)  # answered whole first (an Allocate, a Get), then listed brief
-    assert protos.of(s, d.now, brief=True) == convert.session_to_pb(s, d.now, brief=True)
+    _answered(protos, s, d.now)  # answered whole first (an Allocate, a Get), then listed brief
+    assert _answered(protos, s, d.now, brief=True) == convert.session_to_pb(s, d.now, brief=True)

@@ -28,8 +28,8 @@ class SessionProtos:
         # walks the holes they leave to find the next first one.
         self._kept: OrderedDict[tuple[str, bool], tuple[int, bytes]] = OrderedDict()
 
-    def fill(self, out: pb.Session, s: Session, now: float, brief: bool = False) -> pb.Session:
-        """Sets `out` to `s` read at `now` (`brief`: without the history and notices); returns it."""
+    def fill(self, out: pb.Session, s: Session, now: float, brief: bool = False) -> None:
+        """Sets `out` to `s` read at `now` (`brief`: without the history and notices)."""
         key = (s.id, brief)
         kept = self._kept.get(key)
         if kept is None or kept[0] != s.revision:
@@ -41,7 +41,6 @@ class SessionProtos:
         out.ParseFromString(kept[1])
         if now:  # as convert.timestamp: zero is no time
             out.read_time.FromNanoseconds(int(now * 1e9))
-        return out
 
     def _made(self, s: Session, brief: bool) -> bytes:
         full = self._kept.get((s.id, False))
@@ -51,6 +50,3 @@ class SessionProtos:
             out.ClearField("notices")
             return out.SerializeToString()
         return convert.session_to_pb(s, 0.0, brief).SerializeToString()
-
-    def of(self, s: Session, now: float, brief: bool = False) -> pb.Session:
-        return self.fill(pb.Session(), s, now, brief)
