@@ -42,7 +42,7 @@ def put(store, key: str, to: Attempt | None) -> None:
 def test_sending_takes_the_tables_edge_from_every_state(store, before):
     key = f"k-{before}"
     put(store, key, before)
-    after = store.note_attempt(key, "c1", 150.0)
+    after = store.note_attempt(key, "c1", 150.0).state
     assert after == TRANSITIONS.get((before, Event.SENT), before)  # a made attempt stays made
     assert state(store, key) == after
     if after is Attempt.PENDING:
@@ -69,3 +69,69 @@ def test_the_winner_settles_a_refused_attempt_as_made(store):
     store.settle_attempt("r1", "c1", Attempt.REFUSED)
     assert store.remember_request("r1", "c1.s-a", "c1", 1.0) == "c1.s-a"
     assert state(store, "r1") is Attempt.MADE and store.open_attempts("r1") == []
+
+
+# ---- the claim: a request's first attempt, and what it holds back -----------------------------
+
+def test_the_first_attempt_anywhere_claims_the_request(store):
+    assert store.note_attempt("r1", "c1", 100.0).first
+    assert not store.note_attempt("r1", "c1", 110.0).first  # again there: a retry, another replica
+    assert not store.note_attempt("r1", "c2", 110.0).first
+    assert store.note_attempt("r2", "c2", 100.0).first  # requests are apart
+
+
+def test_no_other_session_is_recorded_while_the_claims_attempt_may_have_made_one(store):
+    store.note_attempt("r1", "c1", 100.0)  # the claim's placement, which may answer before recording
+    store.note_attempt("r1", "c2", 100.0)  # another placement of the request, moved on to c2
+    assert store.remember_request("r1", "c2.s-b", "c2", 1.0) is None
+    assert store.session_for_request("r1") is None and state(store, "r1", "c2") is Attempt.PENDING
+    # Refused at c1 is not enough: a late copy of its Allocate may still make it there.
+    assert store.settle_attempt("r1", "c1", Attempt.REFUSED)
+    assert store.remember_request("r1", "c2.s-b", "c2", 1.0) is None
+    # Settled as made nothing, it holds nothing back.
+    assert store.settle_attempt("r1", "c1", Attempt.NONE, expected=Attempt.REFUSED)
+    assert store.remember_request("r1", "c2.s-b", "c2", 1.0) == "c2.s-b"
+    assert state(store, "r1", "c2") is Attempt.MADE
+
+
+def test_the_claims_own_cluster_is_never_held_back(store):
+    store.note_attempt("r1", "c1", 100.0)
+    store.note_attempt("r1", "c2", 100.0)
+    assert store.remember_request("r1", "c1.s-a", "c1", 1.0) == "c1.s-a"
+    assert store.remember_request("r1", "c2.s-b", "c2", 1.0) == "c1.s-a"  # first writer wins, as ever
+
+
+def test_a_waived_claim_holds_nothing_back(store):
+    store.note_attempt("r1", "c1", 100.0)
+    # Its placement moves on without answering: the settle waives, whether or not it applies.
+    assert not store.settle_attempt("r1", "c1", Attempt.NONE, expected=Attempt.UNRESOLVED, waive=True)
+    store.note_attempt("r1", "c2", 100.0)
+    assert store.remember_request("r1", "c2.s-b", "c2", 1.0) == "c2.s-b"
+
+
+def test_the_database_holds_back_a_writer_that_knows_nothing_of_claims(store):
+    """A front of an earlier release records the winner with a plain insert: the claim still holds."""
+    store.note_attempt("r1", "c1", 100.0)
+    store.note_attempt("r1", "c2", 100.0)
+    with store.transaction() as cur:
+        cur.execute(store._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at) "
+                               "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"), ("r1", "c2.s-b", "c2", 1.0))
+    assert store.session_for_request("r1") is None
+
+
+def claims(store) -> set[str]:
+    with store.reading() as cur:
+        cur.execute("SELECT request_id FROM front_claims")
+        return {r for (r,) in cur.fetchall()}
+
+
+def test_claims_are_pruned_with_their_first_attempt_and_not_before(store):
+    store.note_attempt("settled", "c1", 100.0)
+    store.remember_request("settled", "c1.s-a", "c1", 1.0)
+    store.note_attempt("open", "c1", 100.0)  # its outcome unknown: it must keep holding back others
+    store.note_attempt("recent", "c1", 500.0)
+    store.remember_request("recent", "c1.s-c", "c1", 1.0)
+    store.prune_attempts(before=200.0)
+    assert claims(store) == {"open", "recent"}
+    store.note_attempt("open", "c2", 100.0)
+    assert store.remember_request("open", "c2.s-b", "c2", 1.0) is None

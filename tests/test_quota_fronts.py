@@ -38,13 +38,13 @@ def test_an_attempt_is_recorded_only_if_the_users_admission_is_unchanged(stores)
     seen_by_a = a.admission("u/r-a", WEEK, NOW)
     seen_by_b = b.admission("u/r-b", WEEK, NOW)
     assert seen_by_a.version == seen_by_b.version == 0
-    assert b.note_attempt("u/r-b", "c1", NOW, admitted=seen_by_b.version) is Attempt.PENDING
+    assert b.note_attempt("u/r-b", "c1", NOW, admitted=seen_by_b.version).state is Attempt.PENDING
     assert a.note_attempt("u/r-a", "c1", NOW, admitted=seen_by_a.version) is None  # b's came first
     assert a.open_attempts("u/r-a") == []  # nothing written for the create that must check again
     again = a.admission("u/r-a", WEEK, NOW)
     assert again.version == 1 and again.placing == {"r-b"}  # b's create counts while it is placed
-    assert a.note_attempt("u/r-a", "c1", NOW, admitted=again.version) is Attempt.PENDING
-    assert a.note_attempt("other/r", "c1", NOW, admitted=0) is Attempt.PENDING  # users are apart
+    assert a.note_attempt("u/r-a", "c1", NOW, admitted=again.version).state is Attempt.PENDING
+    assert a.note_attempt("other/r", "c1", NOW, admitted=0).state is Attempt.PENDING  # users are apart
     # Refused, not settled: not under way, but maybe made until its commit_by passes.
     a.note_attempt("u/r-refused", "c1", NOW)
     a.settle_attempt("u/r-refused", "c1", Attempt.REFUSED)

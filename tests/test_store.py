@@ -105,6 +105,27 @@ async def test_reads_from_the_event_loop_see_what_group_commit_acknowledged(stor
     assert await store.read(store.open_attempts, "r2") == [("r2", "c1", 100.0)]
 
 
+def test_one_of_racing_first_attempts_claims_the_request(store_url, tmp_path):
+    """Front replicas placing one request at once, each at its own cluster: exactly one of them
+    holds the claim, so exactly one may answer before recording (see front/attempts.py)."""
+    stores = [open_store(store_url, tmp_path / "claim.db") for _ in range(4)]
+    barrier = threading.Barrier(4)
+    firsts: list[bool] = []
+
+    def race(i: int) -> None:
+        barrier.wait()
+        firsts.append(stores[i].note_attempt("race", f"c{i}", 100.0).first)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert sorted(firsts) == [False, False, False, True]
+
+
 def test_wall_clock_times_keep_their_precision(store):
     commit_by = 1_795_000_000.123  # a wall-clock deadline: a 4-byte float would round it to 128 s
     store.note_attempt("r1", "c1", commit_by)

@@ -9,6 +9,12 @@ writes an attempt's state.
 time (`handle(event, now) -> action`); `ResolveRun` does the same for the resolver at one
 unsettled attempt. `front/placement.py` carries the actions out (store, gRPC, breaker, tracing)
 and feeds their outcomes back as events.
+
+A request's first attempt claims it (store/schema.py): the placement that made it may answer with
+the session its cluster made there before recording it as the request's answer (one durable write
+before the answer, not two), since no other session can be recorded while that attempt may have
+made one. Moving on from that cluster, it waives the claim in the same write that settles the
+attempt. Every other placement records before it answers, as the resolver does.
 """
 
 from __future__ import annotations
@@ -128,6 +134,7 @@ class Start:
 @dataclass(frozen=True)
 class Recorded:
     state: Attempt  # the attempt's state after SENT; MADE if another front placed it here already
+    first: bool = False  # the request's first attempt: this run holds its claim
 
 
 @dataclass(frozen=True)
@@ -172,7 +179,7 @@ class Settled:
 
 @dataclass(frozen=True)
 class Remembered:
-    winner: str  # the request's answer, whoever recorded it
+    winner: str | None  # the request's answer, whoever recorded it; None: the claim holds it back
 
 
 @dataclass(frozen=True)
@@ -216,6 +223,7 @@ class Settle:
     to: Attempt
     commit_by: float | None = None  # with `expected`, the version of the row decided on
     outcome: str = ""  # for metrics and the trace: refused, unresolved, discarded...
+    waive: bool = False  # the claim's placement moves on from its cluster without answering
 
 
 @dataclass(frozen=True)
@@ -239,12 +247,13 @@ class FetchWinner:
 class Done:
     session: object
     outcome: str  # placed, duplicate (another front's session)
+    then: Remember | None = None  # answered first (the claim's), recorded after
 
 
 @dataclass(frozen=True)
 class GiveUp:
     error: Exception | None  # the last cluster's answer; None: nothing could be tried in time
-    outcome: str  # failed, invalid
+    outcome: str  # failed, invalid, held (by the request's claim, for its first placement)
 
 
 Action = Record | Send | Ask | Settle | Remember | Discard | FetchWinner | Done | GiveUp
@@ -262,6 +271,7 @@ class PlacementRun:
     cluster: str = ""
     commit_by: float = 0.0
     state: Attempt | None = None  # of the current attempt, as this run left it
+    claimed: bool = False  # holds the request's claim, at the current cluster, not waived
     try_no: int = 0
     ambiguous: Exception | None = None  # an earlier try at this cluster had no answer
     session_id: str = ""
@@ -276,9 +286,12 @@ class PlacementRun:
                 return self._next_cluster(now)
             case Recorded(state=Attempt.MADE):
                 return FetchWinner(None)  # another front placed the request here meanwhile
-            case Recorded(state=state):
-                self.state = state
+            case Recorded(state=state, first=first):
+                self.state, self.claimed = state, first
                 return self._send(now)
+            case Allocated(session_id=sid, session=s) if self.claimed:
+                # Nothing else can be recorded while this attempt may have made a session.
+                return Done(s, "placed", then=Remember(self.cluster, sid))
             case Allocated(session_id=sid, session=s) | Found(session_id=sid, session=s):
                 self.session_id, self.session = sid, s
                 return Remember(self.cluster, sid)
@@ -303,6 +316,10 @@ class PlacementRun:
                 return self._settle(Event.NO_ANSWER, "unresolved", self._next_cluster)
             case Remembered(winner=w) if w == self.session_id:
                 return Done(self.session, "placed")  # WON applied with the record, in one write
+            case Remembered(winner=None):
+                # The request's first placement, elsewhere, may have answered: left open here for
+                # the resolver, which discards it or, if that first attempt made nothing, adopts it.
+                return GiveUp(None, "held")
             case Remembered(winner=w):
                 self.winner = w  # another front replica placed it first
                 return Discard(self.cluster, w)
@@ -320,7 +337,8 @@ class PlacementRun:
     def _settle(self, event: Event, outcome: str, then) -> Action:
         to = transition(self.state, event)
         self.after_settle = then
-        return Settle(self.cluster, self.state, event, to, outcome=outcome)
+        waive, self.claimed = self.claimed, False
+        return Settle(self.cluster, self.state, event, to, outcome=outcome, waive=waive)
 
     def _next_cluster(self, now: float) -> Action:
         self.i += 1
@@ -370,6 +388,8 @@ class ResolveRun:
                 return Leave("no answer")
             case Remembered(winner=w) if w == self.session_id:
                 return Done(None, "adopted")  # WON applied with the record
+            case Remembered(winner=None):
+                return Leave("held by the request's claim")  # its first attempt is not settled yet
             case Remembered(winner=w):
                 return Discard(self.cluster, w)
             case Discarded(ok=True):

@@ -64,6 +64,8 @@ class Placement:
         self._waiters: dict[str, int] = {}
         # What the resolver found: sessions adopted as a request's answer, duplicates discarded.
         self.adopted = self.discarded = 0
+        # Answers given before their record (the claim's), by user: the record being written.
+        self._recording: dict[str, asyncio.Task] = {}
         # For metrics: attempts by (cluster, outcome), and placements by outcome.
         self.attempt_outcomes: Counter[tuple[str, str]] = Counter()
         self.outcomes: Counter[str] = Counter()
@@ -96,8 +98,10 @@ class Placement:
         action = run.handle(Start(), self.clock.now())
         while True:
             match action:
-                case Done(session=session, outcome=outcome):
+                case Done(session=session, outcome=outcome, then=then):
                     self.outcomes[outcome] += 1
+                    if then is not None:
+                        self._record_later(key, then, made_at)
                     if outcome == "placed":
                         span.add_event("placed", {"cluster": run.cluster, "session.id": session.id})
                         span.set_attributes({telemetry.ATTR_SESSION_ID: session.id,
@@ -105,6 +109,10 @@ class Placement:
                                              telemetry.ATTR_START: pb.StartKind.Name(session.start)
                                              .removeprefix("START_KIND_").lower()})
                     return session
+                case GiveUp(error=error, outcome="held"):
+                    self.outcomes["held"] += 1
+                    raise Unavailable("this request's first placement may still make its session; retry",
+                                      retry_after_s=0.5)
                 case GiveUp(error=error, outcome=outcome):
                     self.outcomes[outcome] += 1
                     raise error or Unavailable("no candidate cluster could be tried before the deadline")
@@ -122,10 +130,10 @@ class Placement:
                     event = await self._carry_out(key, action)
                 case Record(cluster=cluster, commit_by=commit_by):
                     # Durable before the cluster is called: the resolver's record of a maybe-made session.
-                    state = await self.store.commit(self.store.note_attempt, key, cluster, commit_by, admitted)
-                    if state is None:
+                    noted = await self.store.commit(self.store.note_attempt, key, cluster, commit_by, admitted)
+                    if noted is None:
                         raise AdmissionChanged()
-                    admitted, event = None, Recorded(state)
+                    admitted, event = None, Recorded(noted.state, noted.first)
                 case Remember(cluster=cluster, session_id=sid):
                     event = await self._remember(key, cluster, sid, made_at)
                 case Settle():
@@ -166,17 +174,44 @@ class Placement:
 
     async def _settle(self, key: str, settle: Settle) -> Settled:
         applied = await self.store.commit(self.store.settle_attempt, key, settle.cluster, settle.to,
-                                          settle.expected, settle.commit_by)
+                                          settle.expected, settle.commit_by, settle.waive)
         if settle.outcome in ("refused", "unresolved"):
             self.attempt_outcomes[settle.cluster, settle.outcome] += 1
         return Settled(applied)
 
+    def _record_later(self, key: str, remember: Remember, made_at: float | None) -> None:
+        """The request's record, after its answer (the claim's placement): if it is never written
+        (a crash), the resolver finds the session once commit_by has passed and records it."""
+        user = split_request_key(key)[0]
+        task = asyncio.create_task(self._remember(key, remember.cluster, remember.session_id, made_at))
+        self._recording[user] = task
+        task.add_done_callback(lambda done: self._recorded(user, key, remember.session_id, done))
+
+    def _recorded(self, user: str, key: str, session_id: str, task: asyncio.Task) -> None:
+        if self._recording.get(user) is task:
+            del self._recording[user]
+        if task.cancelled() or task.exception() is not None:
+            log.warning("request %s: could not record its answer %s yet (the resolver will): %s", key, session_id,
+                        "cancelled" if task.cancelled() else task.exception())
+        elif task.result().winner != session_id:  # the claim rules this out
+            log.error("request %s: answered %s, but %s was recorded", key, session_id, task.result().winner)
+
+    async def recorded(self, user_id: str) -> None:
+        """Waits for the record of the user's last answer given before it (its quota check counts
+        the session as made, not as being placed)."""
+        if (task := self._recording.get(user_id)) is not None:
+            await asyncio.wait([task])
+
+    async def flush(self) -> None:
+        """Waits for the records of answers already given (before the store closes)."""
+        await asyncio.gather(*self._recording.values(), return_exceptions=True)
+
     async def _remember(self, key: str, cluster: str, session_id: str, made_at: float | None = None) -> Remembered:
-        # Durable before the answer, not after it: two placements of one request at once (two
-        # replicas, a retry reaching another replica) can each make a session at a different
-        # cluster, and this first-writer-wins record is what makes both answer the same one. The
-        # cluster's request key settles one cluster's outcome, not which of two clusters' sessions
-        # is the answer.
+        # Durable before the answer, except for the claim's placement: two placements of one
+        # request at once (two replicas, a retry reaching another replica) can each make a session
+        # at a different cluster, and this first-writer-wins record, with the claim, is what makes
+        # both answer the same one. The cluster's request key settles one cluster's outcome, not
+        # which of two clusters' sessions is the answer.
         return Remembered(await self.store.commit(self.store.remember_request, key, session_id, cluster,
                                                   self.clock.now() if made_at is None else made_at))
 

@@ -141,6 +141,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         # that one (front_records.admission). So two creates cannot both pass the check for the
         # last slot, and no write is spent on taking turns.
         async with self._one_user(spec.user_id), self.placement.exclusive(spec.key):
+            await self.placement.recorded(spec.user_id)
             for _ in range(ADMISSION_TRIES):
                 q = await self.quotas(spec.user_id)
                 stored = await self.store.read(self.store.admission, spec.key, self._week_start(q), self.clock.now())
@@ -275,8 +276,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             log.warning("could not record the sessions a quota check saw end: %s", task.exception())
 
     async def flush(self) -> None:
-        """Waits for the ends being recorded (before the store closes)."""
-        await asyncio.gather(*self._noting, return_exceptions=True)
+        """Waits for the ends and the answers being recorded (before the store closes)."""
+        await asyncio.gather(*self._noting, self.placement.flush(), return_exceptions=True)
 
     def _ended_row(self, s: pb.Session) -> EndedRow:
         return EndedRow(self._metered(s), KIND_NAMES.get(s.spec.kind, "interactive"), s.spec.request_id)

@@ -28,6 +28,7 @@ class StoreBase:
     transactions and the placeholder."""
 
     placeholder = "?"
+    dialect = "sqlite"  # which of a migration's variants this database runs (store/schema.py)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -150,7 +151,8 @@ class StoreBase:
                 raise StoreError(f"the database has schema version {current}; this release knows up to "
                                  f"{len(MIGRATIONS)}: upgrade the provisioner")
             for version, sql in enumerate(MIGRATIONS[current:], start=current + 1):
-                for statement in filter(str.strip, sql.split(";")):
+                statements = sql[self.dialect] if isinstance(sql, dict) else filter(str.strip, sql.split(";"))
+                for statement in statements:
                     cur.execute(statement)
                 if version in BACKFILLS:
                     getattr(self, BACKFILLS[version])(cur)

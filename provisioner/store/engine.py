@@ -75,6 +75,7 @@ class SqliteStore(Store):
 
 class PostgresStore(Store):
     placeholder = "%s"
+    dialect = "postgres"
 
     def __init__(self, url: str):
         super().__init__()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from provisioner.front.attempts import SETTLED, STICKY, UNSETTLED, Attempt, Event, check_change, sources
 from provisioner.model import request_key, split_request_key
@@ -20,15 +20,18 @@ class FrontRecords:
     # ---- the front: request key -> the session it created ---------------------------------
     # The front_* tables' request_id columns hold request keys (model.request_key: user/request id).
 
-    def remember_request(self, request_id: str, session_id: str, cluster: str, now: float) -> str:
+    def remember_request(self, request_id: str, session_id: str, cluster: str, now: float) -> str | None:
         """Records the first session for a request key; returns whichever session id won. If this
-        one won, its attempt takes the WON edge in the same transaction."""
+        one won, its attempt takes the WON edge in the same transaction. None: nothing is recorded
+        yet and the request's claim holds this one back (its first placement, at another cluster,
+        may have answered with a session made there; see schema.py)."""
         with self.transaction() as cur:
             cur.execute(self._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at, user_id) "
                                   "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
                         (request_id, session_id, cluster, now, split_request_key(request_id)[0]))
             cur.execute(self._sql("SELECT session_id FROM front_requests WHERE request_id = ?"), (request_id,))
-            winner = cur.fetchone()[0]
+            row = cur.fetchone()
+            winner = row[0] if row else None
             if winner == session_id:
                 case, args = _edges(Event.WON)
                 cur.execute(self._sql(f"UPDATE front_attempts SET outcome = {case} WHERE request_id = ? AND cluster = ? "
@@ -40,17 +43,24 @@ class FrontRecords:
         rows = self._rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
         return rows[0][0] if rows else None
 
-    def note_attempt(self, request_id: str, cluster: str, commit_by: float, admitted: int | None = None) -> Attempt | None:
+    def note_attempt(self, request_id: str, cluster: str, commit_by: float, admitted: int | None = None) -> Noted | None:
         """The SENT edge: the attempt is pending, with the later commit_by of this one and any earlier
-        one there. A made one stays made. Returns the state after. With `admitted` (the user's
-        admission version its quota check read), only if no other attempt of the user was
-        recorded since, which it counts as one more; else it writes nothing and returns None."""
+        one there. A made one stays made. Returns the state after, and whether this is the
+        request's first attempt anywhere, which claims the request (see schema.py). With
+        `admitted` (the user's admission version its quota check read), only if no other attempt
+        of the user was recorded since, which it counts as one more; else it writes nothing and
+        returns None."""
         edges = {b: a for b, a in sources(Event.SENT).items() if b is not None}
         case, args = _edges(Event.SENT, "front_attempts.outcome", edges)
         user_id = split_request_key(request_id)[0]
         with self.transaction() as cur:
             if admitted is not None and not self._admit(cur, user_id, admitted):
                 return None
+            # The key is the arbiter between replicas: of two first attempts at once, one inserts.
+            cur.execute(self._sql("INSERT INTO front_claims (request_id, cluster, commit_by) SELECT ?, ?, ? "
+                                  "WHERE NOT EXISTS (SELECT 1 FROM front_attempts WHERE request_id = ?) "
+                                  "ON CONFLICT DO NOTHING"), (request_id, cluster, commit_by, request_id))
+            first = cur.rowcount == 1
             cur.execute(self._sql(
                 "INSERT INTO front_attempts (request_id, cluster, commit_by, outcome, user_id) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (request_id, cluster) DO UPDATE "
@@ -60,7 +70,7 @@ class FrontRecords:
                 (request_id, cluster, commit_by, sources(Event.SENT)[None].value, user_id, *args, *_values(edges)))
             cur.execute(self._sql("SELECT outcome FROM front_attempts WHERE request_id = ? AND cluster = ?"),
                         (request_id, cluster))
-            return Attempt(cur.fetchone()[0])
+            return Noted(Attempt(cur.fetchone()[0]), first)
 
     def _admit(self, cur, user_id: str, version: int) -> bool:
         """Moves the user's admission version on from `version`; False if it was not there (a
@@ -74,23 +84,33 @@ class FrontRecords:
         return cur.rowcount == 1
 
     def settle_attempt(self, request_id: str, cluster: str, to: Attempt, expected: Attempt = PENDING,
-                       commit_by: float | None = None) -> bool:
+                       commit_by: float | None = None, waive: bool = False) -> bool:
         """Applies a change the front's state machine chose, if the attempt is still as it decided
-        on (`expected`, and `commit_by` when given); False if someone changed it first."""
+        on (`expected`, and `commit_by` when given); False if someone changed it first. `waive`:
+        the request's first placement moves on from its claim's cluster without having answered,
+        so the claim holds back no other record from now on (either way)."""
         check_change(expected, to)
         where, args = "request_id = ? AND cluster = ? AND outcome = ?", [request_id, cluster, expected.value]
         if commit_by is not None:
             where += " AND commit_by = ?"
             args.append(commit_by)
         with self.transaction() as cur:
+            if waive:
+                cur.execute(self._sql("UPDATE front_claims SET waived = 1 WHERE request_id = ? AND cluster = ?"),
+                            (request_id, cluster))
             cur.execute(self._sql(f"UPDATE front_attempts SET outcome = ? WHERE {where}"), (to.value, *args))
             return cur.rowcount == 1
 
     def prune_attempts(self, before: float) -> None:
-        """Forgets settled attempts whose commit_by is older than `before`: their outcome is known."""
+        """Forgets settled attempts whose commit_by is older than `before`: their outcome is known;
+        and the claims whose first attempt is gone so (a claim's commit_by is its first attempt's
+        first, never later than the attempt's)."""
         with self.transaction() as cur:
             cur.execute(self._sql(f"DELETE FROM front_attempts WHERE outcome IN ({_marks(SETTLED)}) AND commit_by < ?"),
                         (*_values(SETTLED), before))
+            cur.execute(self._sql("DELETE FROM front_claims WHERE commit_by < ? AND NOT EXISTS (SELECT 1 FROM "
+                                  "front_attempts a WHERE a.request_id = front_claims.request_id "
+                                  "AND a.cluster = front_claims.cluster)"), (before,))
 
     def open_attempts(self, request_id: str | None = None) -> list[tuple[str, str, float]]:
         """(request id, cluster, commit_by) of attempts not settled yet, oldest first."""
@@ -184,6 +204,12 @@ class FrontRecords:
         """What operators set for the user and when ({} and None: nothing)."""
         rows = self._rows("SELECT body, updated_at FROM quota_overrides WHERE user_id = ?", (user_id,))
         return (json.loads(rows[0][0]), rows[0][1]) if rows else ({}, None)
+
+
+class Noted(NamedTuple):
+    """An attempt as note_attempt left it."""
+    state: Attempt
+    first: bool  # the request's first attempt anywhere: its placement holds the request's claim
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,19 @@
 """The schema: its migrations, in order, and the lock that serializes applying them."""
 
-# Append only: each entry upgrades the schema by one version.
-MIGRATIONS: list[str] = [
+_CLAIMS = """CREATE TABLE front_claims (
+    request_id TEXT PRIMARY KEY,
+    cluster TEXT NOT NULL,
+    commit_by DOUBLE PRECISION NOT NULL,
+    waived INTEGER NOT NULL DEFAULT 0
+)"""
+# A new request record that the request's claim holds back.
+_CLAIMED = ("SELECT 1 FROM front_claims c JOIN front_attempts a ON a.request_id = c.request_id "
+            "AND a.cluster = c.cluster WHERE c.request_id = NEW.request_id AND c.cluster <> NEW.cluster "
+            "AND c.waived = 0 AND a.outcome <> 'none'")
+
+# Append only: each entry upgrades the schema by one version. An entry is SQL both databases run
+# alike (statements split at ';'), or, where they differ, {dialect: [statement, ...]}.
+MIGRATIONS: list[str | dict[str, list[str]]] = [
     """
     CREATE TABLE sessions (
         id TEXT PRIMARY KEY,
@@ -162,6 +174,34 @@ MIGRATIONS: list[str] = [
     ALTER TABLE front_requests ADD COLUMN ended_at DOUBLE PRECISION;
     CREATE INDEX front_requests_user ON front_requests (user_id, ended_at);
     """,
+    # A request's first placement claims it (front_records.note_attempt): that placement may answer
+    # with what its first cluster made before the request's record is written. So no other session
+    # may be recorded as the request's answer while that first attempt may still have made one,
+    # unless its placement waived the claim (it moved on without answering). The database keeps
+    # the rule, so that every writer obeys it: a front of an earlier release, which knows nothing
+    # of claims, finds its record not written. ('none': the attempt made nothing; see
+    # front/attempts.py.)
+    {
+        "sqlite": [
+            _CLAIMS,
+            "CREATE INDEX front_claims_commit_by ON front_claims (commit_by)",
+            f"""CREATE TRIGGER front_requests_claimed BEFORE INSERT ON front_requests
+                WHEN EXISTS ({_CLAIMED}) BEGIN SELECT RAISE(IGNORE); END""",
+        ],
+        "postgres": [
+            _CLAIMS,
+            "CREATE INDEX front_claims_commit_by ON front_claims (commit_by)",
+            f"""CREATE FUNCTION front_requests_claimed() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF EXISTS ({_CLAIMED}) THEN
+                        RETURN NULL;
+                    END IF;
+                    RETURN NEW;
+                END $$""",
+            "CREATE TRIGGER front_requests_claimed BEFORE INSERT ON front_requests "
+            "FOR EACH ROW EXECUTE FUNCTION front_requests_claimed()",
+        ],
+    },
 ]
 
 # Python run after a migration's SQL, by the version it brings the schema to.
