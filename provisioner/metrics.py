@@ -321,7 +321,8 @@ class _FrontCollector(Collector):
                                        "Placement attempts at a cluster by outcome (placed, found after an "
                                        "ambiguous failure, refused, unresolved, duplicate).",
                                        labels=["cluster", "outcome"])
-        placements = CounterMetricFamily("provisioner_placements", "CreateSession placements by outcome.",
+        placements = CounterMetricFamily("provisioner_placements", "CreateSession placements by outcome (placed, "
+                                         "duplicate, failed, invalid, held).",
                                          labels=["outcome"])
         for client in self.fleet.clients.values():
             healthy.add_metric([client.name], 1 if client.healthy else 0)

@@ -213,6 +213,8 @@ class World:
             self.later.append((run.front, action.then))  # answered first, recorded in the background
         if isinstance(action, GiveUp) and action.outcome == "held":
             self.happened.add("held back by the claim")
+        if isinstance(action, Discard) and run.machine.held:
+            self.happened.add("held back, then found the claim's answer recorded")
         if isinstance(action, (Done, GiveUp)):
             return self.finish(run, action)
         if isinstance(action, Remember) and self.reply_before_record:
@@ -265,6 +267,7 @@ class World:
                     self.edges.add((a.expected, a.event))
                 return Settled(applied)
             case Remember():
+                self.now += a.wait_s
                 before = self.attempt(a.cluster)
                 winner = self.store.remember_request(KEY, a.session_id, a.cluster, self.now)
                 if winner == a.session_id and before != Attempt.MADE:
@@ -473,6 +476,10 @@ SCENARIOS = [
     # Two front replicas placing the same request key at once, in opposite orders.
     Scenario("two replicas", {"c1": 1, "c2": 1}, [([0], ["c1", "c2"]), ([1], ["c2", "c1"])], fronts=2, faults=1,
              preemptions=1),
+    # Two replicas at once without faults, with more switches between them: one is held back by the
+    # other's claim, and gives up or finds that claim's answer recorded meanwhile.
+    Scenario("two replicas, interleaved", {"c1": 1, "c2": 1}, [([0], ["c1", "c2"]), ([1], ["c2", "c1"])], fronts=2,
+             faults=0, ticks=0, preemptions=3),
     # Two replicas ranking alike: their Allocates meet at one cluster, which refuses at first.
     Scenario("two replicas, one cluster first", {"c1": 0, "c2": 1}, [([0, 1], ["c1", "c2"]), ([1, 0], ["c1", "c2"])],
              fronts=2, faults=1, free_capacity=True, preemptions=0),
@@ -503,9 +510,10 @@ def test_every_edge_of_the_attempt_table_is_taken_by_some_interleaving(explored)
 
 def test_the_interleavings_take_the_claims_paths(explored):
     """An answer given before its record, the record lost to a restart and the session adopted by
-    a resolver; a placement held back by another's claim."""
+    a resolver; a placement held back by another's claim, giving up, or waiting for its record."""
     happened = set().union(*(h for *_, h in explored.values()))
-    assert happened == {"an answer's record lost to a restart", "adopted by a resolver", "held back by the claim"}
+    assert happened == {"an answer's record lost to a restart", "adopted by a resolver", "held back by the claim",
+                        "held back, then found the claim's answer recorded"}
 
 
 @pytest.mark.long

@@ -32,6 +32,10 @@ CLOCK_SKEW_S = 1.0
 TRIES = 3
 BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
+# A record held back by the request's claim is tried again this many times, waiting this much
+# longer each time: the claim's placement records its answer within milliseconds, unless it died.
+HELD_TRIES = 3
+HELD_WAIT_S = 0.05
 # Below this, an attempt or a question is not worth starting.
 MIN_BUDGET_S = 0.05
 MIN_TIMEOUT_S = 0.01
@@ -230,6 +234,7 @@ class Settle:
 class Remember:
     cluster: str
     session_id: str
+    wait_s: float = 0.0  # before writing: held back by the claim, waiting for its record
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,7 @@ class PlacementRun:
     commit_by: float = 0.0
     state: Attempt | None = None  # of the current attempt, as this run left it
     claimed: bool = False  # holds the request's claim, at the current cluster, not waived
+    held: int = 0  # records of this run held back by the claim
     try_no: int = 0
     ambiguous: Exception | None = None  # an earlier try at this cluster had no answer
     session_id: str = ""
@@ -316,9 +322,13 @@ class PlacementRun:
                 return self._settle(Event.NO_ANSWER, "unresolved", self._next_cluster)
             case Remembered(winner=w) if w == self.session_id:
                 return Done(self.session, "placed")  # WON applied with the record, in one write
+            case Remembered(winner=None) if self.held < HELD_TRIES and now + HELD_WAIT_S * (self.held + 1) < self.deadline:
+                # The request's first placement, elsewhere, may have answered: its record is due.
+                self.held += 1
+                return Remember(self.cluster, self.session_id, wait_s=HELD_WAIT_S * self.held)
             case Remembered(winner=None):
-                # The request's first placement, elsewhere, may have answered: left open here for
-                # the resolver, which discards it or, if that first attempt made nothing, adopts it.
+                # Not yet: left open here for the resolver, which discards it or, if that first
+                # attempt made nothing, adopts it.
                 return GiveUp(None, "held")
             case Remembered(winner=w):
                 self.winner = w  # another front replica placed it first

@@ -134,7 +134,10 @@ class Placement:
                     if noted is None:
                         raise AdmissionChanged()
                     admitted, event = None, Recorded(noted.state, noted.first)
-                case Remember(cluster=cluster, session_id=sid):
+                case Remember(cluster=cluster, session_id=sid, wait_s=wait_s):
+                    if wait_s:
+                        span.add_event("held", {"cluster": cluster, "wait_s": wait_s})
+                        await self.clock.sleep(wait_s)
                     event = await self._remember(key, cluster, sid, made_at)
                 case Settle():
                     event = await self._settle(key, action)
