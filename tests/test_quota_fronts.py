@@ -33,6 +33,21 @@ def stores(store_url, tmp_path):
         s.close()
 
 
+def test_the_admission_read_names_where_the_request_itself_may_have_been_made(stores):
+    """A retry goes first where an earlier attempt at its own request may have made the session:
+    the admission read (one statement) tells it, and only of that request's pending or unanswered
+    attempts."""
+    a, b = stores
+    b.note_attempt("u/r1", "c1", NOW)
+    b.note_attempt("u/r1", "c2", NOW)
+    b.settle_attempt("u/r1", "c2", Attempt.UNRESOLVED)
+    b.note_attempt("u/r1", "c3", NOW)
+    b.settle_attempt("u/r1", "c3", Attempt.REFUSED)
+    b.note_attempt("u/r2", "c4", NOW)  # another request of the user
+    assert a.admission("u/r1", WEEK, NOW).sticky == {"c1", "c2"}
+    assert a.admission("u/r3", WEEK, NOW).sticky == frozenset()
+
+
 def test_an_attempt_is_recorded_only_if_the_users_admission_is_unchanged(stores):
     a, b = stores
     seen_by_a = a.admission("u/r-a", WEEK, NOW)

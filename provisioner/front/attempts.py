@@ -117,7 +117,7 @@ def sources(event: Event) -> dict[Attempt | None, Attempt]:
     return {b: a for (b, e), a in TRANSITIONS.items() if e is event}
 
 
-def sticky_first(open_at: set[str], candidates: list[str]) -> list[str]:
+def sticky_first(open_at: set[str] | frozenset[str], candidates: list[str]) -> list[str]:
     """Clusters where an earlier attempt's outcome is unknown come first: asking there again is
     idempotent, asking elsewhere could make a second session. Rank order is kept within each."""
     return sorted(candidates, key=lambda c: c not in open_at)

@@ -27,7 +27,7 @@ from provisioner.errors import Unavailable
 from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, Allocated, Ask, Discard, Discarded, Done, FetchWinner,
                                         Fetched, Found, GiveUp, Invalid, Leave, NoReply, NotFound, PlacementRun,
                                         Record, Recorded, Refused, Remember, Remembered, ResolveRun, Send, Settle,
-                                        Settled, Start, STICKY, sticky_first)
+                                        Settled, Start, sticky_first)
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.retry import ambiguous, call
 from provisioner.front.router import Candidate
@@ -84,16 +84,15 @@ class Placement:
                 del self._waiters[request_id], self._locks[request_id]
 
     async def place(self, request: pb.SessionSpec, candidates: list[Candidate], deadline: float,
-                    admitted: int | None = None, made_at: float | None = None) -> pb.Session:
+                    admitted: int | None, made_at: float | None, sticky: frozenset[str]) -> pb.Session:
         """Tries the candidates in order until one makes the session; `deadline` is the clock's time.
         `admitted`: the user's admission version the quota check read; the first attempt is recorded
         only if it is unchanged, else AdmissionChanged. `made_at`: the time the store records for
-        the session (the fleet's; default this clock's)."""
+        the session (the fleet's; default this clock's). `sticky`: the clusters where an earlier
+        attempt at the request may have made it, tried first (read with the admission)."""
         span = trace.get_current_span()
         key = request_key(request.user_id, request.request_id)
-        open_at = {cluster for _, cluster, state, _ in await self.store.read(self.store.attempts_to_resolve, key)
-                   if state in STICKY}
-        run = PlacementRun(sticky_first(open_at, [c.cluster for c in candidates]), deadline, self.rng)
+        run = PlacementRun(sticky_first(sticky, [c.cluster for c in candidates]), deadline, self.rng)
         msg = cluster_pb.AllocateRequest(spec=request)
         action = run.handle(Start(), self.clock.now())
         while True:

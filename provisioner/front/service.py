@@ -164,7 +164,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                 hold = first.hold(spec.accelerator, image)
                 try:
                     session = await self.placement.place(request.spec, candidates, deadline, stored.version,
-                                                         self.clock.now())
+                                                         self.clock.now(), stored.sticky)
                 except AdmissionChanged:
                     span.add_event("checked again", {"reason": "another create of the user was recorded"})
                     continue

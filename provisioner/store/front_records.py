@@ -151,10 +151,14 @@ class FrontRecords:
             "NULL, NULL, NULL FROM front_attempts a "
             f"WHERE {users} AND outcome IN ({_marks(UNSETTLED)}) AND request_id <> ? "
             "AND NOT EXISTS (SELECT 1 FROM front_requests r WHERE r.request_id = a.request_id) "
-            "UNION ALL SELECT 'answer', session_id, NULL, NULL, NULL FROM front_requests WHERE request_id = ?",
+            "UNION ALL SELECT 'answer', session_id, NULL, NULL, NULL FROM front_requests WHERE request_id = ? "
+            "UNION ALL SELECT 'sticky', cluster, NULL, NULL, NULL FROM front_attempts "
+            f"WHERE request_id = ? AND outcome IN ({_marks(STICKY)})",
             (now, *made_args, *ended_args, *made_args, *user_args, since, request_id,
-             user_id, *_values(STICKY), *user_args, *_values(UNSETTLED), request_id, request_id))
+             user_id, *_values(STICKY), *user_args, *_values(UNSETTLED), request_id, request_id,
+             request_id, *_values(STICKY)))
         version, answer, placing, refused, live, live_s, ended_s = 0, None, set(), set(), 0, 0.0, 0.0
+        sticky = set()
         for kind, text, a, b, c in rows:
             if kind == "made":
                 live, live_s, ended_s = int(a or 0), b or 0.0, c or 0.0
@@ -162,9 +166,12 @@ class FrontRecords:
                 version = int(a)
             elif kind in ("placing", "refused"):
                 (placing if kind == "placing" else refused).add(split_request_key(text)[1])
+            elif kind == "sticky":
+                sticky.add(text)
             else:
                 answer = text
-        return Admission(version, answer, frozenset(placing), frozenset(refused - placing), live, live_s, ended_s)
+        return Admission(version, answer, frozenset(placing), frozenset(refused - placing), live, live_s, ended_s,
+                         frozenset(sticky))
 
     def made_not_seen_ended(self, user_id: str) -> list[Made]:
         """The sessions made for the user that no check has seen end yet."""
@@ -232,6 +239,8 @@ class Admission:
     live: int  # the user's other sessions made and not seen to end
     live_s: float  # their time since made (or since the week began), up to now
     ended_s: float  # the time within the week of those seen to end in it, from made to end
+    # clusters where an attempt at this very request may have made its session (attempts.STICKY)
+    sticky: frozenset[str] = frozenset()
 
 
 def _of_user(user_id: str) -> tuple[str, list]:
