@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections import OrderedDict
 
 from opentelemetry import trace
@@ -53,12 +55,19 @@ async def filter_sessions_in_parts(sessions: list[Session], user_id: str, states
                                    ended_after: float | None = None) -> list[Session]:
     """filter_sessions, yielding to the event loop between parts: a front's list of every session
     filters and sorts thousands (at 8,000 VMs its first page, converted, held every call 7-13 ms)."""
-    out: list[Session] = []
+    parts: list[list[Session]] = []
     for i in range(0, len(sessions), FILTER_AT_ONCE):
         if i:
             await asyncio.sleep(0)
-        out += filter_sessions(sessions[i:i + FILTER_AT_ONCE], user_id, states, ended_after)
-    out.sort(key=_newest_first)  # sorted runs: merged, not sorted again from scratch
+        parts.append(filter_sessions(sessions[i:i + FILTER_AT_ONCE], user_id, states, ended_after))
+    if len(parts) <= 1:
+        return parts[0] if parts else []
+    # The sorted parts merged a part's worth at a time: one sort of them all took 4 ms at 10,000.
+    out: list[Session] = []
+    merged, total = heapq.merge(*parts, key=_newest_first), sum(map(len, parts))
+    while len(out) < total:
+        await asyncio.sleep(0)
+        out += itertools.islice(merged, FILTER_AT_ONCE)
     return out
 
 

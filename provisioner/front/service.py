@@ -258,8 +258,11 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     def ended_rows(self, listed: list[pb.Session]) -> list[tuple[str, float, EndedRow]]:
         """(id, end, metering row) of each ended session in a cluster's list."""
-        return [(s.id, s.end_time.ToNanoseconds() / 1e9, self._ended_row(s))
-                for s in listed if s.state not in LIVE_STATES]
+        return [self.ended_row(s) for s in listed if s.state not in LIVE_STATES]
+
+    def ended_row(self, s: pb.Session) -> tuple[str, float, EndedRow]:
+        """(id, end, metering row) of an ended session."""
+        return s.id, s.end_time.ToNanoseconds() / 1e9, self._ended_row(s)
 
     def _note_ends(self, user_id: str, ended: list[tuple[str, float]], made: list[Made]) -> None:
         """Records the ends a check saw, in the background: the check that saw them has its answer."""
