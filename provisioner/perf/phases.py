@@ -11,7 +11,8 @@ cluster's answer to it, is cut into phases (milliseconds):
 - attempt write: of that, from ranking the clusters to the call (the attempt's durable write);
 - at the cluster: the cluster's `Allocate`, its durable write included;
 - between processes: the front's call less the cluster's answer (gRPC, both event loops' queues);
-- after Allocate: from the cluster's answer to the front's (the request record's durable write).
+- after Allocate: from the cluster's answer to the front's (the request record's durable write, unless
+  the placement holds the request's claim and answers first).
 
 The serving benchmark reports these for its create runs (provisioner/perf/serving.py).
 """
