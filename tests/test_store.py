@@ -105,24 +105,30 @@ async def test_reads_from_the_event_loop_see_what_group_commit_acknowledged(stor
     assert await store.read(store.open_attempts, "r2") == [("r2", "c1", 100.0)]
 
 
-def test_one_of_racing_first_attempts_claims_the_request(store_url, tmp_path):
-    """Front replicas placing one request at once, each at its own cluster: exactly one of them
-    holds the claim, so exactly one may answer before recording (see front/attempts.py)."""
-    stores = [open_store(store_url, tmp_path / "claim.db") for _ in range(4)]
+def race(store_url: str, path, write) -> list:
+    """`write(store, i)` from 4 threads at once, each on its own store (a front replica) on one database."""
+    stores = [open_store(store_url, path) for _ in range(4)]
     barrier = threading.Barrier(4)
-    firsts: list[bool] = []
+    seen: list = []
 
-    def race(i: int) -> None:
+    def one(i: int) -> None:
         barrier.wait()
-        firsts.append(stores[i].note_attempt("race", f"c{i}", 100.0).first)
+        seen.append(write(stores[i], i))
 
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     for s in stores:
         s.close()
+    return seen
+
+
+def test_one_of_racing_first_attempts_claims_the_request(store_url, tmp_path):
+    """Front replicas placing one request at once, each at its own cluster: exactly one of them
+    holds the claim, so exactly one may answer before recording (see front/attempts.py)."""
+    firsts = race(store_url, tmp_path / "claim.db", lambda store, i: store.note_attempt("race", f"c{i}", 100.0).first)
     assert sorted(firsts) == [False, False, False, True]
 
 
@@ -134,21 +140,8 @@ def test_wall_clock_times_keep_their_precision(store):
 
 def test_first_writer_wins_across_threads(store_url, tmp_path):
     """Two front replicas racing to record the winner: both see the same one."""
-    stores = [open_store(store_url, tmp_path / "race.db") for _ in range(4)]
-    seen: list[str] = []
-    barrier = threading.Barrier(4)
-
-    def race(i: int) -> None:
-        barrier.wait()
-        seen.append(stores[i].remember_request("race", f"c{i}.s-{i}", f"c{i}", float(i)))
-
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for s in stores:
-        s.close()
+    seen = race(store_url, tmp_path / "race.db",
+                lambda store, i: store.remember_request("race", f"c{i}.s-{i}", f"c{i}", float(i)))
     assert len(set(seen)) == 1 and len(seen) == 4
 
 
