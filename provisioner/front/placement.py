@@ -66,6 +66,7 @@ class Placement:
         self.adopted = self.discarded = 0
         # Answers given before their record (the claim's), by user: the record being written.
         self._recording: dict[str, asyncio.Task] = {}
+        self._background: set[asyncio.Task] = set()  # claims waived by cancelled placements
         # For metrics: attempts by (cluster, outcome), and placements by outcome.
         self.attempt_outcomes: Counter[tuple[str, str]] = Counter()
         self.outcomes: Counter[str] = Counter()
@@ -93,6 +94,16 @@ class Placement:
         span = trace.get_current_span()
         key = request_key(request.user_id, request.request_id)
         run = PlacementRun(sticky_first(sticky, [c.cluster for c in candidates]), deadline, self.rng)
+        try:
+            return await self._place(run, key, request, admitted, made_at, span)
+        except asyncio.CancelledError:
+            if run.claimed:  # its caller is gone: it never answered, so others may record elsewhere
+                self._in_background(self.store.commit(self.store.waive_claim, key, run.cluster),
+                                    f"request {key}: could not waive its claim (the resolver settles it)")
+            raise
+
+    async def _place(self, run: PlacementRun, key: str, request: pb.SessionSpec, admitted: int | None,
+                     made_at: float | None, span) -> pb.Session:
         msg = cluster_pb.AllocateRequest(spec=request)
         action = run.handle(Start(), self.clock.now())
         while True:
@@ -108,7 +119,7 @@ class Placement:
                                              telemetry.ATTR_START: pb.StartKind.Name(session.start)
                                              .removeprefix("START_KIND_").lower()})
                     return session
-                case GiveUp(error=error, outcome="held"):
+                case GiveUp(outcome="held"):
                     self.outcomes["held"] += 1
                     raise Unavailable("this request's first placement may still make its session; retry",
                                       retry_after_s=0.5)
@@ -204,9 +215,21 @@ class Placement:
         if (task := self._recording.get(user_id)) is not None:
             await asyncio.wait([task])
 
+    def _in_background(self, write, failed: str) -> None:
+        """`write` (a store commit) as a task of its own, logged with `failed` if it fails."""
+        task = asyncio.create_task(write)
+        self._background.add(task)
+        task.add_done_callback(lambda done: self._written(done, failed))
+
+    def _written(self, task: asyncio.Task, failed: str) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s: %s", failed, task.exception())
+
     async def flush(self) -> None:
-        """Waits for the records of answers already given (before the store closes)."""
-        await asyncio.gather(*self._recording.values(), return_exceptions=True)
+        """Waits for the records of answers already given and other writes in the background
+        (before the store closes)."""
+        await asyncio.gather(*self._recording.values(), *self._background, return_exceptions=True)
 
     async def _remember(self, key: str, cluster: str, session_id: str, made_at: float | None = None) -> Remembered:
         # Durable before the answer, except for the claim's placement: two placements of one

@@ -96,10 +96,18 @@ class FrontRecords:
             args.append(commit_by)
         with self.transaction() as cur:
             if waive:
-                cur.execute(self._sql("UPDATE front_claims SET waived = 1 WHERE request_id = ? AND cluster = ?"),
-                            (request_id, cluster))
+                self._waive(cur, request_id, cluster)
             cur.execute(self._sql(f"UPDATE front_attempts SET outcome = ? WHERE {where}"), (to.value, *args))
             return cur.rowcount == 1
+
+    def waive_claim(self, request_id: str, cluster: str) -> None:
+        """The claim's placement stopped without answering (its call was cancelled)."""
+        with self.transaction() as cur:
+            self._waive(cur, request_id, cluster)
+
+    def _waive(self, cur, request_id: str, cluster: str) -> None:
+        cur.execute(self._sql("UPDATE front_claims SET waived = 1 WHERE request_id = ? AND cluster = ?"),
+                    (request_id, cluster))
 
     def prune_attempts(self, before: float) -> None:
         """Forgets settled attempts whose commit_by is older than `before`: their outcome is known;
