@@ -56,7 +56,6 @@ def spec(rid: str) -> pb.SessionSpec:
     return pb.SessionSpec(request_id=rid, user_id=f"u-{rid}", accelerator="gpu-p100", image="gpu:latest")
 
 
-@pytest.mark.long
 @pytest.mark.timeout(300)
 async def test_a_front_killed_right_after_answering_loses_no_answer(tmp_path):
     fleet = Fleet(tmp_path)
