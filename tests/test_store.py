@@ -132,6 +132,22 @@ def test_one_of_racing_first_attempts_claims_the_request(store_url, tmp_path):
     assert sorted(firsts) == [False, False, False, True]
 
 
+def test_pruning_settled_attempts_reads_only_the_old_ones(tmp_path):
+    """The resolver prunes every 2 s: a range of an index by state and commit_by, not a walk of
+    every attempt of the last hour (SQLite's plan for the statement prune_attempts runs)."""
+    s = open_store(f"sqlite:///{tmp_path / 'plan.db'}", tmp_path / "unused.db")
+    try:
+        statements: list[str] = []
+        s._db.set_trace_callback(statements.append)  # with its values in place
+        s.prune_attempts(before=100.0)
+        s._db.set_trace_callback(None)
+        prune = next(sql for sql in statements if sql.startswith("DELETE FROM front_attempts"))
+        plan = s._rows(f"EXPLAIN QUERY PLAN {prune}")
+    finally:
+        s.close()
+    assert any("front_attempts_settled (outcome=? AND commit_by<?)" in row[-1] for row in plan), plan
+
+
 def test_wall_clock_times_keep_their_precision(store):
     commit_by = 1_795_000_000.123  # a wall-clock deadline: a 4-byte float would round it to 128 s
     store.note_attempt("r1", "c1", commit_by)

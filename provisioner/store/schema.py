@@ -202,6 +202,12 @@ MIGRATIONS: list[str | dict[str, list[str]]] = [
             "FOR EACH ROW EXECUTE FUNCTION front_requests_claimed()",
         ],
     },
+    # The resolver prunes settled attempts older than an hour every 2 s: by state alone it walked
+    # every attempt of the last hour each time (35 ms at 500,000, in the front's writer thread).
+    """
+    CREATE INDEX front_attempts_settled ON front_attempts (outcome, commit_by);
+    DROP INDEX front_attempts_outcome;
+    """,
 ]
 
 # Python run after a migration's SQL, by the version it brings the schema to.
