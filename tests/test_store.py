@@ -132,20 +132,30 @@ def test_one_of_racing_first_attempts_claims_the_request(store_url, tmp_path):
     assert sorted(firsts) == [False, False, False, True]
 
 
-def test_pruning_settled_attempts_reads_only_the_old_ones(tmp_path):
-    """The resolver prunes every 2 s: a range of an index by state and commit_by, not a walk of
-    every attempt of the last hour (SQLite's plan for the statement prune_attempts runs)."""
+def plan_of(tmp_path, run, starts: str) -> str:
+    """SQLite's plan for the statement starting with `starts` that `run(store)` executes."""
     s = open_store(f"sqlite:///{tmp_path / 'plan.db'}", tmp_path / "unused.db")
     try:
         statements: list[str] = []
         s._db.set_trace_callback(statements.append)  # with its values in place
-        s.prune_attempts(before=100.0)
+        run(s)
         s._db.set_trace_callback(None)
-        prune = next(sql for sql in statements if sql.startswith("DELETE FROM front_attempts"))
-        plan = s._rows(f"EXPLAIN QUERY PLAN {prune}")
+        return " | ".join(row[-1] for row in s._rows(f"EXPLAIN QUERY PLAN {next(q for q in statements if q.startswith(starts))}"))
     finally:
         s.close()
-    assert any("front_attempts_settled (outcome=? AND commit_by<?)" in row[-1] for row in plan), plan
+
+
+def test_pruning_settled_attempts_reads_only_the_old_ones(tmp_path):
+    """The resolver prunes every 2 s: a range of an index by state and commit_by, not a walk of
+    every attempt of the last hour."""
+    plan = plan_of(tmp_path, lambda s: s.prune_attempts(before=100.0), "DELETE FROM front_attempts")
+    assert "front_attempts_settled (outcome=? AND commit_by<?)" in plan, plan
+
+
+def test_a_users_sessions_ended_long_ago_are_read_by_when_they_ended(tmp_path):
+    """A quota check lists the user's week: a range of the user's history, not all of it."""
+    plan = plan_of(tmp_path, lambda s: s.load_user_ended_sessions("c1", "ada", 100.0, 200.0), "SELECT body")
+    assert "sessions_user_ended (cluster=? AND user_id=? AND ended_at>? AND ended_at<?)" in plan, plan
 
 
 def test_wall_clock_times_keep_their_precision(store):

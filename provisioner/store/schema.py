@@ -208,6 +208,12 @@ MIGRATIONS: list[str | dict[str, list[str]]] = [
     CREATE INDEX front_attempts_settled ON front_attempts (outcome, commit_by);
     DROP INDEX front_attempts_outcome;
     """,
+    # A user's sessions that ended long ago are read from the store by when they ended (a quota
+    # check's list of the week): a range of the user's history, not all of it.
+    """
+    CREATE INDEX sessions_user_ended ON sessions (cluster, user_id, ended_at);
+    DROP INDEX sessions_user;
+    """,
 ]
 
 # Python run after a migration's SQL, by the version it brings the schema to.
