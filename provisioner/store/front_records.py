@@ -153,7 +153,10 @@ class FrontRecords:
             "SELECT 'made', '', CAST(SUM(CASE WHEN ended_at IS NULL THEN 1 ELSE 0 END) AS DOUBLE PRECISION), "
             f"CAST(SUM(CASE WHEN ended_at IS NULL THEN ? - {made_at} ELSE 0 END) AS DOUBLE PRECISION), "
             f"CAST(SUM(CASE WHEN ended_at IS NULL THEN 0 ELSE {ended_at} - {made_at} END) AS DOUBLE PRECISION) "
-            f"FROM front_requests WHERE {users} AND (ended_at IS NULL OR ended_at >= ?) AND request_id <> ? "
+            # Two ranges of the user's index (not seen to end; ended this week), not the history.
+            f"FROM (SELECT created_at, ended_at FROM front_requests WHERE {users} AND ended_at IS NULL "
+            f"AND request_id <> ? UNION ALL SELECT created_at, ended_at FROM front_requests WHERE {users} "
+            "AND ended_at >= ? AND request_id <> ?) m "
             "UNION ALL SELECT 'version', NULL, version, NULL, NULL FROM user_admissions WHERE user_id = ? "
             f"UNION ALL SELECT CASE WHEN outcome IN ({_marks(STICKY)}) THEN 'placing' ELSE 'refused' END, request_id, "
             "NULL, NULL, NULL FROM front_attempts a "
@@ -162,7 +165,7 @@ class FrontRecords:
             "UNION ALL SELECT 'answer', session_id, NULL, NULL, NULL FROM front_requests WHERE request_id = ? "
             "UNION ALL SELECT 'sticky', cluster, NULL, NULL, NULL FROM front_attempts "
             f"WHERE request_id = ? AND outcome IN ({_marks(STICKY)})",
-            (now, *made_args, *ended_args, *made_args, *user_args, since, request_id,
+            (now, *made_args, *ended_args, *made_args, *user_args, request_id, *user_args, since, request_id,
              user_id, *_values(STICKY), *user_args, *_values(UNSETTLED), request_id, request_id,
              request_id, *_values(STICKY)))
         version, answer, placing, refused, live, live_s, ended_s = 0, None, set(), set(), 0, 0.0, 0.0
