@@ -220,3 +220,12 @@ def test_postgresql_store_reconnects_after_losing_its_connection(postgres, tmp_p
         assert s.session_for_request("r1") == "c1.s-a"  # ...and the next one reconnects
     finally:
         s.close()
+
+
+def test_a_creates_admission_reads_two_ranges_of_the_users_requests(tmp_path):
+    """Before every create: the user's requests not seen to end, and those ended this week; not
+    every request the user ever made."""
+    plan = plan_of(tmp_path, lambda s: s.admission("ada/r1", 100.0, 200.0), "SELECT 'made'")
+    assert "front_requests_user (user_id=? AND ended_at=?)" in plan, plan  # IS NULL: an equality here
+    assert "front_requests_user (user_id=? AND ended_at>?)" in plan, plan
+    assert "front_requests_user (user_id=?)" not in plan, plan
