@@ -88,7 +88,7 @@ class FrontRecords:
         """Applies a change the front's state machine chose, if the attempt is still as it decided
         on (`expected`, and `commit_by` when given); False if someone changed it first. `waive`:
         the request's first placement moves on from its claim's cluster without having answered,
-        so the claim holds back no other record from now on (either way)."""
+        so the claim holds back no other record from now on, whether or not the change applies."""
         check_change(expected, to)
         where, args = "request_id = ? AND cluster = ? AND outcome = ?", [request_id, cluster, expected.value]
         if commit_by is not None:
@@ -110,9 +110,9 @@ class FrontRecords:
                     (request_id, cluster))
 
     def prune_attempts(self, before: float) -> None:
-        """Forgets settled attempts whose commit_by is older than `before`: their outcome is known;
-        and the claims whose first attempt is gone so (a claim's commit_by is its first attempt's
-        first, never later than the attempt's)."""
+        """Forgets settled attempts whose commit_by is older than `before`: their outcome is known.
+        And the claims whose attempt has been forgotten: a claim keeps the commit_by its attempt
+        was first sent with, never later than the attempt's own."""
         with self.transaction() as cur:
             cur.execute(self._sql(f"DELETE FROM front_attempts WHERE outcome IN ({_marks(SETTLED)}) AND commit_by < ?"),
                         (*_values(SETTLED), before))
