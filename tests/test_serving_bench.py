@@ -35,3 +35,13 @@ def test_quick_benchmark_reports_every_workload():
     for w, line in zip(WORKLOADS, rendered[3:]):
         assert line.startswith(LABELS[w]) and "front " in line and "| echo: forward " in line
     assert rendered[3 + len(WORKLOADS) + 1].startswith("where a warm create's time goes")
+
+
+def test_a_sampled_run_says_so_and_a_ratio_outside_0_1_is_refused():
+    results = {"vms": 10, "runs": 1, "seconds": 1.0, "time_scale": 30.0, "traces": "file", "trace_sample": 0.1,
+               "disk_cache_gb": None, "rows": []}
+    assert table(results).splitlines()[0].endswith("traces: file (10% of traces recorded)")
+    assert "recorded" not in table({**results, "trace_sample": 1.0}).splitlines()[0]
+    out = subprocess.run([sys.executable, "-m", "provisioner.perf.serving", "--trace-sample", "2"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--trace-sample must be between 0 and 1" in out.stderr

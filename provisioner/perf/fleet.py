@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from provisioner.config import default_clusters_dir, load_fleet
+from provisioner.telemetry import ENV_SAMPLE
 
 CLUSTER = "us-central1"
 POOL = "gpu-p100"
@@ -99,13 +100,15 @@ def spawn(name: str, argv: list[str], ready: str, log_dir: Path, env: dict[str, 
     raise RuntimeError(f"{name} exited before it was ready; its log ends:\n{tail}")
 
 
-def start_fleet(clusters: Path, data_dir: Path, log_dir: Path, traces: str) -> list[Proc]:
-    """The cluster, then the front, as `provisioner serve` runs them."""
+def start_fleet(clusters: Path, data_dir: Path, log_dir: Path, traces: str, sample: float = 1.0) -> list[Proc]:
+    """The cluster, then the front, as `provisioner serve` runs them; `sample`: the share of new
+    traces recorded."""
     common = ["--clusters", str(clusters), "--data-dir", str(data_dir), "--time-scale", str(TIME_SCALE),
               "--traces", traces, "--log-level", "WARNING"]
     # Partial batches of spans within SPANS_DUE_MS (not the SDK's 5 s), so the spans of a
     # measurement's last calls are in the file soon after it (provisioner/perf/phases.py).
-    env = {"PROVISIONER_TRACES_FILE": str(data_dir / "traces.jsonl"), "OTEL_BSP_SCHEDULE_DELAY": str(SPANS_DUE_MS)}
+    env = {"PROVISIONER_TRACES_FILE": str(data_dir / "traces.jsonl"), "OTEL_BSP_SCHEDULE_DELAY": str(SPANS_DUE_MS),
+           ENV_SAMPLE: str(sample)}
     cluster = spawn("cluster", ["-c", _CLI, "serve", "cluster", "--name", CLUSTER, *common], "cluster ", log_dir, env)
     try:
         front = spawn("front", ["-c", _CLI, "serve", "front", *common], "front listening", log_dir, env)

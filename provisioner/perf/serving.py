@@ -80,7 +80,7 @@ def median_of(runs: list[dict]) -> dict:
 
 
 def run(vms: int, runs: int, seconds: float, in_flight: tuple[int, ...], workloads: tuple[str, ...],
-        traces: str, disk_cache_gb: float | None = None, where: str | None = None) -> dict:
+        traces: str, disk_cache_gb: float | None = None, where: str | None = None, sample: float = 1.0) -> dict:
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
@@ -95,7 +95,7 @@ def run(vms: int, runs: int, seconds: float, in_flight: tuple[int, ...], workloa
         echo = fleet.start_echo(data_dir, log_dir, f"127.0.0.1:{echo_port}", backend_name)
         procs = echo
         try:
-            served = fleet.start_fleet(clusters, data_dir, log_dir, traces)
+            served = fleet.start_fleet(clusters, data_dir, log_dir, traces, sample)
             procs = echo + served
             started = time.monotonic()
             progress(f"waiting for {vms} warm VMs ...")
@@ -134,7 +134,7 @@ def run(vms: int, runs: int, seconds: float, in_flight: tuple[int, ...], workloa
                          "ratio": round(prov_m["calls_per_s"] / echo_m["calls_per_s"], 3) if echo_m["calls_per_s"]
                          else 0.0})
     return {"vms": vms, "runs": runs, "seconds": seconds, "time_scale": fleet.TIME_SCALE, "traces": traces,
-            "disk_cache_gb": disk_cache_gb, "rows": rows}
+            "trace_sample": sample, "disk_cache_gb": disk_cache_gb, "rows": rows}
 
 
 def _brief(r: dict) -> str:
@@ -151,7 +151,8 @@ def table(results: dict) -> str:
     """The results as the README shows them."""
     cache = f", {results['disk_cache_gb']:g} GB disk cache" if results["disk_cache_gb"] is not None else ""
     head = (f"medians of {results['runs']} interleaved runs x {results['seconds']:g} s; {results['vms']} warm VMs{cache}, "
-            f"x{results['time_scale']:g}, traces: {results['traces']}")
+            f"x{results['time_scale']:g}, traces: {results['traces']}"
+            + (f" ({results['trace_sample']:.0%} of traces recorded)" if results["trace_sample"] < 1 else ""))
     lines = [head, "",
              f"{'workload':<22}{'in flight':>9}{'echo/s':>9}{'prov/s':>9}{'ratio':>7}  {'p50 / p99 / max ms':<22}"
              f"CPU (cores) / RSS (MB) per process"]
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--traces", choices=["none", "file", "console"], default="file",
                         help="the fleet's trace exporter (default file, as `serve` runs)")
+    parser.add_argument("--trace-sample", type=float, default=1.0, metavar="RATIO",
+                        help="the share of new traces the fleet records (default 1: every one, as `serve` runs)")
     parser.add_argument("--disk-cache-gb", type=float, default=None,
                         help="each VM's image cache (default the pool's 250: about 40 releases to prewarm)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",
@@ -194,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                                  for k in ("vms", "runs", "seconds", "disk_cache_gb"))
     if vms < 1 or runs < 1 or seconds <= 0 or min(args.in_flight) < 1:
         parser.error("--vms, --runs, --seconds and --in-flight must be positive")
-    results = run(vms, runs, seconds, tuple(args.in_flight), tuple(args.workloads), args.traces, cache, args.data_dir)
+    if not 0 <= args.trace_sample <= 1:
+        parser.error("--trace-sample must be between 0 and 1")
+    results = run(vms, runs, seconds, tuple(args.in_flight), tuple(args.workloads), args.traces, cache, args.data_dir,
+                  args.trace_sample)
     print(json.dumps(results) if args.json else table(results))
     return 0
 
