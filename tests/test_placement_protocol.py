@@ -25,7 +25,7 @@ from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, CLOCK_SKEW_S, TRANSIT
                                         Discard, Discarded, Done, Event, FetchWinner, Fetched, Found, GiveUp,
                                         IllegalTransition, Leave,
                                         NoReply, NotFound, PlacementRun, Record, Recorded, Refused, Remember,
-                                        Remembered, ResolveRun, Send, Settle, Settled, Start, STICKY, check_change,
+                                        Remembered, ResolveRun, Send, Settle, Settled, Start, check_change,
                                         sticky_first, transition)
 from provisioner.store import SqliteStore
 
@@ -193,12 +193,14 @@ class World:
     # -- a front's run
 
     def lookup(self, run: Run) -> None:
+        """The create's admission read: the request's answer if it has one, else where an earlier
+        attempt at it may have made its session."""
         run.lookup = False
-        if known := self.store.session_for_request(KEY):
-            run.machine, run.action = None, FetchWinner(known)
+        seen = self.store.admission(KEY, 0.0, self.now)
+        if seen.answer:
+            run.machine, run.action = None, FetchWinner(seen.answer)
             return
-        open_at = {c for _, c, state, _ in self.store.attempts_to_resolve(KEY) if state in STICKY}
-        run.machine = PlacementRun(sticky_first(open_at, run.client.candidates), self.now + DEADLINE_S, self.rng)
+        run.machine = PlacementRun(sticky_first(seen.sticky, run.client.candidates), self.now + DEADLINE_S, self.rng)
         self.advance(run, Start())
 
     def feed(self, run: Run, event) -> None:

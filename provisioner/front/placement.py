@@ -15,7 +15,7 @@ import logging
 import random
 from collections import Counter
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import grpc
 from opentelemetry import trace
@@ -66,7 +66,7 @@ class Placement:
         self.adopted = self.discarded = 0
         # Answers given before their record (the claim's), by user: the record being written.
         self._recording: dict[str, asyncio.Task] = {}
-        self._background: set[asyncio.Task] = set()  # claims waived by cancelled placements
+        self._background: set[asyncio.Task] = set()  # writes after the call: those and claims waived
         # For metrics: attempts by (cluster, outcome), and placements by outcome.
         self.attempt_outcomes: Counter[tuple[str, str]] = Counter()
         self.outcomes: Counter[str] = Counter()
@@ -99,7 +99,8 @@ class Placement:
         except asyncio.CancelledError:
             if run.claimed:  # its caller is gone: it never answered, so others may record elsewhere
                 self._in_background(self.store.commit(self.store.waive_claim, key, run.cluster),
-                                    f"request {key}: could not waive its claim (the resolver settles it)")
+                                    lambda task: _log_failure(task, f"request {key}: could not waive its claim "
+                                                                    "(the resolver settles it)"))
             raise
 
     async def _place(self, run: PlacementRun, key: str, request: pb.SessionSpec, admitted: int | None,
@@ -195,10 +196,9 @@ class Placement:
     def _record_later(self, key: str, remember: Remember, made_at: float | None) -> None:
         """The request's record, after its answer (the claim's placement): if it is never written
         (a crash), the resolver finds the session once commit_by has passed and records it."""
-        user = split_request_key(key)[0]
-        task = asyncio.create_task(self._remember(key, remember.cluster, remember.session_id, made_at))
-        self._recording[user] = task
-        task.add_done_callback(lambda done: self._recorded(user, key, remember.session_id, done))
+        user, sid = split_request_key(key)[0], remember.session_id
+        self._recording[user] = self._in_background(self._remember(key, remember.cluster, sid, made_at),
+                                                    lambda task: self._recorded(user, key, sid, task))
 
     def _recorded(self, user: str, key: str, session_id: str, task: asyncio.Task) -> None:
         if self._recording.get(user) is task:
@@ -215,21 +215,19 @@ class Placement:
         if (task := self._recording.get(user_id)) is not None:
             await asyncio.wait([task])
 
-    def _in_background(self, write, failed: str) -> None:
-        """`write` (a store commit) as a task of its own, logged with `failed` if it fails."""
+    def _in_background(self, write, done: Callable[[asyncio.Task], None]) -> asyncio.Task:
+        """`write` (a store commit) as a task of its own, which `flush` waits for; `done` is given
+        it once it has ended."""
         task = asyncio.create_task(write)
         self._background.add(task)
-        task.add_done_callback(lambda done: self._written(done, failed))
-
-    def _written(self, task: asyncio.Task, failed: str) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("%s: %s", failed, task.exception())
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(done)
+        return task
 
     async def flush(self) -> None:
-        """Waits for the records of answers already given and other writes in the background
-        (before the store closes)."""
-        await asyncio.gather(*self._recording.values(), *self._background, return_exceptions=True)
+        """Waits for the writes in the background (before the store closes): the records of
+        answers already given, the claims waived."""
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     async def _remember(self, key: str, cluster: str, session_id: str, made_at: float | None = None) -> Remembered:
         # Durable before the answer, except for the claim's placement: two placements of one
@@ -301,6 +299,11 @@ class Placement:
                 raise
             except Exception:
                 log.exception("resolving unanswered attempts failed; trying again later")
+
+
+def _log_failure(task: asyncio.Task, what: str) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("%s: %s", what, task.exception())
 
 
 def _get_by_key(key: str) -> cluster_pb.GetRequest:
