@@ -13,6 +13,7 @@ import grpc
 from provisioner.client import _base, errors
 from provisioner.client.credentials import front_credentials, resolve
 from provisioner.client.types import Quota, Session, SessionKind, SessionState
+from provisioner.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as session_pb
 from provisioner.v1 import session_service_pb2_grpc as session_grpc
@@ -28,7 +29,8 @@ class AsyncClient:
         self.target = _base.front_address(target)
         if channel is None:
             creds = resolve(token, ca, data_dir)
-            channel = grpc.aio.secure_channel(self.target, front_credentials(creds.ca_pem, creds.token))
+            channel = grpc.aio.secure_channel(self.target, front_credentials(creds.ca_pem, creds.token),
+                                              options=RECEIVE_BUFFER)
         self._channel = channel
         self._sessions = session_grpc.SessionServiceStub(channel)
         self._admin = admin_grpc.AdminServiceStub(channel)

@@ -17,6 +17,7 @@ from provisioner.api import convert
 from provisioner.clock import Clock
 from provisioner.front.breaker import CircuitBreaker
 from provisioner.front.router import ClusterView, PoolView
+from provisioner.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
@@ -31,13 +32,6 @@ RECONNECT_S = 1.0
 KEEPALIVE = [("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_timeout_ms", 2000),
              ("grpc.http2.ping_timeout_ms", 2000), ("grpc.keepalive_permit_without_calls", 1),
              ("grpc.http2.max_pings_without_data", 0), ("grpc.http2.min_time_between_pings_ms", 1000)]
-# A fixed receive buffer, so the window the front offers a cluster stays above one TCP segment.
-# Linux sizes a window from the buffer and the bytes per packet seen so far: a connection of
-# small calls offered about 52 KB, less than a loopback segment (about 64 KB). A larger answer
-# (a page of a List) then waited for the sender's persist timer, at least 200 ms, and every
-# call on the connection waited behind it (README: Performance). The kernel caps the size at
-# net.core.rmem_max and doubles it; the memory is used only while data waits to be read.
-RECEIVE_BUFFER = [("grpc.tcp_receive_buffer_size", 1 << 20)]
 
 
 @dataclass
