@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from provisioner.clock import ManualClock
 from provisioner.cloud.base import LABEL_CLUSTER, LABEL_POOL, CloudFailure, CloudVm, LaunchSpec
+from provisioner.cloud import sim
 from provisioner.cloud.sim import Inventory, SimCall, SimCloud, SimPhysics
 from provisioner.errors import Unavailable
 from provisioner.decide.images import Layer
@@ -278,6 +279,21 @@ async def test_list_vms_filters_by_cluster_label(clock):
     assert sorted(vm.vm_id for vm in await cloud.list_vms("us-central1")) == ["a1", "a2"]
     assert [vm.vm_id for vm in await cloud.list_vms("europe-west4")] == ["b1"]
     assert await cloud.list_vms("asia-east1") == []
+
+
+async def test_list_vms_pages_and_lets_the_loop_run_between_pages(clock, monkeypatch):
+    monkeypatch.setattr(sim, "LIST_PAGE", 2)
+    cloud = make(clock)
+    for n in range(1, 6):
+        await created(cloud, clock, spec(f"a{n}"))
+
+    async def delete_a5() -> None:
+        del cloud._vms["a5"]  # what a delete does once the VM is gone
+
+    deleted = asyncio.create_task(delete_a5())  # runs at the listing's first yield, not after it
+    listed = await cloud.list_vms("us-central1")
+    assert deleted.done()
+    assert [vm.vm_id for vm in listed] == ["a1", "a2", "a3", "a4"]  # a5 went before its page
 
 
 async def test_kill_makes_wait_ready_and_pull_fail_not_found(clock):
