@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import sqlite3
 import sys
 import time
@@ -19,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import cluster_channel, front_channel
 from provisioner.config import default_clusters_dir
+from provisioner.perf.fleet import free_port
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -40,12 +40,6 @@ def sim_cloud_vms(data_dir: Path, cluster: str) -> set[str]:
         return {vm_id for (vm_id,) in db.execute("SELECT id FROM vms")}
     finally:
         db.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -24,10 +24,19 @@ SPANS_DUE_MS = 500  # the fleet's processes write a partial batch of spans withi
 _CLI = "import sys; from provisioner.cli import main; sys.exit(main())"
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and not handed out before by this process: the kernel may offer
+    the same free port twice in a row, and the ports are bound only later, by other processes."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def write_clusters(root: Path, warm_vms: int, cluster_port: int, front_port: int,
