@@ -55,10 +55,10 @@ _SPAN_NAMES = {op: f"sim.{op}" for op in OPS | {"health"}}
 
 # A pull reports progress at most this often (sim seconds) and at most this many times.
 PULL_STEP_S = 15.0
+PULL_MAX_STEPS = 20
 # VMs per page of list_vms, which yields to the event loop between pages as a real cloud's paged
 # list does: snapshotting 8,000 VMs at once held every call in flight for 10-17 ms.
 LIST_PAGE = 500
-PULL_MAX_STEPS = 20
 
 
 class SimConfigLike(Protocol):
