@@ -116,20 +116,37 @@ def test_the_order_kept_between_changes_is_the_order_sorted_whole(steps):
             case ("queue", user, kind, t):
                 s = queued(i, user, kind, float(t))
                 queue.append(s)
-                changed = kept.add(s, holding, None, first)
-                order = kept.order(lambda: queue, holding, None, first)
-                if changed is not None:
-                    assert order[:changed] == shown[:changed], "sessions before it stay put"
+                kept.add(s, holding, None, first)
             case ("hold", user, delta):
-                holding = {**holding, f"u{user}": max(0, holding.get(f"u{user}", 0) + delta)}
-                kept.stale()
+                had = holding.get(f"u{user}", 0)
+                holding = {**holding, f"u{user}": max(0, had + delta)}
+                kept.shift(f"u{user}", holding[f"u{user}"] - had)
             case ("leave", n) if queue:
-                queue.remove(queue[n % len(queue)])
-                kept.stale()
+                kept.remove(queue.pop(n % len(queue)), first)
             case ("claim", n) if queue:
                 first = first | {queue[n % len(queue)].id}
-        shown = list(kept.order(lambda: queue, holding, None, first))  # a copy: the kept one changes in place
+        order = kept.order(lambda: queue, holding, None, first)
+        changed = kept.take_changed()
+        assert order[:changed] == shown[:changed], "sessions before the first changed stay put"
+        shown = list(order)  # a copy: the kept one changes in place
         assert shown == queue_order(queue, holding, None, first)
+
+
+def test_a_change_moves_only_the_sessions_whose_turn_it_changes():
+    """Two users with two queued sessions each, alternating. The second user's first session
+    leaving moves its second one turn up, ahead of the first user's second; that user then getting
+    a VM puts it back. Nothing before the first change moves, and the queue is never read again
+    (the order is kept, not sorted)."""
+    kept = QueueOrder()
+    a1, b1, a2, b2 = (queued(i, u, SessionKind.INTERACTIVE, float(i)) for i, u in enumerate((0, 1, 0, 1)))
+    assert kept.order(lambda: [a1, b1, a2, b2], {}, None, frozenset()) == [a1, b1, a2, b2]
+    kept.take_changed()
+    kept.remove(b1, frozenset())
+    assert kept.take_changed() == 1
+    assert kept.order(lambda: [], {}, None, frozenset()) == [a1, b2, a2]
+    kept.shift("u1", 1)  # u1 got a VM: its queued sessions wait one turn more
+    assert kept.order(lambda: [], {"u1": 1}, None, frozenset()) == [a1, a2, b2]
+    assert kept.take_changed() == 1
 
 
 # ---- no VM is ever given to two sessions --------------------------------------------------

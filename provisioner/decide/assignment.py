@@ -18,6 +18,9 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 from provisioner.decide.images import ImageCatalog
 from provisioner.model import Session, SessionKind, StartKind, Vm
 
+# Sessions a change of the queue moves one by one before sorting the whole queue costs less.
+MOVES_BEFORE_SORT = 64
+
 
 @dataclass(frozen=True, slots=True)
 class Choice:
@@ -94,60 +97,106 @@ def _keyed(queued: Sequence[Session], holding: Mapping[str, int], ranks: Mapping
 
 
 class QueueOrder:
-    """`queue_order` of one pool's queue, kept from one change to the next instead of sorted
-    again for each: a burst of requests queued behind a full pool would otherwise sort the whole
-    queue once per request. A session queued is inserted in its place (and the later sessions
-    of its user and class, whose turn it pushes back, moved); any other change (`stale`: a
-    session left the queue, what a user holds changed) makes the next read sort the queue again.
-    The holder calls `stale`."""
+    """`queue_order` of one pool's queue, kept change by change instead of sorted again for each:
+    a burst queued behind a full pool, then served or stopped one at a time, would otherwise sort
+    the whole queue at every step. A session queued is inserted in its place, one leaving is taken
+    out, and when what a user holds changes (`shift`) that user's queued sessions move as many
+    turns; in each case only the sessions whose turn changed move. A change of the sessions first
+    in line, `stale` (a restore), or a change that would move more than a quarter of the queue
+    sorts it again at the next read. `take_changed` tells the first index changed since it was
+    last asked (the queue positions to renumber)."""
 
     def __init__(self) -> None:
-        self._sessions: list[Session] | None = None
-        self._keys: list[tuple] = []
+        self._keys: list[tuple] | None = None  # sorted; None: sort the queue at the next read
+        self._sessions: list[Session] = []  # in the order of _keys
+        self._key_of: dict[str, tuple] = {}  # session id -> its key in _keys
+        self._groups: dict[str, dict[int, list[tuple[float, str]]]] = {}  # user -> rank -> queued, by age
         self._first: frozenset[str] = frozenset()
-        self._groups: dict[tuple[int, str], list[tuple[float, str]]] = {}  # (rank, user) -> queued, by age
+        self._changed = 0
 
     def stale(self) -> None:
-        self._sessions = None
+        self._keys = None
+
+    def take_changed(self) -> int:
+        """The first index whose session changed since the last call (the whole queue after a sort)."""
+        changed, self._changed = self._changed, len(self._sessions) if self._keys is not None else 0
+        return changed
 
     def order(self, queued: Callable[[], Sequence[Session]], holding: Mapping[str, int],
               ranks: Mapping[str, int] | None, first: frozenset[str]) -> list[Session]:
         """The queue in order; `queued()` gives its sessions when it must be sorted again."""
-        if self._sessions is None or first != self._first:
+        if not self._kept(first):
             keyed = _keyed(queued(), holding, ranks, first)
             self._keys, self._sessions = [k for k, _ in keyed], [s for _, s in keyed]
-            self._first, self._groups = first, {}
+            self._key_of = {k[-1]: k for k in self._keys}
+            self._first, self._groups, self._changed = first, {}, 0
             for (_, neg_rank, _, created_at, sid), s in keyed:  # by age within each group
-                self._groups.setdefault((-neg_rank, s.spec.user_id), []).append((created_at, sid))
-            for group in self._groups.values():
-                group.sort()
+                self._groups.setdefault(s.spec.user_id, {}).setdefault(-neg_rank, []).append((created_at, sid))
+            for by_rank in self._groups.values():
+                for group in by_rank.values():
+                    group.sort()
         return self._sessions
 
     def add(self, s: Session, holding: Mapping[str, int], ranks: Mapping[str, int] | None,
-            first: frozenset[str]) -> int | None:
-        """Takes `s`, just queued, into the order kept; the first index whose session changed, or
-        None when there is no order kept (the next `order` sorts the queue, `s` included)."""
-        if self._sessions is None or first != self._first:
-            self._sessions = None
-            return None
+            first: frozenset[str]) -> None:
+        """Takes `s`, just queued, into the order kept; the group's later sessions come one turn later."""
+        if not self._kept(first):
+            return
         rank = _rank(s, ranks)
-        group = self._groups.setdefault((rank, s.spec.user_id), [])
+        group = self._groups.setdefault(s.spec.user_id, {}).setdefault(rank, [])
         age = (s.created_at, s.id)
         nth = bisect.bisect(group, age)
-        base = holding.get(s.spec.user_id, 0)
-        # The group's later sessions come one turn later: out, then in again with their new turn.
-        changed, by_id = len(self._keys), {s.id: s}
-        for k, (created_at, sid) in enumerate(group[nth:], start=nth):
-            key = (sid not in first, -rank, base + k, created_at, sid)
-            i = bisect.bisect_left(self._keys, key)
-            del self._keys[i]
-            by_id[sid] = self._sessions.pop(i)
-            changed = min(changed, i)
+        if not self._move(group[nth:], 1):
+            return
         group.insert(nth, age)
-        for k, (created_at, sid) in enumerate(group[nth:], start=nth):
-            key = (sid not in first, -rank, base + k, created_at, sid)
-            i = bisect.bisect(self._keys, key)
-            self._keys.insert(i, key)
-            self._sessions.insert(i, by_id[sid])
-            changed = min(changed, i)
-        return changed
+        self._put((s.id not in first, -rank, holding.get(s.spec.user_id, 0) + nth, *age), s)
+
+    def remove(self, s: Session, first: frozenset[str]) -> None:
+        """Takes `s` out of the order kept; the group's later sessions come one turn sooner."""
+        if not self._kept(first):
+            return
+        key = self._key_of[s.id]
+        by_rank = self._groups[s.spec.user_id]
+        group = by_rank[-key[1]]
+        nth = bisect.bisect_left(group, key[3:])
+        self._take(s.id)
+        del group[nth]
+        if self._move(group[nth:], -1) and not group:
+            del by_rank[-key[1]]
+            if not by_rank:
+                del self._groups[s.spec.user_id]
+
+    def shift(self, user: str, turns: int) -> None:
+        """What `user` holds changed by `turns`: each of the user's queued sessions moves as many."""
+        if self._keys is not None:
+            self._move([age for group in self._groups.get(user, {}).values() for age in group], turns)
+
+    def _kept(self, first: frozenset[str]) -> bool:
+        if self._keys is None or first != self._first:
+            self._keys = None
+            return False
+        return True
+
+    def _move(self, ages: list[tuple[float, str]], turns: int) -> bool:
+        """Moves these sessions `turns` turns; False (the order to be sorted again) when they are
+        so many that sorting costs less."""
+        if len(ages) > max(MOVES_BEFORE_SORT, len(self._sessions) // 4):
+            self._keys = None
+            return False
+        for _, sid in ages:
+            first_in_line, neg_rank, turn, created_at, _ = self._key_of[sid]
+            self._put((first_in_line, neg_rank, turn + turns, created_at, sid), self._take(sid))
+        return True
+
+    def _take(self, sid: str) -> Session:
+        i = bisect.bisect_left(self._keys, self._key_of.pop(sid))
+        del self._keys[i]
+        self._changed = min(self._changed, i)
+        return self._sessions.pop(i)
+
+    def _put(self, key: tuple, s: Session) -> None:
+        i = bisect.bisect(self._keys, key)
+        self._keys.insert(i, key)
+        self._sessions.insert(i, s)
+        self._key_of[key[-1]] = key
+        self._changed = min(self._changed, i)

@@ -118,7 +118,7 @@ class Preemption:
             if not held[s.spec.user_id]:
                 del held[s.spec.user_id]
             if pool := self.pools.get(s.pool):
-                pool.order.stale()  # the user's queued sessions move
+                pool.order.shift(s.spec.user_id, 1 if new in _OCCUPYING else -1)  # the user's queued sessions move
         if (old in _HOLDING) != (new in _HOLDING):
             klass = self.priority.classes.get(s.priority_class)
             if klass is not None and klass.preemptible:

@@ -99,7 +99,7 @@ class Sessions:
         if s.state is S.QUEUED:
             self._dequeue(s)
             self._end(s, S.STOPPED, reason, now)
-            self._renumber_queue(self.pools[s.pool], now)
+            self._renumber_queue(self.pools[s.pool])
         elif s.state is S.PROVISIONING:
             vm = self.vms.get(s.vm_id)
             if vm is not None:
@@ -237,14 +237,14 @@ class Sessions:
         s.vm_id = ""
         s.estimated_ready_at = now + self._cold_start_s(s.image)
         self._set_session(s, S.QUEUED, reason, now)
-        at = pool.order.add(s, self._holding(pool), self._ranks, self._first(pool))
-        self._renumber_queue(pool, now, since=at or 0)
+        pool.order.add(s, self._holding(pool), self._ranks, self._first(pool))
+        self._renumber_queue(pool)
         self._watch_queue(s, now)
 
     def _dequeue(self, s: Session) -> None:
         pool = self.pools[s.pool]
         del pool.queue[s.id]
-        pool.order.stale()
+        pool.order.remove(s, self._first(pool))
 
     def _watch_queue(self, s: Session, since: float) -> None:
         if timeout := self.sessions_config.queue_timeout_s:
@@ -261,12 +261,13 @@ class Sessions:
                 continue
             self._dequeue(s)
             self._end(s, S.FAILED, f"waited {_minutes(timeout)} in the queue without getting a VM", now)
-            self._renumber_queue(self.pools[s.pool], now)
+            self._renumber_queue(self.pools[s.pool])
 
-    def _renumber_queue(self, pool: PoolState, now: float, since: int = 0) -> None:
-        """Sets the positions of the queue's sessions from index `since` on (those before kept theirs)."""
+    def _renumber_queue(self, pool: PoolState) -> None:
+        """Sets the positions of the queue's sessions from the first that moved since the last
+        renumbering on (those before kept theirs)."""
         order = self._queue_order(pool)
-        for pos in range(since, len(order)):
+        for pos in range(pool.order.take_changed(), len(order)):
             s = order[pos]
             if s.queue_position != pos + 1:
                 s.queue_position = pos + 1
@@ -317,7 +318,7 @@ class Sessions:
             self._dequeue(s)
             placed = True
         if placed:
-            self._renumber_queue(pool, now)
+            self._renumber_queue(pool)
 
     # ---- culling -------------------------------------------------------------------------
 
