@@ -241,6 +241,45 @@ def test_watch_resumes_after_the_last_revision(scripted):
     assert [x.revision for x in c.watch("us-central1.s1", after_revision=2)] == [3, 4]
 
 
+class QueuedWatch(session_grpc.SessionServiceServicer):
+    """A queued session moving up the queue (its place changes, its revision does not), the
+    stream breaking once, then the session running."""
+
+    def __init__(self):
+        self.requests: list = []
+
+    def WatchSession(self, request, context):
+        self.requests.append(request)
+        queued, running = types_pb2.SESSION_STATE_QUEUED, types_pb2.SESSION_STATE_RUNNING
+        if request.after_revision == 0:
+            reports, then_break = [(1, queued, 3), (1, queued, 3), (1, queued, 2)], True
+        else:  # resumed: where it stands now first, as a cluster sends it
+            reports, then_break = [(1, queued, 2), (1, queued, 1), (2, running, 0)], False
+        for revision, state, place in reports:
+            yield session_pb.WatchSessionResponse(session=types_pb2.Session(
+                id=request.session_id, state=state, revision=revision, queue_position=place))
+        if then_break:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "cluster restarting")
+
+
+def test_watch_reports_each_move_in_the_queue_once_across_a_resume():
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = QueuedWatch()
+    session_grpc.add_SessionServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        c = api.Client(f"127.0.0.1:{port}", channel=channel)
+        c.sleep = lambda _s: None
+        seen = [(m.revision, m.queue_position) for m in c.watch_messages("us-central1.s1")]
+        assert seen == [(1, 3), (1, 2), (1, 1), (2, 0)]
+        assert [r.after_revision for r in servicer.requests] == [0, 1]
+    finally:
+        channel.close()
+        server.stop(None)
+
+
 def test_an_unreachable_front_says_so():
     import socket
 

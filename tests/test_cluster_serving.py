@@ -261,3 +261,41 @@ async def test_a_listing_s_later_pages_follow_its_first_page_s_order_without_fil
         assert again.sessions[0].spec.request_id == "newer" and len(filtered) == 2
     finally:
         await rt.close()
+
+
+async def test_a_watcher_of_a_queued_session_is_told_of_each_move_and_a_resume_of_where_it_is(tmp_path):
+    """A queued session's place moves without a new revision (it is not written): its watcher
+    still hears of each move, and a watch resumed after the revision it saw starts with where the
+    session stands now."""
+    store = SqliteStore(tmp_path / "cluster.db")
+    rt, cloud, clock = runtime(store, min_vms=0, max_vms=1, headroom_fraction=0.0)
+    await rt.start()
+    try:
+        rt.allocate(SessionSpec("r0", "holder", "gpu-p100", "gpu:latest"))
+        ahead = []
+        for i in range(2):
+            ahead.append(rt.allocate(SessionSpec(f"r{i + 1}", f"u{i}", "gpu-p100", "gpu:latest")))
+            await clock.advance(1)
+        me = rt.allocate(SessionSpec("r9", "me", "gpu-p100", "gpu:latest"))
+        await rt.durable()
+        seen = []
+        watch = rt.watch(me.id)
+
+        async def next_report():
+            s = await asyncio.wait_for(anext(watch), 5)
+            seen.append((s.revision, s.queue_position))
+
+        await next_report()
+        for s in ahead:
+            rt.stop(s.id, "gave up")
+            await next_report()
+        revision = seen[0][0]
+        assert seen == [(revision, 3), (revision, 2), (revision, 1)]
+        await watch.aclose()
+        resumed = rt.watch(me.id, after_revision=revision)
+        s = await asyncio.wait_for(anext(resumed), 5)
+        assert (s.revision, s.queue_position) == (revision, 1)
+        await resumed.aclose()
+    finally:
+        await rt.close()
+        store.close()

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from provisioner.decide.autoscale import SCALE_DOWN_IDLE_S, STABILIZATION_S, STOCKOUT_MEMORY_S, desired_vms
 from provisioner.cloud.base import CloudFailure
 from provisioner.decide.commands import Delete, Launch, Pull, Wipe
+from provisioner.decide import events as ev
 from provisioner.decide.events import Restored, SessionForgotten
 from provisioner.errors import FailedPrecondition
 from provisioner.decide.images import ImageCatalog
@@ -318,6 +319,41 @@ def test_stop_of_a_queued_session_leaves_the_queue():
     d.stop(q1)
     assert q1.state is S.STOPPED and q1.ended_at == d.now and q1.queue_position == 0
     assert list(d.core.pools[POOL].queue) == [q2.id] and q2.queue_position == 1
+
+
+def test_a_move_in_the_queue_is_told_to_watchers_not_written():
+    """The head of a queue leaving moves everyone behind it up one place. The places change in
+    memory and the step lists the moved sessions for their watchers, but only the session that
+    left is a changed record (a new revision, a row to write): a long queue served from its head
+    would otherwise rewrite itself at every step."""
+    d = driver(max_vms=1)
+    d.add_warm(LATEST)
+    d.allocate("holder")
+    waiting = [(d.allocate(f"u{i}"), d.advance(1))[0] for i in range(5)]  # in this order
+    revisions = [s.revision for s in waiting]
+    step = d.send(ev.StopRequested(d.now, waiting[0].id, ""))
+    assert [s.id for s in step.sessions] == [waiting[0].id]
+    assert sorted(s.id for s in step.moved) == sorted(s.id for s in waiting[1:])
+    assert [s.queue_position for s in waiting[1:]] == [1, 2, 3, 4]
+    assert [s.revision for s in waiting[1:]] == revisions[1:]
+    step = d.send(ev.StopRequested(d.now, waiting[-1].id, ""))  # the tail leaving moves no one
+    assert [s.id for s in step.sessions] == [waiting[-1].id] and step.moved == []
+
+
+def test_a_restored_queue_is_numbered_again():
+    """Places are not written as they move, so a record may hold an old one: a restore numbers
+    the queue again from its order."""
+    d = driver(max_vms=1)
+    d.add_warm(LATEST)
+    holder = d.allocate("holder")
+    waiting = [(d.allocate(f"u{i}"), d.advance(1))[0] for i in range(3)]
+    d.stop(waiting[0])
+    records = [Session.from_dict(s.to_dict()) for s in (holder, *waiting)]
+    for r in records[2:]:
+        r.queue_position += 7  # as written before the head left
+    fresh = Driver(make_core(min_vms=0, headroom_fraction=0.0, max_vms=1), now=d.now)
+    fresh.send(Restored(d.now, tuple(records), tuple(Vm.from_dict(v.to_dict()) for v in d.core.vms.values())))
+    assert [fresh.core.sessions[s.id].queue_position for s in waiting[1:]] == [1, 2]
 
 
 def test_stop_while_provisioning_gives_the_vm_to_the_pool():

@@ -71,6 +71,10 @@ def list_request(user_id: str, cluster: str, states, page_size: int, page_token:
         page_size=page_size, page_token=page_token)
 
 
-def is_new(s: types_pb2.Session, last: int) -> bool:
-    """False for a report already seen before a watch was resumed."""
-    return not (last and s.revision and s.revision <= last)
+def is_new(s: types_pb2.Session, last: int, place: int | None = None) -> bool:
+    """False for a report already seen before a watch was resumed. A session's place in the
+    queue moves without a new revision: a report of the last revision seen (`last`) is new if its
+    place differs from the one seen with it (`place`)."""
+    if not (last and s.revision and s.revision <= last):
+        return True
+    return s.revision == last and place is not None and s.queue_position != place

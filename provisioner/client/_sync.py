@@ -75,7 +75,7 @@ class Client:
                        timeout: float | None = None) -> Iterator:
         """Every change of a session as a `types_pb2.Session`, resuming after the last revision
         seen when the stream breaks; ends when the server ends the stream (the session ended)."""
-        last, resumes = after_revision, 0
+        last, place, resumes = after_revision, None, 0
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             req = session_pb.WatchSessionRequest(session_id=session_id, after_revision=last)
@@ -83,8 +83,8 @@ class Client:
             try:
                 for resp in self._sessions.WatchSession(req, timeout=left):
                     resumes = 0
-                    if _base.is_new(resp.session, last):
-                        last = max(last, resp.session.revision)
+                    if _base.is_new(resp.session, last, place):
+                        last, place = max(last, resp.session.revision), resp.session.queue_position
                         yield resp.session
                 return
             except grpc.RpcError as e:

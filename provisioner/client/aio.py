@@ -65,7 +65,7 @@ class AsyncClient:
 
     async def watch_messages(self, session_id: str, after_revision: int = 0,
                              timeout: float | None = None) -> AsyncIterator:
-        last, resumes = after_revision, 0
+        last, place, resumes = after_revision, None, 0
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             req = session_pb.WatchSessionRequest(session_id=session_id, after_revision=last)
@@ -73,8 +73,8 @@ class AsyncClient:
             try:
                 async for resp in self._sessions.WatchSession(req, timeout=left):
                     resumes = 0
-                    if _base.is_new(resp.session, last):
-                        last = max(last, resp.session.revision)
+                    if _base.is_new(resp.session, last, place):
+                        last, place = max(last, resp.session.revision), resp.session.queue_position
                         yield resp.session
                 return
             except grpc.RpcError as e:

@@ -40,7 +40,7 @@ from provisioner.decide.core import ClusterCore
 from provisioner.decide.pools import PoolState
 from provisioner.decide.policy import FIELDS, merge_policy
 from provisioner.decide.reconcile import Plan, reconcile
-from provisioner.decide.states import VmState
+from provisioner.decide.states import SessionState, VmState
 from provisioner.errors import ProvisionerError, Unavailable
 from provisioner.logs import SessionLog
 from provisioner.model import Session, SessionSpec, Vm
@@ -388,21 +388,23 @@ class ClusterRuntime:
                      self.core.name, self.core.name)
 
     async def watch(self, session_id: str, after_revision: int = 0, user_id: str = "") -> AsyncIterator[Session]:
-        """The session now (if newer than after_revision), then each change, until it ends."""
+        """The session now (if newer than after_revision, or queued: its place may have moved),
+        then each change and each move in the queue, until it ends."""
         current = self.get(session_id, user_id)
         if self.streams_closed:
             raise Unavailable("the cluster is shutting down")
         queue: asyncio.Queue[Session | None] = asyncio.Queue()
         self._watchers.setdefault(session_id, set()).add(queue)
         try:
-            if current.revision > after_revision:
-                after_revision = current.revision
+            place = None  # the queue position last told
+            if current.revision > after_revision or current.state is SessionState.QUEUED:
+                after_revision, place = current.revision, current.queue_position
                 yield _snapshot(current)
             if current.terminal:
                 return
             while (s := await queue.get()) is not None:
-                if s.revision > after_revision:
-                    after_revision = s.revision
+                if s.revision > after_revision or (s.revision == after_revision and s.queue_position != place):
+                    after_revision, place = s.revision, s.queue_position
                     yield s
                 if s.terminal:
                     return
@@ -496,9 +498,10 @@ class ClusterRuntime:
         sessions, vms = step.sessions, step.vms
         for observe in self.observers:
             observe(sessions, False)
-        for s in sessions:
-            for q in self._watchers.get(s.id, ()):
-                q.put_nowait(_snapshot(s))
+        for changed in (sessions, step.moved):
+            for s in changed:
+                for q in self._watchers.get(s.id, ()):
+                    q.put_nowait(_snapshot(s))
         self._note_flags(sessions)
         if sessions or vms:  # a new flag is a changed session: the streams send it at once
             self._notify_capacity()

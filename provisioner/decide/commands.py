@@ -83,3 +83,6 @@ class Step:
     sessions: list[Session] = field(default_factory=list)
     vms: list[Vm] = field(default_factory=list)
     reply: object = None
+    # Queued sessions whose place in the queue alone moved: told to watchers, not written (the
+    # place is a live value, numbered again on restore; a move is not a change of the record).
+    moved: list[Session] = field(default_factory=list)

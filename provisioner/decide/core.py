@@ -80,6 +80,7 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
         self._commands: list[Command] = []  # issued by the events being handled
         self._changed_sessions: dict[str, Session] = {}
         self._changed_vms: dict[str, Vm] = {}
+        self._moved: dict[str, Session] = {}  # queued sessions whose place alone changed
 
     # ---- the way in ----------------------------------------------------------------------
 
@@ -93,10 +94,13 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
             if log is not None:
                 log.record(event)
             reply = self._apply(event)
-        sessions, vms = self._changed_sessions, self._changed_vms
+        sessions, vms, moved = self._changed_sessions, self._changed_vms, self._moved
         step = Step(self._commands, list(sessions.values()) if sessions else [],
-                    list(vms.values()) if vms else [], reply)
+                    list(vms.values()) if vms else [], reply,
+                    [s for sid, s in moved.items() if sid not in sessions] if moved else [])
         self._commands = []
+        if moved:
+            self._moved = {}
         if sessions:
             self._changed_sessions = {}
         if vms:
@@ -214,6 +218,9 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
             if not s.terminal:
                 self._holding_changes(s, None)
                 self._restore_preemption(s)
+        for pool in self.pools.values():
+            if pool.queue:  # places are not written as they move: numbered again
+                self._renumber_queue(pool)
         for vm in restored:
             self._reissue(vm, now)
 

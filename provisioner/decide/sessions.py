@@ -265,13 +265,16 @@ class Sessions:
 
     def _renumber_queue(self, pool: PoolState) -> None:
         """Sets the positions of the queue's sessions from the first that moved since the last
-        renumbering on (those before kept theirs)."""
+        renumbering on (those before kept theirs). A place is a live value, not part of the
+        session's record: a move alone makes no new revision and nothing to write (one session
+        leaving the head of a long queue would otherwise rewrite every other), only a report to
+        the session's watchers."""
         order = self._queue_order(pool)
         for pos in range(pool.order.take_changed(), len(order)):
             s = order[pos]
             if s.queue_position != pos + 1:
                 s.queue_position = pos + 1
-                self._session_changed(s)
+                self._moved[s.id] = s
 
     def _holding(self, pool: PoolState) -> dict[str, int]:
         """The pool's VMs each user's sessions hold or have coming (a stopping session's until it

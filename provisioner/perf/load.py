@@ -166,9 +166,10 @@ class Sessions:
         await self.get()
 
     async def stop_all(self, in_flight: int = 32) -> None:
-        """Stops every session this run made (not measured)."""
+        """Stops every session this run made (not measured; how long it took goes to stderr)."""
         pending = self.live
         self.live = []
+        count, started = len(pending), time.monotonic()
 
         async def stopper() -> None:
             while pending:
@@ -179,6 +180,9 @@ class Sessions:
                     pass  # ended already (culled); the pool gets it back either way
 
         await asyncio.gather(*(stopper() for _ in range(in_flight)))
+        if count:
+            print(f"  stopped the run's {count} sessions in {time.monotonic() - started:.1f} s", file=sys.stderr,
+                  flush=True)
 
 
 async def provisioner(address: str, data_dir: Path, workload: str, vms: int, in_flight: int, seconds: float) -> None:

@@ -1,12 +1,15 @@
-"""What queueing costs the cluster's core: a burst of creates behind a pool that has no VM to give.
+"""What queueing costs the cluster's core: a burst of creates behind a pool that has no VM to
+give, then the queue leaving from its head.
 
     python -m provisioner.perf.queue [--creates 10000] [--users 200]
 
 Feeds one shipped cluster's core (its gpu-p100 pool held at one VM) `--creates` session
 requests from `--users` users in turn, a hundredth of a model second apart, as its service
 would, and prints the core's time per create for each thousand (each one queued behind the
-last), and the number of sessions whose queue position changed. Commands are not carried out:
-this is the core's cost alone.
+last) and the number of sessions whose queue position changed. Then the session at the head
+of the queue stops, again and again until none is left, and it prints the time per stop for
+each thousand, the places moved, and the records changed (to write and tell) per stop.
+Commands are not carried out: this is the core's cost alone.
 """
 
 from __future__ import annotations
@@ -55,7 +58,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(c.pools[POOL].queue):>8}  {1000 * (time.perf_counter() - block_start) / n:>13.3f}  "
                   f"{moved / n:>28.1f}", flush=True)
             block_start, moved = time.perf_counter(), 0
+    leave(c, now)
     return 0
+
+
+def leave(c: ClusterCore, now: float) -> None:
+    """Stops the head of the queue until it is empty, printing a line per thousand stops."""
+    queue = c.pools[POOL].queue
+    print(f"\n{'queued':>8}  {'ms per stop':>11}  {'places moved per stop':>21}  {'records changed per stop':>24}",
+          flush=True)
+    n = moved = changed = 0
+    spent = 0.0
+    while queue:
+        head = next(c.sessions[i] for i in queue if c.sessions[i].queue_position == 1)  # not timed
+        now += 0.01
+        started = time.perf_counter()
+        step = c.handle(ev.StopRequested(now, head.id))
+        spent += time.perf_counter() - started
+        n, moved, changed = n + 1, moved + len(step.moved), changed + len(step.sessions)
+        if n == BLOCK or not queue:
+            print(f"{len(queue):>8}  {1000 * spent / n:>11.3f}  {moved / n:>21.1f}  {changed / n:>24.1f}", flush=True)
+            n = moved = changed = 0
+            spent = 0.0
 
 
 if __name__ == "__main__":
