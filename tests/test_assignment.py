@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from unittest import mock
 
 from core_driver import Driver, fleet, make_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from provisioner.decide import assignment
 from provisioner.decide.assignment import QueueOrder, choose_vm, queue_order
 from provisioner.errors import FailedPrecondition
 from provisioner.decide.images import LayerCache
@@ -109,6 +111,19 @@ ops = st.lists(st.one_of(
 def test_the_order_kept_between_changes_is_the_order_sorted_whole(steps):
     """QueueOrder, as the core drives it, always gives queue_order of the queue as it stands, and
     the index it reports as the first changed leaves every session before it in place."""
+    _drive_queue_order(steps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops)
+def test_the_order_kept_is_right_when_it_gives_up_moving_and_sorts_again(steps):
+    """The same, with a queue order that sorts again after a move or two (the fallback a long
+    queue takes when a change, or a burst of them, would move more than sorting costs)."""
+    with mock.patch.object(assignment, "MOVES_BEFORE_SORT", 1):
+        _drive_queue_order(steps)
+
+
+def _drive_queue_order(steps) -> None:
     kept, queue, holding, first = QueueOrder(), [], {}, frozenset()
     shown = []  # the order as last read
     for i, step in enumerate(steps):

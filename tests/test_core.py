@@ -248,6 +248,20 @@ def test_a_session_queued_past_the_queue_timeout_fails_and_one_placed_in_time_do
     assert served.state is S.RUNNING and not d.core.pools[POOL].queue
 
 
+def test_a_burst_that_times_out_together_leaves_the_rest_of_the_queue_numbered_in_order():
+    d = Driver(make_core(min_vms=0, headroom_fraction=0.0, max_vms=1, sessions={"queue_timeout_s": 600.0}))
+    d.add_warm(LATEST)
+    d.allocate("holder")
+    burst = [d.allocate(f"b{i}") for i in range(6)]
+    d.advance(100)
+    later = [(d.allocate(f"l{i}"), d.advance(1))[0] for i in range(3)]
+    assert sorted(s.queue_position for s in burst + later) == list(range(1, 10))
+    d.advance(600 - d.now + d.tick_s)
+    assert all(s.state is S.FAILED and s.queue_position == 0 for s in burst)
+    assert [s.queue_position for s in later] == [1, 2, 3]
+    assert list(d.core.pools[POOL].queue) == [s.id for s in later]
+
+
 def test_without_a_queue_timeout_a_session_waits_as_long_as_it_takes():
     # No share: the batch is not preempted for the interactive session.
     d = Driver(make_core(min_vms=0, headroom_fraction=0.0, max_vms=1, priority={"share_gpus_per_user": 0}))

@@ -102,9 +102,10 @@ class QueueOrder:
     the whole queue at every step. A session queued is inserted in its place, one leaving is taken
     out, and when what a user holds changes (`shift`) that user's queued sessions move as many
     turns; in each case only the sessions whose turn changed move. A change of the sessions first
-    in line, `stale` (a restore), or a change that would move more than a quarter of the queue
-    sorts it again at the next read. `take_changed` tells the first index changed since it was
-    last asked (the queue positions to renumber)."""
+    in line, `stale` (a restore), a change that would move more than a quarter of the queue, or
+    more moves since the last sort than the queue is long (a burst leaving together) sorts it
+    again at the next read. `take_changed` tells the first index changed since it was last asked
+    (the queue positions to renumber)."""
 
     def __init__(self) -> None:
         self._keys: list[tuple] | None = None  # sorted; None: sort the queue at the next read
@@ -113,6 +114,7 @@ class QueueOrder:
         self._groups: dict[str, dict[int, list[tuple[float, str]]]] = {}  # user -> rank -> queued, by age
         self._first: frozenset[str] = frozenset()
         self._changed = 0
+        self._moves = 0  # sessions moved since the last sort
 
     def stale(self) -> None:
         self._keys = None
@@ -129,7 +131,7 @@ class QueueOrder:
             keyed = _keyed(queued(), holding, ranks, first)
             self._keys, self._sessions = [k for k, _ in keyed], [s for _, s in keyed]
             self._key_of = {k[-1]: k for k in self._keys}
-            self._first, self._groups, self._changed = first, {}, 0
+            self._first, self._groups, self._changed, self._moves = first, {}, 0, 0
             for (_, neg_rank, _, created_at, sid), s in keyed:  # by age within each group
                 self._groups.setdefault(s.spec.user_id, {}).setdefault(-neg_rank, []).append((created_at, sid))
             for by_rank in self._groups.values():
@@ -178,9 +180,11 @@ class QueueOrder:
         return True
 
     def _move(self, ages: list[tuple[float, str]], turns: int) -> bool:
-        """Moves these sessions `turns` turns; False (the order to be sorted again) when they are
-        so many that sorting costs less."""
-        if len(ages) > max(MOVES_BEFORE_SORT, len(self._sessions) // 4):
+        """Moves these sessions `turns` turns; False (the order to be sorted again) when they, or
+        the moves since the last sort, are so many that sorting costs less."""
+        self._moves += len(ages)
+        if len(ages) > max(MOVES_BEFORE_SORT, len(self._sessions) // 4) \
+                or self._moves > MOVES_BEFORE_SORT + len(self._sessions):
             self._keys = None
             return False
         for _, sid in ages:

@@ -253,6 +253,7 @@ class Sessions:
     def _expire_queue(self, now: float) -> None:
         """Fails sessions queued longer than the queue allows (sessions.queue_timeout_s)."""
         heap, timeout = self._queue_due, self.sessions_config.queue_timeout_s
+        left: dict[str, PoolState] = {}  # renumbered once each, not once per session: a burst times out together
         while heap and heap[0][0] <= now:
             _, sid = heapq.heappop(heap)
             s = self.sessions.get(sid)
@@ -261,7 +262,9 @@ class Sessions:
                 continue
             self._dequeue(s)
             self._end(s, S.FAILED, f"waited {_minutes(timeout)} in the queue without getting a VM", now)
-            self._renumber_queue(self.pools[s.pool])
+            left[s.pool] = self.pools[s.pool]
+        for pool in left.values():
+            self._renumber_queue(pool)
 
     def _renumber_queue(self, pool: PoolState) -> None:
         """Sets the positions of the queue's sessions from the first that moved since the last
