@@ -1,4 +1,7 @@
-"""Benchmarks of the serving path: `python -m provisioner.perf.serving` (the front and a cluster
-against a raw grpc.aio echo, as separate processes), `python -m provisioner.perf.commits` (the
-store's durable writes with and without group commit) and `python -m provisioner.perf.gcpause`
-(a full garbage collection with a cluster's restored state, before and after gc.freeze)."""
+"""Benchmarks, each `python -m provisioner.perf.NAME`: `serving` (the front and a cluster against
+a raw grpc.aio echo, as separate processes; `echo`, `fleet` and `load` are its parts), `phases`
+(where a create's time goes, from a span file), `commits` (the store's durable writes with and
+without group commit), `history` (the front's store work as history grows), `restart` (a cluster
+restarting with a long history), `queue` (the core under a burst that queues, then leaves) and
+`gcpause` (a full garbage collection with a cluster's restored state, before and after
+gc.freeze)."""
