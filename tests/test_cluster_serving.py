@@ -263,38 +263,63 @@ async def test_a_listing_s_later_pages_follow_its_first_page_s_order_without_fil
         await rt.close()
 
 
-async def test_a_watcher_of_a_queued_session_is_told_of_each_move_and_a_resume_of_where_it_is(tmp_path):
+async def test_a_watcher_of_a_queued_session_is_told_of_its_moves_and_a_resume_of_where_it_is(tmp_path, monkeypatch):
     """A queued session's place moves without a new revision (it is not written): its watcher
-    still hears of each move, and a watch resumed after the revision it saw starts with where the
-    session stands now."""
+    still hears of it, a report at most every MOVE_REPORT_S with the latest place (moves in between
+    are not reported one by one), and a watch resumed after the revision it saw starts with where
+    the session stands now. A change of the session is reported at once."""
+    monkeypatch.setattr(runtime_module, "MOVE_REPORT_S", 0.3)
     store = SqliteStore(tmp_path / "cluster.db")
     rt, cloud, clock = runtime(store, min_vms=0, max_vms=1, headroom_fraction=0.0)
     await rt.start()
     try:
         rt.allocate(SessionSpec("r0", "holder", "gpu-p100", "gpu:latest"))
         ahead = []
-        for i in range(2):
+        for i in range(4):
             ahead.append(rt.allocate(SessionSpec(f"r{i + 1}", f"u{i}", "gpu-p100", "gpu:latest")))
             await clock.advance(1)
         me = rt.allocate(SessionSpec("r9", "me", "gpu-p100", "gpu:latest"))
         await rt.durable()
-        seen = []
         watch = rt.watch(me.id)
 
-        async def next_report():
-            s = await asyncio.wait_for(anext(watch), 5)
-            seen.append((s.revision, s.queue_position))
+        async def report(within: float = 5) -> tuple[int, int, float]:
+            started = asyncio.get_running_loop().time()
+            s = await asyncio.wait_for(anext(watch), within)
+            return s.revision, s.queue_position, asyncio.get_running_loop().time() - started
 
-        await next_report()
-        for s in ahead:
-            rt.stop(s.id, "gave up")
-            await next_report()
-        revision = seen[0][0]
-        assert seen == [(revision, 3), (revision, 2), (revision, 1)]
+        revision, place, _ = await report()
+        assert place == 5
+        rt.stop(ahead[0].id, "gave up")
+        assert (await report())[:2] == (revision, 4)  # the first move: at once
+        rt.stop(ahead[1].id, "gave up")
+        rt.stop(ahead[2].id, "gave up")
+        moved = await report()
+        assert moved[:2] == (revision, 2) and moved[2] >= 0.2  # both moves in one report, after the interval
+        rt.stop(me.id, "changed my mind")
+        stopped = await report(within=0.2)  # a change: at once
+        assert stopped[0] > revision and stopped[1] == 0
         await watch.aclose()
-        resumed = rt.watch(me.id, after_revision=revision)
+    finally:
+        await rt.close()
+        store.close()
+
+
+async def test_a_watch_resumed_at_the_revision_seen_starts_with_where_the_session_stands_now(tmp_path):
+    store = SqliteStore(tmp_path / "cluster.db")
+    rt, cloud, clock = runtime(store, min_vms=0, max_vms=1, headroom_fraction=0.0)
+    await rt.start()
+    try:
+        rt.allocate(SessionSpec("r0", "holder", "gpu-p100", "gpu:latest"))
+        ahead = rt.allocate(SessionSpec("r1", "u1", "gpu-p100", "gpu:latest"))
+        await clock.advance(1)
+        me = rt.allocate(SessionSpec("r9", "me", "gpu-p100", "gpu:latest"))
+        await rt.durable()
+        seen = me.revision
+        assert me.queue_position == 2
+        rt.stop(ahead.id, "gave up")
+        resumed = rt.watch(me.id, after_revision=seen)
         s = await asyncio.wait_for(anext(resumed), 5)
-        assert (s.revision, s.queue_position) == (revision, 1)
+        assert (s.revision, s.queue_position) == (seen, 1)
         await resumed.aclose()
     finally:
         await rt.close()

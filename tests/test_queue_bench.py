@@ -16,3 +16,19 @@ def test_the_queue_benchmark_reports_each_phase(capsys):
     left, _ms, moved, records = last_stops.split()
     assert (int(left), float(records)) == (149, 1.0) and float(moved) > 100
     assert expiry.startswith("the other 149 time out together")
+
+
+def test_the_watchers_benchmark_reports_fewer_moves_with_the_interval_than_without(capsys, monkeypatch):
+    from provisioner.cluster import runtime
+    from provisioner.perf import watchers
+
+    monkeypatch.setattr(runtime, "MOVE_REPORT_S", runtime.MOVE_REPORT_S)  # main sets it: restored after
+
+    def reports(interval: str) -> int:
+        assert watchers.main(["--queued", "60", "--departures", "20", "--per-s", "200", "--move-report-s", interval]) == 0
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        return int(line.split(": ")[1].split()[0])
+
+    every_move, held = reports("0"), reports("0.5")
+    assert every_move > 20 * 30  # each departure moved most of the sessions behind it
+    assert 60 <= held < every_move / 4  # one report of the first move each, then the latest after the interval

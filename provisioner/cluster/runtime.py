@@ -53,6 +53,7 @@ HEALTH_SLICE_S = 1.0  # a slice of them is read this often, so the reads spread 
 HEALTH_CHUNK = 200  # VMs checked between two yields to the event loop (and written as one step)
 RECONCILE_S = 300.0
 WRITE_RETRY_S = 1.0  # wall time between attempts at a write that failed
+MOVE_REPORT_S = 2.0  # wall time between two reports to a watcher of its session moving up the queue
 
 
 class ClusterRuntime:
@@ -65,7 +66,7 @@ class ClusterRuntime:
         self.store = store
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
-        self._watchers: dict[str, set[asyncio.Queue]] = {}
+        self._watchers: dict[str, set[_Watch]] = {}
         self._unclaimed: dict[str, float] = {}  # VMs seen in the cloud with no record, since when
         # Replaced on every notice, so each capacity stream sees every change (none clears it for others).
         self._capacity_changed = asyncio.Event()
@@ -160,9 +161,9 @@ class ClusterRuntime:
     def end_streams(self) -> None:
         """Ends every Watch and WatchCapacity stream (their clients resume where they were)."""
         self.streams_closed = True
-        for queues in self._watchers.values():
-            for q in queues:
-                q.put_nowait(None)
+        for watches in self._watchers.values():
+            for w in watches:
+                w.end()
         self._notify_capacity()
 
     async def close(self) -> None:
@@ -393,8 +394,8 @@ class ClusterRuntime:
         current = self.get(session_id, user_id)
         if self.streams_closed:
             raise Unavailable("the cluster is shutting down")
-        queue: asyncio.Queue[Session | None] = asyncio.Queue()
-        self._watchers.setdefault(session_id, set()).add(queue)
+        watch = _Watch(asyncio.get_running_loop())
+        self._watchers.setdefault(session_id, set()).add(watch)
         try:
             place = None  # the queue position last told
             if current.revision > after_revision or current.state is SessionState.QUEUED:
@@ -402,14 +403,15 @@ class ClusterRuntime:
                 yield _snapshot(current)
             if current.terminal:
                 return
-            while (s := await queue.get()) is not None:
+            while (s := await watch.reports.get()) is not None:
                 if s.revision > after_revision or (s.revision == after_revision and s.queue_position != place):
                     after_revision, place = s.revision, s.queue_position
                     yield s
                 if s.terminal:
                     return
         finally:
-            self._watchers[session_id].discard(queue)
+            watch.end()
+            self._watchers[session_id].discard(watch)
             if not self._watchers[session_id]:
                 del self._watchers[session_id]
 
@@ -498,10 +500,12 @@ class ClusterRuntime:
         sessions, vms = step.sessions, step.vms
         for observe in self.observers:
             observe(sessions, False)
-        for changed in (sessions, step.moved):
-            for s in changed:
-                for q in self._watchers.get(s.id, ()):
-                    q.put_nowait(_snapshot(s))
+        for s in sessions:
+            for w in self._watchers.get(s.id, ()):
+                w.changed(s)
+        for s in step.moved:
+            for w in self._watchers.get(s.id, ()):
+                w.moved(s)
         self._note_flags(sessions)
         if sessions or vms:  # a new flag is a changed session: the streams send it at once
             self._notify_capacity()
@@ -581,6 +585,54 @@ class ClusterRuntime:
 
     def vms(self) -> list[Vm]:
         return list(self.core.vms.values())
+
+
+class _Watch:
+    """One watch's reports: each change of its session, in order, and its moves in the queue at
+    most one report per MOVE_REPORT_S, of the latest place. In a long queue every departure from
+    its head moves every session behind it: a report per move to every watcher would cost the
+    cluster, the front and each client more than the moves cost the core."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.reports: asyncio.Queue[Session | None] = asyncio.Queue()
+        self._loop = loop
+        self._move_told_at = -math.inf  # the loop's time of the last move reported
+        self._held: Session | None = None  # moved since then: reported when the interval is over
+        self._timer: asyncio.TimerHandle | None = None
+
+    def changed(self, s: Session) -> None:
+        self._drop_held()  # the change's report carries the place too
+        self.reports.put_nowait(_snapshot(s))
+
+    def moved(self, s: Session) -> None:
+        now = self._loop.time()
+        if self._timer is not None:
+            self._held = s
+        elif now - self._move_told_at >= MOVE_REPORT_S:
+            self._tell_move(s)
+        else:
+            self._held = s
+            self._timer = self._loop.call_at(self._move_told_at + MOVE_REPORT_S, self._release)
+
+    def end(self) -> None:
+        self._drop_held()
+        self.reports.put_nowait(None)
+
+    def _release(self) -> None:
+        self._timer = None
+        held, self._held = self._held, None
+        if held is not None:
+            self._tell_move(held)  # as it stands now: the latest place
+
+    def _tell_move(self, s: Session) -> None:
+        self._move_told_at = self._loop.time()
+        self.reports.put_nowait(_snapshot(s))
+
+    def _drop_held(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._held = None
 
 
 def _snapshot(s: Session) -> Session:
