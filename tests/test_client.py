@@ -4,6 +4,7 @@ against a real local fleet; its retries, request ids, watch resume and typed err
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -178,10 +179,10 @@ class Scripted(session_grpc.SessionServiceServicer):
                 context.abort(grpc.StatusCode.UNAVAILABLE, "cluster restarting")
 
 
-@pytest.fixture
-def scripted():
+@contextlib.contextmanager
+def served(servicer):
+    """A client of `servicer` on a local port; its sleeps are recorded (`slept`), not slept."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    servicer = Scripted()
     session_grpc.add_SessionServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -189,9 +190,18 @@ def scripted():
     c = api.Client(f"127.0.0.1:{port}", channel=channel)
     c.slept = []
     c.sleep = c.slept.append
-    yield servicer, c
-    channel.close()
-    server.stop(None)
+    try:
+        yield c
+    finally:
+        channel.close()
+        server.stop(None)
+
+
+@pytest.fixture
+def scripted():
+    servicer = Scripted()
+    with served(servicer) as c:
+        yield servicer, c
 
 
 def test_retries_reuse_the_request_id_and_honour_retry_info(scripted):
@@ -263,21 +273,11 @@ class QueuedWatch(session_grpc.SessionServiceServicer):
 
 
 def test_watch_reports_each_move_in_the_queue_once_across_a_resume():
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     servicer = QueuedWatch()
-    session_grpc.add_SessionServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        c = api.Client(f"127.0.0.1:{port}", channel=channel)
-        c.sleep = lambda _s: None
+    with served(servicer) as c:
         seen = [(m.revision, m.queue_position) for m in c.watch_messages("us-central1.s1")]
-        assert seen == [(1, 3), (1, 2), (1, 1), (2, 0)]
-        assert [r.after_revision for r in servicer.requests] == [0, 1]
-    finally:
-        channel.close()
-        server.stop(None)
+    assert seen == [(1, 3), (1, 2), (1, 1), (2, 0)]
+    assert [r.after_revision for r in servicer.requests] == [0, 1]
 
 
 def test_an_unreachable_front_says_so():
