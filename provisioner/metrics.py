@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from provisioner.decide.autoscale import desired_vms
+from provisioner.loop_lag import INTERVAL_S, watch_lag
 from provisioner.cloud.base import CloudFailure
 from provisioner.model import Session
 from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 TIME_TO_RUNNING_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600)
 CLOUD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _LIVE_SESSION_STATES = [s for s in SessionState if s not in (SessionState.STOPPED, SessionState.FAILED)]
 _BREAKER_STATES = ("closed", "open", "half-open")
 # No `_created` series beside every counter: they double the series and nothing here reads them.
@@ -88,6 +90,10 @@ class Metrics:
                             registry=r)
         self.leader_since = Gauge("provisioner_leader_since_timestamp_seconds",
                                   "When this replica took the cluster's lease (Unix time).", ["cluster"], registry=r)
+        self.loop_lag = Histogram("provisioner_event_loop_lag_seconds",
+                                  f"How late the process's event loop ran a timer due every {INTERVAL_S:g} s: how "
+                                  "long every call in flight then waited for the loop.", buckets=LAG_BUCKETS,
+                                  registry=r)
 
     # ---- clusters ------------------------------------------------------------------------
 
@@ -121,11 +127,12 @@ class Metrics:
         return store
 
     async def serve(self, address: str) -> MetricsServer:
-        """Serves GET /metrics over HTTP at `address` (host:port; port 0 picks one). On the event
-        loop, not a thread: the collectors read state the loop changes."""
+        """Serves GET /metrics over HTTP at `address` (host:port; port 0 picks one), and measures
+        the event loop's lag meanwhile. On the event loop, not a thread: the collectors read state
+        the loop changes."""
         host, _, port = address.rpartition(":")
         server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
-        return MetricsServer(server)
+        return MetricsServer(server, asyncio.create_task(watch_lag(self.loop_lag.observe)))
 
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -151,11 +158,12 @@ class Metrics:
 
 
 class MetricsServer:
-    def __init__(self, server: asyncio.Server):
-        self._server = server
+    def __init__(self, server: asyncio.Server, lag: asyncio.Task):
+        self._server, self._lag = server, lag
         self.port = server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
+        self._lag.cancel()
         self._server.close()
         await self._server.wait_closed()
 

@@ -101,6 +101,7 @@ async def check(fleet, port: int) -> None:
                  operation="write") > 0
     assert total(samples, "provisioner_leader") == 3
     assert total(samples, "provisioner_autoscaler_desired_vms") > 0
+    assert "provisioner_event_loop_lag_seconds_count" in samples  # what it measures: test_loop_lag.py
     # VM-hours and cost: billed VMs were running for a while, at their pools' prices.
     assert total(samples, "provisioner_vm_seconds_total", cluster="us-central1", pool="gpu-p100") > 0
     assert total(samples, "provisioner_vm_cost_dollars_total") > 0
@@ -125,5 +126,7 @@ async def test_only_metrics_is_served(tmp_path):
                 return e.code
         assert await asyncio.to_thread(get, "/metrics") == 200
         assert await asyncio.to_thread(get, "/") == 404
+        await asyncio.sleep(0.6)  # the event loop's lag is sampled every 0.25 s while the server runs
+        assert total(await asyncio.to_thread(scrape, server.port), "provisioner_event_loop_lag_seconds_count") >= 2
     finally:
         await server.close()
