@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from provisioner.perf.load import WORKLOADS
+from provisioner.perf.usage import lag_between
 from provisioner.perf.phases import PHASES
 from provisioner.perf.serving import LABELS, table
 
@@ -26,6 +27,8 @@ def test_quick_benchmark_reports_every_workload():
             assert 0 < measured["p50_ms"] <= measured["p99_ms"] <= measured["max_ms"]
             assert set(measured["processes"]) == processes
             assert all(p["cpu"] >= 0 and p["rss_mb"] > 0 for p in measured["processes"].values())
+        for name in ("front", "cluster"):  # their event loops' lag, read from the /metrics each serves
+            assert "lag_p99_ms" in row["provisioner"]["processes"][name]
         assert row["ratio"] > 0
     create = next(r["provisioner"] for r in results["rows"] if r["workload"] == "create")
     assert create["phases"]["creates"] > 0  # the create runs' spans, cut into phases
@@ -45,3 +48,12 @@ def test_a_sampled_run_says_so_and_a_ratio_outside_0_1_is_refused():
     out = subprocess.run([sys.executable, "-m", "provisioner.perf.serving", "--trace-sample", "2"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--trace-sample must be between 0 and 1" in out.stderr
+
+
+def test_the_lag_over_a_window_is_read_from_the_histogram_at_its_two_ends():
+    inf = float("inf")
+    before = {0.001: 10, 0.01: 12, 0.1: 12, 1.0: 12, inf: 12}
+    after = {0.001: 110, 0.01: 211, 0.1: 212, 1.0: 212, inf: 212}  # 200 timers: 100 under 1 ms, one 10-100 ms
+    assert lag_between(before, after) == {"lag_samples": 200, "lag_p99_ms": 10.0, "lag_max_ms": 100.0}
+    assert lag_between(after, after) == {"lag_samples": 0, "lag_p99_ms": None, "lag_max_ms": None}
+    assert lag_between(after, {**after, inf: 213})["lag_max_ms"] == inf  # past the largest bucket

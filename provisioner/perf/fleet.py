@@ -83,6 +83,7 @@ def prepare_security(clusters: Path, data_dir: Path) -> str:
 class Proc:
     name: str
     popen: subprocess.Popen
+    metrics_port: int | None = None  # where it serves /metrics, if it does
 
     @property
     def pid(self) -> int:
@@ -118,12 +119,17 @@ def start_fleet(clusters: Path, data_dir: Path, log_dir: Path, traces: str, samp
     # measurement's last calls are in the file soon after it (provisioner/perf/phases.py).
     env = {"PROVISIONER_TRACES_FILE": str(data_dir / "traces.jsonl"), "OTEL_BSP_SCHEDULE_DELAY": str(SPANS_DUE_MS),
            ENV_SAMPLE: str(sample)}
-    cluster = spawn("cluster", ["-c", _CLI, "serve", "cluster", "--name", CLUSTER, *common], "cluster ", log_dir, env)
+    ports = {"cluster": free_port(), "front": free_port()}  # /metrics: the event loop's lag
+    cluster = spawn("cluster", ["-c", _CLI, "serve", "cluster", "--name", CLUSTER, *common,
+                                "--metrics-address", f"127.0.0.1:{ports['cluster']}"], "cluster ", log_dir, env)
+    cluster.metrics_port = ports["cluster"]
     try:
-        front = spawn("front", ["-c", _CLI, "serve", "front", *common], "front listening", log_dir, env)
+        front = spawn("front", ["-c", _CLI, "serve", "front", *common,
+                                "--metrics-address", f"127.0.0.1:{ports['front']}"], "front listening", log_dir, env)
     except BaseException:
         cluster.stop()
         raise
+    front.metrics_port = ports["front"]
     return [front, cluster]
 
 

@@ -11,7 +11,10 @@ start). A load generator, a process of its own, then drives each at 1, 8 and 32 
 warm CreateSession, GetSession, and the mix (10% create, 70% get, 15% touch, 5% stop); the echo
 once per in-flight level and run. Runs are interleaved (every measurement once, then again), and
 the table shows medians: calls/s of each, their ratio, the provisioner's p50/p99/max latency,
-and each process's CPU (share of one core over the window) and resident memory. With file
+and each process's CPU (share of one core over the window) and resident memory, and for the
+front and the cluster how late their event loops ran a timer due every 0.25 s (p99 and max over
+the window, as bucket bounds of `provisioner_event_loop_lag_seconds`, read from the /metrics each
+serves). With file
 tracing (the default), the create rows also say where a create's time goes, phase by phase, from
 the spans written in each window (provisioner/perf/phases.py). Progress on stderr; `--json`
 prints one JSON object instead of the table.
@@ -43,7 +46,8 @@ LABELS = {"create": "CreateSession (warm)", "get": "GetSession", "mix": "mix 10/
 
 def measure(procs: list[fleet.Proc], load_argv: list[str]) -> dict:
     """Runs one load generator; its result with the CPU share and RSS of each process (the
-    servers' and the load's own) over its measured window."""
+    servers' and the load's own) over its measured window, and the event loop's lag in each
+    process that serves metrics (the front and the cluster)."""
     load = subprocess.Popen([sys.executable, "-m", "provisioner.perf.load", *load_argv], stdout=subprocess.PIPE,
                             stderr=None, text=True)
     try:
@@ -53,12 +57,16 @@ def measure(procs: list[fleet.Proc], load_argv: list[str]) -> dict:
             raise RuntimeError(f"the load generator failed ({' '.join(load_argv)}): {line.strip()!r}")
         watched = [*procs, fleet.Proc("load", load)]
         before = {p.name: usage.cpu_s(p.pid) for p in watched}
+        lag_before = {p.name: usage.lag_buckets(p.metrics_port) for p in watched if p.metrics_port}
         started, started_ns = time.monotonic(), time.time_ns()
         result = json.loads(load.stdout.readline())
         wall = time.monotonic() - started
         result["window_ns"] = [started_ns, time.time_ns()]
         result["processes"] = {p.name: {"cpu": round((usage.cpu_s(p.pid) - before[p.name]) / wall, 3),
                                         "rss_mb": round(usage.rss_mb(p.pid), 1)} for p in watched}
+        for p in watched:
+            if p.metrics_port:
+                result["processes"][p.name] |= usage.lag_between(lag_before[p.name], usage.lag_buckets(p.metrics_port))
         load.wait()  # it stops the sessions it made before exiting
         return result
     finally:
@@ -68,12 +76,19 @@ def measure(procs: list[fleet.Proc], load_argv: list[str]) -> dict:
 
 
 def median_of(runs: list[dict]) -> dict:
-    """Medians of every number, the processes' included; errors and cold starts summed."""
+    """Medians of every number, the processes' included; errors and cold starts summed; of the
+    event loop's lag, the median p99 and the largest max."""
     out = {k: statistics.median(r[k] for r in runs) for k in ("calls_per_s", "p50_ms", "p99_ms", "max_ms")}
     out["errors"] = sum(r["errors"] for r in runs)
     out["not_warm"] = sum(r.get("not_warm", 0) for r in runs)
     out["processes"] = {name: {k: statistics.median(r["processes"][name][k] for r in runs) for k in ("cpu", "rss_mb")}
                         for name in runs[0]["processes"]}
+    for name, p in out["processes"].items():
+        lags = [r["processes"][name] for r in runs if r["processes"][name].get("lag_samples")]
+        if lags:
+            p |= {"lag_samples": sum(lag["lag_samples"] for lag in lags),
+                  "lag_p99_ms": statistics.median(lag["lag_p99_ms"] for lag in lags),
+                  "lag_max_ms": max(lag["lag_max_ms"] for lag in lags)}
     if all("phases" in r for r in runs):
         out["phases"] = phases.median_summary([r["phases"] for r in runs])
     return out
@@ -143,8 +158,15 @@ def _brief(r: dict) -> str:
 
 
 def _usage(measured: dict) -> str:
-    return " ".join(f"{name.removeprefix('echo-')} {p['cpu']:.2f}/{p['rss_mb']:.0f}"
+    def lag(p: dict) -> str:
+        return f" lag {_ms(p['lag_p99_ms'])}/{_ms(p['lag_max_ms'])}" if p.get("lag_samples") else ""
+
+    return " ".join(f"{name.removeprefix('echo-')} {p['cpu']:.2f}/{p['rss_mb']:.0f}{lag(p)}"
                     for name, p in measured["processes"].items())
+
+
+def _ms(bound: float) -> str:
+    return f">{usage.LAG_BUCKETS_MS[-1]:g}" if bound == float("inf") else f"{bound:g}"
 
 
 def table(results: dict) -> str:
@@ -155,7 +177,7 @@ def table(results: dict) -> str:
             + (f" ({results['trace_sample']:.0%} of traces recorded)" if results["trace_sample"] < 1 else ""))
     lines = [head, "",
              f"{'workload':<22}{'in flight':>9}{'echo/s':>9}{'prov/s':>9}{'ratio':>7}  {'p50 / p99 / max ms':<22}"
-             f"CPU (cores) / RSS (MB) per process"]
+             f"CPU (cores) / RSS (MB) per process, lag: event loop lag p99 / max (ms, bucket bounds)"]
     for row in results["rows"]:
         prov, echo = row["provisioner"], row["echo"]
         latency = f"{prov['p50_ms']:.1f} / {prov['p99_ms']:.1f} / {prov['max_ms']:.0f}"
