@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from conftest import fleet_config, start_fleet
+from conftest import fleet_config, quick_warm_up, start_fleet
 from provisioner.client.errors import from_rpc_error
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import session_service_pb2 as s_pb
@@ -215,3 +215,40 @@ async def test_the_capacity_stream_sends_the_whole_then_the_pools_that_changed(l
                 break
         assert whole == pools
         following.cancel()
+
+
+async def test_a_watch_through_the_front_sees_its_session_move_up_the_queue(tmp_path):
+    # One VM in us-central1's pool and no more: the second session on, each waits in the queue.
+    def one_vm(cluster: dict) -> None:
+        for pool in cluster["pools"]:
+            pool.update(min_vms=1, max_vms=1, headroom_fraction=0.0)
+
+    fleet = await start_fleet(fleet_config(tmp_path, lambda c: (quick_warm_up(c), one_vm(c))), tmp_path / "data")
+    try:
+        await fleet.wait_warm()
+
+        async def create(user: str) -> pb.Session:
+            return await fleet.create(user_id=user, region_hint="us-central1", region_required=True)
+
+        await create("holder")
+        ahead = [await create("ada"), await create("bob")]
+        me = await create("cy")
+        assert me.state == pb.SESSION_STATE_QUEUED and me.queue_position == 3
+        seen: list[tuple[int, int]] = []
+
+        async def follow():
+            async for resp in fleet.sessions.WatchSession(s_pb.WatchSessionRequest(session_id=me.id)):
+                seen.append((resp.session.revision, resp.session.queue_position))
+                if resp.session.queue_position == 1:
+                    return
+
+        watching = asyncio.create_task(follow())
+        for s in ahead:
+            while len(seen) < 1 + ahead.index(s):  # the report of where it stands, or of the last move
+                await asyncio.sleep(0.02)
+            await fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=s.id), timeout=10)
+        await asyncio.wait_for(watching, 10)  # the second move comes after the watch's interval (2 s)
+        assert seen == [(me.revision, 3), (me.revision, 2), (me.revision, 1)]
+    finally:
+        await fleet.channel.close()
+        await fleet.fleet.stop(0.5)
