@@ -41,6 +41,7 @@ TIME_TO_RUNNING_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1200, 1
 CLOUD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+LOOP_LAG = "provisioner_event_loop_lag_seconds"  # read back by the serving benchmark (perf/usage.py)
 _LIVE_SESSION_STATES = [s for s in SessionState if s not in (SessionState.STOPPED, SessionState.FAILED)]
 _BREAKER_STATES = ("closed", "open", "half-open")
 # No `_created` series beside every counter: they double the series and nothing here reads them.
@@ -90,7 +91,7 @@ class Metrics:
                             registry=r)
         self.leader_since = Gauge("provisioner_leader_since_timestamp_seconds",
                                   "When this replica took the cluster's lease (Unix time).", ["cluster"], registry=r)
-        self.loop_lag = Histogram("provisioner_event_loop_lag_seconds",
+        self.loop_lag = Histogram(LOOP_LAG,
                                   f"How late the process's event loop ran a timer due every {INTERVAL_S:g} s: how "
                                   "long every call in flight then waited for the loop.", buckets=LAG_BUCKETS,
                                   registry=r)

@@ -263,14 +263,14 @@ async def test_a_listing_s_later_pages_follow_its_first_page_s_order_without_fil
         await rt.close()
 
 
-async def test_a_watcher_of_a_queued_session_is_told_of_its_moves_and_a_resume_of_where_it_is(tmp_path, monkeypatch):
+async def test_a_watcher_of_a_queued_session_is_told_of_its_moves_and_a_resume_of_where_it_is(tmp_path):
     """A queued session's place moves without a new revision (it is not written): its watcher
-    still hears of it, a report at most every MOVE_REPORT_S with the latest place (moves in between
+    still hears of it, a report at most every `move_report_s` with the latest place (moves in between
     are not reported one by one), and a watch resumed after the revision it saw starts with where
     the session stands now. A change of the session is reported at once."""
-    monkeypatch.setattr(runtime_module, "MOVE_REPORT_S", 0.3)
     store = SqliteStore(tmp_path / "cluster.db")
     rt, cloud, clock = runtime(store, min_vms=0, max_vms=1, headroom_fraction=0.0)
+    rt.move_report_s = 0.3
     await rt.start()
     try:
         rt.allocate(SessionSpec("r0", "holder", "gpu-p100", "gpu:latest"))

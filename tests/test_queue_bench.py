@@ -18,11 +18,8 @@ def test_the_queue_benchmark_reports_each_phase(capsys):
     assert expiry.startswith("the other 149 time out together")
 
 
-def test_the_watchers_benchmark_reports_fewer_moves_with_the_interval_than_without(capsys, monkeypatch):
-    from provisioner.cluster import runtime
+def test_the_watchers_benchmark_reports_fewer_moves_with_the_interval_than_without(capsys):
     from provisioner.perf import watchers
-
-    monkeypatch.setattr(runtime, "MOVE_REPORT_S", runtime.MOVE_REPORT_S)  # main sets it: restored after
 
     def reports(interval: str) -> int:
         assert watchers.main(["--queued", "60", "--departures", "20", "--per-s", "200", "--move-report-s", interval]) == 0

@@ -58,8 +58,9 @@ MOVE_REPORT_S = 2.0  # wall time between two reports to a watcher of its session
 
 class ClusterRuntime:
     def __init__(self, core: ClusterCore, backend: CloudBackend, clock: Clock, store: SqliteStore | None = None,
-                 tracer_provider: trace.TracerProvider | None = None):
+                 tracer_provider: trace.TracerProvider | None = None, move_report_s: float = MOVE_REPORT_S):
         self.core = core
+        self.move_report_s = move_report_s  # least wall time between two reports of a watch's moves
         self.tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         self.backend = backend
         self.clock = clock
@@ -390,11 +391,12 @@ class ClusterRuntime:
 
     async def watch(self, session_id: str, after_revision: int = 0, user_id: str = "") -> AsyncIterator[Session]:
         """The session now (if newer than after_revision, or queued: its place may have moved),
-        then each change and each move in the queue, until it ends."""
+        then each change, and its moves in the queue (at most one report per `move_report_s`, of
+        the latest place), until it ends."""
         current = self.get(session_id, user_id)
         if self.streams_closed:
             raise Unavailable("the cluster is shutting down")
-        watch = _Watch(asyncio.get_running_loop())
+        watch = _Watch(asyncio.get_running_loop(), self.move_report_s)
         self._watchers.setdefault(session_id, set()).add(watch)
         try:
             place = None  # the queue position last told
@@ -589,13 +591,13 @@ class ClusterRuntime:
 
 class _Watch:
     """One watch's reports: each change of its session, in order, and its moves in the queue at
-    most one report per MOVE_REPORT_S, of the latest place. In a long queue every departure from
+    most one report per `interval_s`, of the latest place. In a long queue every departure from
     its head moves every session behind it: a report per move to every watcher would cost the
     cluster, the front and each client more than the moves cost the core."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float):
         self.reports: asyncio.Queue[Session | None] = asyncio.Queue()
-        self._loop = loop
+        self._loop, self._interval_s = loop, interval_s
         self._move_told_at = -math.inf  # the loop's time of the last move reported
         self._held: Session | None = None  # moved since then: reported when the interval is over
         self._timer: asyncio.TimerHandle | None = None
@@ -608,11 +610,11 @@ class _Watch:
         now = self._loop.time()
         if self._timer is not None:
             self._held = s
-        elif now - self._move_told_at >= MOVE_REPORT_S:
+        elif now - self._move_told_at >= self._interval_s:
             self._tell_move(s)
         else:
             self._held = s
-            self._timer = self._loop.call_at(self._move_told_at + MOVE_REPORT_S, self._release)
+            self._timer = self._loop.call_at(self._move_told_at + self._interval_s, self._release)
 
     def end(self) -> None:
         self._drop_held()

@@ -174,6 +174,8 @@ class QueueOrder:
             self._move([age for group in self._groups.get(user, {}).values() for age in group], turns)
 
     def _kept(self, first: frozenset[str]) -> bool:
+        """Whether the order kept still stands for these sessions first in line; if not, it is
+        dropped (the next read sorts)."""
         if self._keys is None or first != self._first:
             self._keys = None
             return False

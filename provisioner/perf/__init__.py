@@ -2,6 +2,6 @@
 a raw grpc.aio echo, as separate processes; `echo`, `fleet` and `load` are its parts), `phases`
 (where a create's time goes, from a span file), `commits` (the store's durable writes with and
 without group commit), `history` (the front's store work as history grows), `restart` (a cluster
-restarting with a long history), `queue` (the core under a burst that queues, then leaves) and
-`gcpause` (a full garbage collection with a cluster's restored state, before and after
-gc.freeze)."""
+restarting with a long history), `queue` (the core under a burst that queues, then leaves),
+`watchers` (what the watches of a long queue cost a cluster as its head leaves) and `gcpause` (a
+full garbage collection with a cluster's restored state, before and after gc.freeze)."""

@@ -9,9 +9,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from provisioner.metrics import LAG_BUCKETS
+from provisioner.metrics import LAG_BUCKETS, LOOP_LAG
 
-LAG = "provisioner_event_loop_lag_seconds"
 LAG_BUCKETS_MS = tuple(1000 * b for b in LAG_BUCKETS)
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -38,8 +37,8 @@ def lag_buckets(port: int) -> dict[float, float]:
     upper bound (seconds)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return {float(s.labels["le"]): s.value for family in text_string_to_metric_families(text) if family.name == LAG
-            for s in family.samples if s.name == LAG + "_bucket"}
+    return {float(s.labels["le"]): s.value for family in text_string_to_metric_families(text) if family.name == LOOP_LAG
+            for s in family.samples if s.name == LOOP_LAG + "_bucket"}
 
 
 def lag_between(before: dict[float, float], after: dict[float, float]) -> dict:

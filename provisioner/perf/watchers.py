@@ -21,16 +21,16 @@ import time
 
 from provisioner.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
-from provisioner.cluster import runtime
-from provisioner.cluster.runtime import ClusterRuntime
+from provisioner.cluster.runtime import MOVE_REPORT_S, ClusterRuntime
 from provisioner.perf.queue import POOL, core
 from provisioner.model import SessionSpec
 
 
-async def run(queued: int, departures: int, per_s: float) -> dict:
+async def run(queued: int, departures: int, per_s: float, move_report_s: float) -> dict:
     c = core()
     clock = ManualClock(start=1000.0)
-    rt = ClusterRuntime(c, SimCloud(c.config.sim, clock, tracer=None, record_calls=False), clock, None)
+    rt = ClusterRuntime(c, SimCloud(c.config.sim, clock, tracer=None, record_calls=False), clock, None,
+                        move_report_s=move_report_s)
     await rt.start()
     image = c.catalog.latest
     sessions = [rt.allocate(SessionSpec(f"burst-{i}", f"user-{i % 200}", POOL, image)) for i in range(queued + 1)]
@@ -51,13 +51,14 @@ async def run(queued: int, departures: int, per_s: float) -> dict:
         if n % max(1, departures // 4) == 0:
             print(f"  {n}/{departures} departures, {reports} reports so far", file=sys.stderr, flush=True)
         await asyncio.sleep(1 / per_s)
-    await asyncio.sleep(runtime.MOVE_REPORT_S + 0.1)  # the last moves held back
+    await asyncio.sleep(move_report_s + 0.1)  # the last moves held back
     while True:  # until every report made is read
         before = reports
         await asyncio.sleep(0.2)
         if reports == before:
             break
-    result = {"reports": reports, "cpu_s": round(time.process_time() - cpu, 2), "wall_s": round(time.monotonic() - wall, 1)}
+    result = {"reports": reports, "cpu_s": round(time.process_time() - cpu, 2),
+              "wall_s": round(time.monotonic() - wall, 1)}
     for task in watchers:
         task.cancel()
     await rt.close()
@@ -69,12 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queued", type=int, default=5000)
     parser.add_argument("--departures", type=int, default=200)
     parser.add_argument("--per-s", type=float, default=100.0)
-    parser.add_argument("--move-report-s", type=float, default=runtime.MOVE_REPORT_S)
+    parser.add_argument("--move-report-s", type=float, default=MOVE_REPORT_S)
     args = parser.parse_args(argv)
     if args.queued < args.departures or args.departures < 1 or args.per_s <= 0 or args.move_report_s < 0:
         parser.error("need --queued >= --departures >= 1, --per-s > 0 and --move-report-s >= 0")
-    runtime.MOVE_REPORT_S = args.move_report_s
-    r = asyncio.run(run(args.queued, args.departures, args.per_s))
+    r = asyncio.run(run(args.queued, args.departures, args.per_s, args.move_report_s))
     print(f"{args.queued} watched sessions queued, {args.departures} departures from the head at {args.per_s:g}/s, "
           f"moves reported at most every {args.move_report_s:g} s: {r['reports']} reports, {r['cpu_s']} s of CPU "
           f"in {r['wall_s']} s")
