@@ -4,12 +4,12 @@ Docker Engine API, docker-registry with TLS and htpasswd, images built here FROM
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 import ssl
 import urllib.error
 import urllib.request
-import base64
 
 import pytest
 
@@ -17,6 +17,7 @@ from podman import build_busybox_image, skip_or_fail, start_podman
 from registry import PASSWORD, USER, start_registry
 
 from provisioner.agent.engine import DockerEngine
+from provisioner.agent.host import LocalHost
 from provisioner.agent.runtime import (CLUSTER_LABEL, SESSION_LABEL, USER_LABEL, ContainerError, Credentials,
                                        ImageRef, NotebookSpec, Placement)
 
@@ -133,11 +134,13 @@ async def test_a_session_runs_its_digest_with_its_secret_limits_labels_and_works
         "image", "inspect", "--format", "{{.Id}}", image.pinned).strip()
     [found] = await runtime.session_containers()
     assert found.id == running.container_id and found.session_id == "s-1" and found.pid > 0
+    processes = LocalHost().in_namespace(found.pid)
+    assert found.pid in processes and [p.name for p in LocalHost().alive(processes)] == ["httpd"]
     assert await runtime.exited(running.container_id) is None
     # httpd as the container's first process ignores SIGTERM: the grace runs out, SIGKILL ends it.
     await runtime.stop(running.container_id, grace_s=1)
     assert await runtime.session_containers() == []
-    assert engine.cli("ps", "--all", "--quiet").split() == []
+    assert engine.cli("ps", "--all", "--quiet").split() == [] and LocalHost().alive(processes) == []
     await runtime.stop(running.container_id, grace_s=1)  # gone already: fine
     await runtime.close()
 

@@ -1,12 +1,13 @@
 """The agent on every GPU VM (`provisioner agent`): the cluster's hands on the machine.
 
-It takes commands from the instance's metadata (`provisioner-command`: pull image layers, wipe
-after a user) and reports back as guest attributes under `provisioner/`: `ready`, per command
-`progress-<id>`, `eta-<id>` and `done-<id>`, `healthy` and `health-detail`, and `usage` (what the
+It takes commands from the instance's metadata (`provisioner-command`: pull an image pinned by
+digest, start a session's notebook container, stop it, wipe after a user; `notebook.py`) and reports
+back as guest attributes under `provisioner/`: `ready`, per command `progress-<id>`, `eta-<id>`,
+`port-<id>` (a started notebook's host port) and `done-<id>`, `healthy` and `health-detail`, and `usage` (what the
 session runs: GPU utilization, process names, outbound connections; `usage.py`).
 
 Every outside thing sits behind a small interface with a fake (`fakes.py`): the metadata server
-(`metadata.py`), the container runtime (`containers.py`), NVML (`gpu.py`, through the
+(`metadata.py`), the container runtime (`runtime.py`; the Docker Engine API in `engine.py`), NVML (`gpu.py`, through the
 `nvidia-ml-py` module or a fake with the same functions) and the host's processes and files
 (`host.py`; connections from /proc in `procnet.py`). Time is injected. Health decisions are pure
 (`health.assess`).
