@@ -8,7 +8,6 @@ unless PROVISIONER_REQUIRE_PODMAN is set (CI), where they fail.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -91,24 +90,4 @@ def skip_or_fail(reason: str) -> None:
     if os.environ.get("PROVISIONER_REQUIRE_PODMAN"):
         pytest.fail(f"podman is required here but cannot start: {reason}")
     pytest.skip(f"NO PODMAN: {reason}")
-
-
-BUSYBOX = "/usr/bin/busybox"  # Debian's busybox-static: one static binary, the whole userland
-
-
-def build_busybox_image(engine: Podman, tag: str, cmd: list[str], extra_files: dict[str, str] | None = None) -> str:
-    """Builds an image FROM scratch holding a static busybox (and `extra_files`: path -> text);
-    returns its image id."""
-    if not os.path.exists(BUSYBOX):
-        raise RuntimeError(f"{BUSYBOX} not found (apt-get install busybox-static)")
-    ctx = Path(tempfile.mkdtemp(prefix="provisioner-image-", dir=engine.root))
-    shutil.copy(BUSYBOX, ctx / "busybox")
-    lines = ["FROM scratch", "COPY busybox /bin/busybox", 'RUN ["/bin/busybox", "--install", "-s", "/bin"]']
-    for i, (path, text) in enumerate(sorted((extra_files or {}).items())):
-        (ctx / f"file{i}").write_text(text)
-        lines.append(f"COPY file{i} {path}")
-    lines.append(f"CMD {json.dumps(cmd)}")
-    (ctx / "Containerfile").write_text("\n".join(lines) + "\n")
-    engine.cli("build", "--quiet", "--tag", tag, str(ctx))
-    return engine.cli("image", "inspect", "--format", "{{.Id}}", tag).strip()
 

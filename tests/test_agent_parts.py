@@ -72,7 +72,7 @@ def test_the_create_body_asks_for_gpus_only_when_the_pool_has_them():
     assert host["NanoCpus"] == 11_500_000_000 and host["Memory"] == 85 << 30
     assert host["Binds"] == ["/var/lib/ws/s-1:/home/jovyan/work"]
     assert host["PortBindings"] == {"8888/tcp": [{"HostIp": "0.0.0.0", "HostPort": "8888"}]}
-    assert body["Env"] == ["JUPYTER_TOKEN=tok"]
+    assert body["Env"] == ["NOTEBOOK_TOKEN=tok"]
     assert body["Labels"] == {"provisioner.session": "s-1", "provisioner.user": "ada",
                               "provisioner.cluster": "us-central1"}
     named = create_body(NotebookSpec("s-1", "ada", "c", IMAGE, "t", gpu_ids=("GPU-1", "GPU-3")),

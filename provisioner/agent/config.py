@@ -33,7 +33,7 @@ class AgentConfig(BaseModel):
     notebook_port: int = 8888
     publish_ip: str = "0.0.0.0"
     publish_port: int = Field(default=8888, ge=0, lt=65536)
-    secret_env: str = "JUPYTER_TOKEN"
+    secret_env: str = "NOTEBOOK_TOKEN"
     start_timeout_s: PositiveFloat = 120.0  # for the notebook's server to answer
     kill_grace_s: PositiveFloat = 10.0  # between a container's SIGTERM and its SIGKILL
     # The usage report names the processes of users with uid >= this (read, never signalled).

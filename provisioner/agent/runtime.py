@@ -71,7 +71,7 @@ class Placement:
     port: int = 8888  # the notebook server's port in the container
     host_ip: str = "0.0.0.0"
     host_port: int = 8888  # 0: the engine picks a free port (tests, several sessions on one host)
-    secret_env: str = "JUPYTER_TOKEN"  # Jupyter demands this token when it is set
+    secret_env: str = "NOTEBOOK_TOKEN"  # the notebook server demands this secret
 
 
 @dataclass(frozen=True, slots=True)
