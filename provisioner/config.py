@@ -69,6 +69,9 @@ class SimCloudConfig(_Model):
     wipe_s: NonNegativeFloat = 20.0
     delete_s: NonNegativeFloat = 30.0
     stop_s: NonNegativeFloat = 15.0  # until a stopped VM is terminated (its disk kept)
+    # A session's notebook container: started until its endpoint answers; stopped (its grace).
+    notebook_start_s: NonNegativeFloat = 3.0
+    notebook_stop_s: NonNegativeFloat = 2.0
     # A stopped VM started, until its agent answers: lognormal with this median and shape (0.6:
     # p90 about 2.2 times the median, p99 about 4 times). The GPU is attached anew on each start.
     start_median_s: PositiveFloat = 45.0

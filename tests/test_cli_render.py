@@ -157,3 +157,10 @@ def test_a_sessions_budget_end_and_newest_notice_are_shown():
     assert out["notices"][0]["kind"] == "gpu_budget" and out["budget_end_time"]
     detail = render.session_detail(s, 1_000)
     assert "budget ends" in detail and "(in 30" in detail and "runs out in 30 minutes" in detail
+
+
+def test_a_starting_session_shows_the_step_and_when_its_notebook_should_answer():
+    s = with_eta(make_session(state=S.SESSION_STATE_STARTING, reason="starting its notebook on warm VM vm-1"), 3)
+    assert render.progress_line(s, NOW) == (
+        "us-central1.s1 starting ready in ~3s: starting its notebook on warm VM vm-1")
+    assert render.session_timing(s, NOW) == "in 3s"

@@ -64,6 +64,21 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class NotebookRequest:
+    """A session's notebook container, as the VM's agent starts it. `repository` and `digest` pin
+    the image (empty on the simulated cloud, whose catalog is synthetic)."""
+
+    session_id: str
+    user: str
+    cluster: str
+    image: str
+    gpus: int
+    repository: str = ""
+    digest: str = ""
+    secret: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class CloudVm:
     vm_id: str
     zone: str
@@ -106,6 +121,15 @@ class CloudBackend(Protocol):
 
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
         """Erases user data (home, processes, GPU memory) and keeps the image cache."""
+        ...
+
+    async def start_notebook(self, vm_id: str, zone: str, request: NotebookRequest) -> str | CloudFailure:
+        """Starts the session's notebook container on the VM; returns once it answers, with its
+        endpoint ("" for the VM's own). A second start of the same session finds it running."""
+        ...
+
+    async def stop_notebook(self, vm_id: str, zone: str, session_id: str) -> CloudFailure | None:
+        """Ends the session's notebook container (SIGTERM, a grace period, SIGKILL)."""
         ...
 
     async def stop(self, vm_id: str, zone: str) -> CloudFailure | None:

@@ -59,7 +59,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 from provisioner.agent.usage import parse as parse_usage
 from provisioner.clock import Clock
 from provisioner.cloud.base import (LABEL_CLUSTER, LABEL_REQUEST, CloudFailure, CloudVm, HealthReport, LaunchSpec,
-                                     ProgressCallback)
+                                     NotebookRequest, ProgressCallback)
 from provisioner.config import BackendConfig, ClusterConfig
 from provisioner.decide.images import Layer
 
@@ -327,7 +327,13 @@ class GceBackend:
 
     async def _command(self, vm_id: str, zone: str, command: dict, on_progress: ProgressCallback | None,
                        ) -> CloudFailure | None:
-        """Hands the agent a command through metadata and follows its guest attributes."""
+        answer = await self._answer(vm_id, zone, command, on_progress)
+        return answer if isinstance(answer, CloudFailure) else None
+
+    async def _answer(self, vm_id: str, zone: str, command: dict, on_progress: ProgressCallback | None,
+                      ) -> CloudFailure | tuple[str, dict[str, str]]:
+        """Hands the agent a command through metadata and follows its guest attributes; on
+        success, the command's id and the attributes that said so."""
         cid = uuid.uuid4().hex[:12]
         command = {"id": cid, **command}
         deadline = self.clock.now() + self.config.command_timeout_s
@@ -349,7 +355,7 @@ class GceBackend:
                     on_progress(progress)
                 changed, reported = progress != reported, progress
                 if done is not None:
-                    return None if done == "ok" else CloudFailure("internal", f"agent: {done}", zone)
+                    return (cid, guest) if done == "ok" else CloudFailure("internal", f"agent: {done}", zone)
             # Nothing moving: nothing is expected soon, so read less often.
             interval = GUEST_READ_INTERVAL_S if changed else min(interval * 1.5, GUEST_IDLE_MAX_S)
             await self.clock.sleep(interval)
@@ -390,6 +396,25 @@ class GceBackend:
 
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
         return await self._command(vm_id, zone, {"op": "wipe"}, None)
+
+    async def start_notebook(self, vm_id: str, zone: str, request: NotebookRequest) -> str | CloudFailure:
+        """The agent starts the container and answers once it serves; the endpoint is the VM's
+        address with the host port the agent reports (8888 unless the agent publishes another)."""
+        answer = await self._answer(vm_id, zone, {
+            "op": "start", "session_id": request.session_id, "user": request.user, "cluster": request.cluster,
+            "image": request.image, "repository": request.repository, "digest": request.digest,
+            "secret": request.secret, "gpus": request.gpus}, None)
+        if isinstance(answer, CloudFailure):
+            return answer
+        cid, guest = answer
+        vm = await self._get(vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return vm
+        port = guest.get(f"port-{cid}") or str(NOTEBOOK_PORT)
+        return f"{vm.endpoint.rsplit(':', 1)[0]}:{port}" if vm.endpoint else ""
+
+    async def stop_notebook(self, vm_id: str, zone: str, session_id: str) -> CloudFailure | None:
+        return await self._command(vm_id, zone, {"op": "stop", "session_id": session_id}, None)
 
     async def delete(self, vm_id: str, zone: str) -> CloudFailure | None:
         # One request id per delete, kept by its retries: a later delete must not get this one's answer.

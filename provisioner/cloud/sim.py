@@ -35,6 +35,7 @@ from provisioner.cloud.base import (
     CloudVm,
     HealthReport,
     LaunchSpec,
+    NotebookRequest,
     ProgressCallback,
 )
 from provisioner.errors import (
@@ -49,7 +50,8 @@ from provisioner.decide.images import Layer
 
 _tracer = trace.get_tracer(__name__)
 
-OPS = frozenset({"create", "wait_ready", "pull", "wipe", "stop", "start", "delete", "list_vms"})
+OPS = frozenset({"create", "wait_ready", "pull", "wipe", "stop", "start", "delete", "list_vms", "start_notebook",
+                 "stop_notebook"})
 _CODES = frozenset({"stockout", "quota", "rate_limited", "unavailable", "not_found", "invalid", "internal"})
 _SPAN_NAMES = {op: f"sim.{op}" for op in OPS | {"health"}}
 
@@ -70,6 +72,8 @@ class SimConfigLike(Protocol):
     wipe_s: float
     delete_s: float
     stop_s: float
+    notebook_start_s: float
+    notebook_stop_s: float
     start_median_s: float
     start_sigma: float
     pool_start_median_s: dict[str, float]
@@ -108,6 +112,12 @@ class SimPhysics:
 
     def stop_s(self) -> float:
         return self.config.stop_s
+
+    def notebook_start_s(self) -> float:
+        return self.config.notebook_start_s
+
+    def notebook_stop_s(self) -> float:
+        return self.config.notebook_stop_s
 
     def start_s(self, pool: str) -> float:
         """A stopped VM of `pool` started, until its agent answers: lognormal, a long tail."""
@@ -333,6 +343,30 @@ class SimCloud:
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
         with self._enter("wipe", vm_id, zone) as span:
             return self._end(span, await self._wipe(vm_id, zone))
+
+    async def start_notebook(self, vm_id: str, zone: str, request: NotebookRequest) -> str | CloudFailure:
+        with self._enter("start_notebook", vm_id, zone) as span:
+            return self._end(span, await self._notebook(vm_id, zone, "start_notebook", self.physics.notebook_start_s()))
+
+    async def stop_notebook(self, vm_id: str, zone: str, session_id: str) -> CloudFailure | None:
+        with self._enter("stop_notebook", vm_id, zone) as span:
+            failure = await self._notebook(vm_id, zone, "stop_notebook", self.physics.notebook_stop_s())
+            return self._end(span, failure or None)
+
+    async def _notebook(self, vm_id: str, zone: str, what: str, duration: float) -> str | CloudFailure:
+        """A notebook container's start or stop on the VM: its time, then the VM's own endpoint."""
+        fault = self._fault(what, zone)
+        if fault is not None:
+            return fault
+        vm = self._find(vm_id, zone)
+        if vm is None:
+            return _not_found(vm_id, zone)
+        if (stopped := _stopped(vm)) is not None:
+            return stopped
+        await self.clock.sleep(duration)
+        if self._vms.get(vm_id) is not vm:
+            return _not_found(vm_id, zone, f"during the notebook's {what.split('_')[0]}")
+        return ""
 
     async def stop(self, vm_id: str, zone: str) -> CloudFailure | None:
         with self._enter("stop", vm_id, zone) as span:

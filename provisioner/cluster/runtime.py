@@ -32,10 +32,12 @@ from provisioner.cloud.base import (
     CloudBackend,
     CloudFailure,
     LaunchSpec,
+    NotebookRequest,
 )
 from provisioner.config import PoolConfig
 from provisioner.decide import events as ev
-from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
+from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop,
+                                         StopNotebook, Wipe)
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.pools import PoolState
 from provisioner.decide.policy import FIELDS, merge_policy
@@ -539,6 +541,11 @@ class ClusterRuntime:
                         self._answered(cmd, await self.backend.stop(cmd.vm_id, cmd.zone), ev.VmStopped)
                     case Start():
                         await self._start(cmd)
+                    case StartNotebook():
+                        await self._start_notebook(cmd)
+                    case StopNotebook():
+                        self._answered(cmd, await self.backend.stop_notebook(cmd.vm_id, cmd.zone, cmd.session_id),
+                                       ev.NotebookStopped)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -569,6 +576,16 @@ class ClusterRuntime:
             self.handle(ev.CommandFailed(self.clock.now(), cmd.id, ready))
         else:
             self.handle(ev.VmReady(self.clock.now(), cmd.id, ready.endpoint))
+
+    async def _start_notebook(self, cmd: StartNotebook) -> None:
+        vm = self.core.vms.get(cmd.vm_id)
+        gpus = self.core.pools[vm.pool].config.accelerator_count if vm is not None else 0
+        request = NotebookRequest(cmd.session_id, cmd.user, self.core.name, cmd.image, gpus)
+        started = await self.backend.start_notebook(cmd.vm_id, cmd.zone, request)
+        if isinstance(started, CloudFailure):
+            self.handle(ev.CommandFailed(self.clock.now(), cmd.id, started))
+        else:
+            self.handle(ev.NotebookStarted(self.clock.now(), cmd.id, started))
 
     async def _start(self, cmd: Start) -> None:
         started = await self.backend.start(cmd.vm_id, cmd.zone)

@@ -3,7 +3,8 @@
 Each command a core issues is answered, as an event naming the command, after the delay the
 physics gives it (Launch: VmCreated after create_s, VmReady after boot_s more, or CommandFailed;
 Pull: PullDone after the bytes at the pull bandwidth; Wipe: WipeDone; Delete: VmDeleted; Stop:
-VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed on a stockout).
+VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed on a stockout;
+StartNotebook: NotebookStarted after notebook_start_s; StopNotebook: NotebookStopped).
 Scheduled work sits in a heap of (time, seq, core, callback, args); each event goes to its core's
 `handle`, and the step it returns is carried out at once. Work due at the same time as a tick
 runs before it. Whether an answer still applies is the core's business, not the engine's.
@@ -22,10 +23,12 @@ from typing import Callable, Iterable
 
 from provisioner.cloud.base import CloudFailure
 from provisioner.cloud.sim import SimPhysics
-from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
+from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop, StopNotebook,
+                                         Wipe)
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.events import (
-    CommandFailed, Event, PullDone, Tick, VmCreated, VmDeleted, VmReady, VmStarted, VmStopped, WipeDone,
+    CommandFailed, Event, NotebookStarted, NotebookStopped, PullDone, Tick, VmCreated, VmDeleted, VmReady, VmStarted,
+    VmStopped, WipeDone,
 )
 from provisioner.model import Session, Vm
 
@@ -153,6 +156,13 @@ class Engine:
                     else:
                         answer(core, VmStarted(now + self.start_delay(core, cmd.pool), cmd.id,
                                                f"sim://{cmd.vm_id}"))
+                case StartNotebook():
+                    failure = self.notebook_outcome(core, cmd)
+                    delay = self.notebook_start_delay(core)
+                    answer(core, NotebookStarted(now + delay, cmd.id) if failure is None
+                           else CommandFailed(now + delay, cmd.id, failure))
+                case StopNotebook():
+                    answer(core, NotebookStopped(now + self.notebook_stop_delay(core), cmd.id))
 
     def _created(self, core: ClusterCore, cmd: Launch, now: float) -> None:
         """The cloud has the VM: it says so, and the boot starts (its time drawn only now)."""
@@ -183,6 +193,12 @@ class Engine:
     def start_delay(self, core: ClusterCore, pool: str) -> float:
         return self.physics[core.name].start_s(pool)
 
+    def notebook_start_delay(self, core: ClusterCore) -> float:
+        return self.physics[core.name].notebook_start_s()
+
+    def notebook_stop_delay(self, core: ClusterCore) -> float:
+        return self.physics[core.name].notebook_stop_s()
+
     def launch_outcome(self, core: ClusterCore, cmd: Launch) -> CloudFailure | None:
         return self.physics[core.name].launch_outcome(cmd.zone)
 
@@ -193,6 +209,9 @@ class Engine:
         return None
 
     def wipe_outcome(self, core: ClusterCore, cmd: Wipe) -> CloudFailure | None:
+        return None
+
+    def notebook_outcome(self, core: ClusterCore, cmd: StartNotebook) -> CloudFailure | None:
         return None
 
 
