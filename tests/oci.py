@@ -30,6 +30,7 @@ PROVISIONER_REQUIRE_REGISTRY is set (CI sets it), in which case they fail.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import hashlib
 import io
@@ -264,6 +265,12 @@ class _Tar:
         return buf.getvalue()
 
 
+@functools.lru_cache(maxsize=None)
+def _gzip(tar: bytes) -> bytes:
+    return gzip.compress(tar, mtime=0)
+
+
+@functools.lru_cache(maxsize=1)
 def busybox_layer() -> bytes:
     t = _Tar().dir("bin").file("bin/busybox", BUSYBOX.read_bytes(), 0o755).symlink("bin/sh", "busybox")
     return t.dir("etc").dir("www").dir("tmp").tar()
@@ -284,7 +291,7 @@ def build_image(version: str, middle: str = "1", docker_format: bool = False, pa
     (`page`, default the version: a rebuild with another page is a re-push with new content)."""
     tars = [busybox_layer(), start_layer(middle), page_layer(page or version)]
     layer_type = DOCKER_LAYER if docker_format else OCI_LAYER
-    layers = tuple(Blob(layer_type, gzip.compress(t, mtime=0)) for t in tars)
+    layers = tuple(Blob(layer_type, _gzip(t)) for t in tars)
     config = {
         "architecture": "amd64", "os": "linux",
         "config": {"Entrypoint": ["/bin/sh", "/notebook/start.sh"], "Env": ["PATH=/bin"],
