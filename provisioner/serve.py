@@ -88,7 +88,7 @@ def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None,
     return GkeBackend(cluster, clock)
 
 
-async def catalog_feed(fleet: FleetConfig) -> tuple[CatalogFeed, asyncio.Task | None]:
+async def catalog_feed(fleet: FleetConfig, metrics: Metrics | None = None) -> tuple[CatalogFeed, asyncio.Task | None]:
     """The images a process serves: images.yaml's synthetic catalog, or the registry's as it is
     now, refreshed in the background task returned (on the wall clock: it is network time)."""
     if fleet.registry is None:
@@ -96,6 +96,8 @@ async def catalog_feed(fleet: FleetConfig) -> tuple[CatalogFeed, asyncio.Task | 
     from provisioner.registry.source import open_feed
 
     feed = await asyncio.to_thread(open_feed, fleet.registry, RealClock())
+    if metrics is not None:
+        metrics.watch_catalog(feed)
     return feed, asyncio.create_task(feed.run())
 
 
@@ -185,7 +187,7 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
         metrics.leading(name, True)
     refresh = None
     if feed is None:
-        feed, refresh = await catalog_feed(fleet)
+        feed, refresh = await catalog_feed(fleet, metrics)
     store = open_store(database_url, Path(data_dir) / f"cluster-{name}.db")
     core = ClusterCore(cfg, feed.current, fleet.settings.sessions, IdSource(name),
                        priority=fleet.settings.priority, abuse=fleet.settings.abuse)
@@ -271,7 +273,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock, wall)
     refresh = None
     if feed is None:
-        feed, refresh = await catalog_feed(fleet_cfg)
+        feed, refresh = await catalog_feed(fleet_cfg, metrics)
     sessions.catalog = feed.current
     feed.subscribe(functools.partial(setattr, sessions, "catalog"))
     if metrics is not None:
@@ -310,7 +312,7 @@ async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path
 
     `cluster_port_base` overrides the configured cluster addresses (0: any free ports).
     """
-    feed, refresh = await catalog_feed(fleet_cfg)  # one catalog for every part of the process
+    feed, refresh = await catalog_feed(fleet_cfg, metrics)  # one catalog for every part of the process
     clusters = []
     for i, c in enumerate(fleet_cfg.clusters):
         address = None if cluster_port_base is None else \

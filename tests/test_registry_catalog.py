@@ -9,6 +9,9 @@ import json
 import pytest
 
 from oci import Blob, build_image, push_image, push_versions, registry  # noqa: F401 (fixture)
+from prometheus_client import generate_latest
+
+from provisioner.metrics import Metrics
 from provisioner.registry.catalog import CatalogFeed, RegistryCatalog, natural_key
 from provisioner.registry.client import OCI_INDEX, RegistryClient, RegistryError
 
@@ -88,6 +91,8 @@ async def test_a_refresh_picks_up_new_tags_and_repushes_and_a_failed_one_keeps_t
     images = push_versions(registry)
     source = RegistryCatalog(client_for(registry), "nb")
     feed = CatalogFeed(source.fetch(), source.fetch, source="test")
+    metrics = Metrics()
+    metrics.watch_catalog(feed)
     heard = []
     feed.subscribe(heard.append)
     assert not await feed.refresh() and feed.refreshes["unchanged"] == 1
@@ -108,3 +113,7 @@ async def test_a_refresh_picks_up_new_tags_and_repushes_and_a_failed_one_keeps_t
     assert not await feed.refresh()
     assert feed.current is good and feed.refreshes["failed"] == 1 and feed.last_error
     assert len(heard) == 2
+    scraped = generate_latest(metrics.registry).decode()
+    assert 'provisioner_image_catalog_refreshes_total{outcome="failed"} 1.0' in scraped
+    assert 'provisioner_image_catalog_refreshes_total{outcome="changed"} 2.0' in scraped
+    assert "provisioner_image_catalog_versions 4.0" in scraped
