@@ -122,7 +122,7 @@ class Session:
     image_digest: str = ""
     # The session's secret: its notebook server admits only requests presenting it. Shown to
     # its owner, service and admin callers by GetSession alone (api/convert.py).
-    access_token: str = ""
+    access_token: str = field(default="", repr=False)  # out of repr, so out of any log line
 
     def to(self, state: SessionState, reason: str, now: float) -> None:
         check_transition(SESSION_TRANSITIONS, "session", self.id, self.state, state)
