@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from oci import Blob, build_image, push_image, push_versions, registry  # noqa: F401 (fixture)
+from oci import Blob, build_image, push_image, push_versions, registry, start_token_registry  # noqa: F401 (fixture)
 from prometheus_client import generate_latest
 
 from provisioner.metrics import Metrics
@@ -117,3 +117,21 @@ async def test_a_refresh_picks_up_new_tags_and_repushes_and_a_failed_one_keeps_t
     assert 'provisioner_image_catalog_refreshes_total{outcome="failed"} 1.0' in scraped
     assert 'provisioner_image_catalog_refreshes_total{outcome="changed"} 2.0' in scraped
     assert "provisioner_image_catalog_versions 4.0" in scraped
+
+
+def test_the_bearer_token_flow(registry, tmp_path):
+    images = push_versions(registry)
+    server, tokens = start_token_registry(tmp_path / "token-registry", registry)
+    try:
+        status, headers, _ = server.request("GET", "/v2/nb/tags/list", auth=False)
+        assert status == 401 and headers["Www-Authenticate"].startswith("Bearer ")
+        catalog = RegistryCatalog(client_for(server), "nb").fetch()
+        assert [catalog.digest(f"nb:{t}") for t in ("v1", "v2", "v3")] == [images[t].digest for t in ("v1", "v2", "v3")]
+        # One token for the repository, used for every call after it.
+        assert tokens.issued == ["repository:nb:pull"]
+        with pytest.raises(RegistryError) as e:
+            client_for(server, password="wrong").tags("nb")
+        assert e.value.status == 401 and not e.value.retryable
+    finally:
+        server.stop()
+        tokens.stop()

@@ -123,7 +123,8 @@ class RegistryClient:
         if (named and named != digest) or (reference.startswith("sha256:") and reference != digest):
             raise RegistryError(f"{repository}:{reference}: manifest digest {digest} is not the one named "
                                 f"({named or reference})", False)
-        media_type = headers.get("Content-Type", "").split(";")[0].strip() or _json(body, reference).get("mediaType", "")
+        media_type = headers.get("Content-Type", "").split(";")[0].strip()
+        media_type = media_type or _json(body, reference).get("mediaType", "")
         return media_type, body, digest
 
     def _call(self, method: str, path: str, repository: str, headers: dict[str, str] | None = None):
