@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import functools
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -50,6 +49,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.perf.fleet import free_port
+from provisioner.registry.client import content_digest
 from provisioner.security.pki import CA_CERT, ensure_local_pki, local_files
 
 REQUIRE_ENV = "PROVISIONER_REQUIRE_REGISTRY"
@@ -206,7 +206,7 @@ class Blob:
 
     @property
     def digest(self) -> str:
-        return "sha256:" + hashlib.sha256(self.data).hexdigest()
+        return content_digest(self.data)
 
     def descriptor(self) -> dict:
         return {"mediaType": self.media_type, "digest": self.digest, "size": len(self.data)}
@@ -298,7 +298,7 @@ def build_image(version: str, middle: str = "1", docker_format: bool = False, pa
         "config": {"Entrypoint": ["/bin/sh", "/notebook/start.sh"], "Env": ["PATH=/bin"],
                    "ExposedPorts": {f"{NOTEBOOK_PORT}/tcp": {}}, "WorkingDir": "/",
                    "Labels": {"org.opencontainers.image.version": version}},
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]},
+        "rootfs": {"type": "layers", "diff_ids": [content_digest(t) for t in tars]},
     }
     config_blob = Blob(DOCKER_CONFIG if docker_format else OCI_CONFIG, json.dumps(config, sort_keys=True).encode())
     manifest = {"schemaVersion": 2, "mediaType": DOCKER_MANIFEST if docker_format else OCI_MANIFEST,
