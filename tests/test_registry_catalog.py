@@ -26,6 +26,7 @@ def test_three_versions_with_their_digests_and_shared_layers(registry):
     catalog = RegistryCatalog(client_for(registry), "nb").fetch()
     assert catalog.versions() == ("nb:v1", "nb:v2", "nb:v3")
     assert catalog.latest == "nb:v3"
+    assert catalog.repository == f"{registry.host}/nb"  # what agents pull `@digest` from
     for tag, image in images.items():
         assert catalog.digest(f"nb:{tag}") == image.digest
         assert [(layer.id, layer.size_bytes) for layer in catalog.layers(f"nb:{tag}")] == \

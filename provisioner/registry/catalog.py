@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import urllib.parse
 from typing import Callable
 
 from provisioner.clock import Clock
@@ -30,9 +31,10 @@ def natural_key(tag: str) -> tuple:
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", tag) if part)
 
 
-def build_catalog(name: str, manifests: dict[str, Manifest], latest: str = "") -> ImageCatalog:
+def build_catalog(name: str, manifests: dict[str, Manifest], latest: str = "", repository: str = "") -> ImageCatalog:
     """The catalog of `name` from each version tag's manifest (`manifests`: tag -> manifest, a
-    `latest` tag among them or not). `latest`: the configured tag, if any."""
+    `latest` tag among them or not). `latest`: the configured tag, if any; `repository`: where
+    the versions are pulled from (`host/path`)."""
     versions = sorted((t for t in manifests if t != LATEST), key=natural_key)
     if not versions:
         raise ValueError(f"the repository of {name} has no version tags")
@@ -48,7 +50,7 @@ def build_catalog(name: str, manifests: dict[str, Manifest], latest: str = "") -
     else:
         newest = versions[-1]
     return ImageCatalog(layers, {f"{name}:{t}": [d for d, _ in manifests[t].layers] for t in versions},
-                        f"{name}:{newest}", {f"{name}:{t}": manifests[t].digest for t in versions})
+                        f"{name}:{newest}", {f"{name}:{t}": manifests[t].digest for t in versions}, repository)
 
 
 class RegistryCatalog:
@@ -71,7 +73,8 @@ class RegistryCatalog:
             if digest not in self._by_digest:
                 self._by_digest[digest] = self.client.manifest(self.repository, digest)
             manifests[tag] = self._by_digest[digest]
-        return build_catalog(self.name, manifests, self.latest)
+        host = urllib.parse.urlparse(self.client.url).netloc
+        return build_catalog(self.name, manifests, self.latest, f"{host}/{self.repository}")
 
 
 class CatalogFeed:
