@@ -4,6 +4,10 @@ and clusters run on the simulated cloud; the registry is docker-registry with TL
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import grpc
 import pytest
 import yaml
@@ -11,6 +15,7 @@ import yaml
 from conftest import fleet_config, quick_warm_up, warm_fleet
 from oci import build_image, push_image, push_versions, registry  # noqa: F401 (fixture)
 from provisioner.config import load_fleet
+from provisioner.perf.fleet import free_port
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
 from provisioner.v1 import types_pb2 as pb
@@ -77,3 +82,16 @@ async def test_sessions_pin_digests_the_secret_is_the_owners_and_a_restart_keeps
     async with warm_fleet(config, data) as fleet:
         after = await get(fleet, created.id, "alice")
         assert (after.image, after.image_digest, after.access_token) == ("nb:v2", images["v2"].digest, secret)
+
+
+def test_a_cluster_without_a_readable_registry_does_not_start(tmp_path):
+    config_dir = tmp_path / "clusters"
+    fleet_config(tmp_path)
+    (config_dir / "images.yaml").write_text(yaml.safe_dump({"registry": {
+        "url": f"https://127.0.0.1:{free_port()}", "repository": "nb"}}))  # nothing listens there
+    out = subprocess.run([str(Path(sys.executable).with_name("provisioner")), "serve", "cluster", "--name", "us-central1",
+                          "--clusters", str(config_dir), "--data-dir", str(tmp_path / "data"),
+                          "--address", "127.0.0.1:0", "--traces", "none"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("error: reading the image catalog: GET https://127.0.0.1:")

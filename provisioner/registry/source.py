@@ -91,7 +91,11 @@ def registry_catalog(cfg: RegistryImagesConfig) -> RegistryCatalog:
 
 
 def open_feed(cfg: RegistryImagesConfig, clock: Clock) -> CatalogFeed:
-    """A feed holding the registry's catalog as it is now (blocking; raises RegistryError or
-    ValueError if there is none to start with), refreshed every `refresh_s` of `clock`."""
+    """A feed holding the registry's catalog as it is now (blocking; raises RegistryError if there
+    is none to start with), refreshed every `refresh_s` of `clock`."""
     source = registry_catalog(cfg)
-    return CatalogFeed(source.fetch(), source.fetch, cfg.refresh_s, clock, f"{cfg.url}/{cfg.repository}")
+    try:
+        catalog = source.fetch()
+    except ValueError as e:  # read, but no catalog can be made of it (no version tags, say)
+        raise RegistryError(f"{cfg.url}/{cfg.repository}: {e}", retryable=False) from e
+    return CatalogFeed(catalog, source.fetch, cfg.refresh_s, clock, f"{cfg.url}/{cfg.repository}")
