@@ -89,8 +89,9 @@ def test_a_cluster_without_a_readable_registry_does_not_start(tmp_path):
     fleet_config(tmp_path)
     (config_dir / "images.yaml").write_text(yaml.safe_dump({"registry": {
         "url": f"https://127.0.0.1:{free_port()}", "repository": "nb"}}))  # nothing listens there
-    out = subprocess.run([str(Path(sys.executable).with_name("provisioner")), "serve", "cluster", "--name", "us-central1",
-                          "--clusters", str(config_dir), "--data-dir", str(tmp_path / "data"),
+    provisioner = str(Path(sys.executable).with_name("provisioner"))
+    out = subprocess.run([provisioner, "serve", "cluster", "--name", "us-central1", "--clusters", str(config_dir),
+                          "--data-dir", str(tmp_path / "data"),
                           "--address", "127.0.0.1:0", "--traces", "none"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
