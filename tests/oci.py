@@ -30,8 +30,8 @@ PROVISIONER_REQUIRE_REGISTRY is set (CI sets it), in which case they fail.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -49,6 +49,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.perf.fleet import free_port
+from provisioner.registry.client import content_digest
 from provisioner.security.pki import CA_CERT, ensure_local_pki, local_files
 
 REQUIRE_ENV = "PROVISIONER_REQUIRE_REGISTRY"
@@ -131,8 +132,9 @@ class RegistryServer:
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None, auth: bool = True) -> tuple[int, dict[str, str], bytes]:
         """(status, headers, body) of one call to the registry; HTTP errors are returned, not raised."""
+        headers = {**(headers or {}), **({"Authorization": self.basic_auth()} if auth else {})}
         req = urllib.request.Request(self.url + path if path.startswith("/") else path, data=body, method=method,
-                                     headers={**(headers or {}), **({"Authorization": self.basic_auth()} if auth else {})})
+                                     headers=headers)
         try:
             with urllib.request.urlopen(req, context=self.ssl_context(), timeout=30) as resp:
                 return resp.status, dict(resp.headers), resp.read()
@@ -204,7 +206,7 @@ class Blob:
 
     @property
     def digest(self) -> str:
-        return "sha256:" + hashlib.sha256(self.data).hexdigest()
+        return content_digest(self.data)
 
     def descriptor(self) -> dict:
         return {"mediaType": self.media_type, "digest": self.digest, "size": len(self.data)}
@@ -264,6 +266,12 @@ class _Tar:
         return buf.getvalue()
 
 
+@functools.lru_cache(maxsize=None)
+def _gzip(tar: bytes) -> bytes:
+    return gzip.compress(tar, mtime=0)
+
+
+@functools.lru_cache(maxsize=1)
 def busybox_layer() -> bytes:
     t = _Tar().dir("bin").file("bin/busybox", BUSYBOX.read_bytes(), 0o755).symlink("bin/sh", "busybox")
     return t.dir("etc").dir("www").dir("tmp").tar()
@@ -284,13 +292,13 @@ def build_image(version: str, middle: str = "1", docker_format: bool = False, pa
     (`page`, default the version: a rebuild with another page is a re-push with new content)."""
     tars = [busybox_layer(), start_layer(middle), page_layer(page or version)]
     layer_type = DOCKER_LAYER if docker_format else OCI_LAYER
-    layers = tuple(Blob(layer_type, gzip.compress(t, mtime=0)) for t in tars)
+    layers = tuple(Blob(layer_type, _gzip(t)) for t in tars)
     config = {
         "architecture": "amd64", "os": "linux",
         "config": {"Entrypoint": ["/bin/sh", "/notebook/start.sh"], "Env": ["PATH=/bin"],
                    "ExposedPorts": {f"{NOTEBOOK_PORT}/tcp": {}}, "WorkingDir": "/",
                    "Labels": {"org.opencontainers.image.version": version}},
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]},
+        "rootfs": {"type": "layers", "diff_ids": [content_digest(t) for t in tars]},
     }
     config_blob = Blob(DOCKER_CONFIG if docker_format else OCI_CONFIG, json.dumps(config, sort_keys=True).encode())
     manifest = {"schemaVersion": 2, "mediaType": DOCKER_MANIFEST if docker_format else OCI_MANIFEST,
@@ -339,3 +347,105 @@ def registry(tmp_path):
     server = start_registry(tmp_path / "registry")
     yield server
     server.stop()
+
+
+# ---- a registry behind a token service (the Bearer flow, as Artifact Registry and Docker Hub) --
+
+@dataclass
+class TokenService:
+    """Issues registry tokens at /token for the right basic credentials, as a registry's
+    `auth: token` expects them: JWTs signed by a key whose certificate (in the `x5c` header)
+    chains to the registry's root bundle, granting what the `scope` parameter asked for."""
+
+    url: str
+    issued: list[str]
+    server: object
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+TOKEN_ISSUER, TOKEN_SERVICE = "provisioner-test-issuer", "provisioner-test-registry"
+
+
+def start_token_service(tls_dir: Path, username: str, password: str) -> TokenService:
+    import threading
+    import uuid
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlparse
+
+    import jwt
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    ensure_local_pki(tls_dir, {"registry-token": ["token.provisioner.test"]})
+    files = local_files(tls_dir, "registry-token")
+    key = files.key.read_bytes()
+    chain = [base64.b64encode(x509.load_pem_x509_certificate(files.cert.read_bytes()).public_bytes(Encoding.DER))
+             .decode()]
+    want = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+    issued: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            url = urlparse(self.path)
+            query = parse_qs(url.query)
+            if url.path != "/token" or self.headers.get("Authorization") != want:
+                self.send_response(401)
+                self.end_headers()
+                return
+            access = []
+            for scope in query.get("scope", []):
+                kind, name, actions = scope.split(":")
+                access.append({"type": kind, "name": name, "actions": [a for a in actions.split(",") if a == "pull"]})
+            now = int(time.time())
+            token = jwt.encode({"iss": TOKEN_ISSUER, "sub": username, "aud": query.get("service", [""])[0],
+                                "iat": now, "nbf": now - 10, "exp": now + 300, "jti": uuid.uuid4().hex,
+                                "access": access}, key, algorithm="ES256", headers={"x5c": chain})
+            issued.append(",".join(query.get("scope", [])))
+            body = json.dumps({"token": token, "expires_in": 300}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return TokenService(f"http://127.0.0.1:{server.server_address[1]}/token", issued, server)
+
+
+def start_token_registry(root: Path, storage: RegistryServer) -> tuple[RegistryServer, TokenService]:
+    """A second registry over `storage`'s files (what was pushed there), demanding tokens from a
+    token service that takes `storage`'s credentials."""
+    root.mkdir(parents=True, exist_ok=True)
+    tokens = start_token_service(storage.root / "tls", storage.username, storage.password)
+    files = local_files(storage.root / "tls", "registry")
+    port = free_port()
+    config = {
+        "version": 0.1,
+        "log": {"level": "info", "formatter": "text", "accesslog": {"disabled": False}},
+        "storage": {"filesystem": {"rootdirectory": str(storage.root / "data")}},
+        "http": {"addr": f"127.0.0.1:{port}", "secret": "test-only-secret",
+                 "tls": {"certificate": str(files.cert), "key": str(files.key)}},
+        "auth": {"token": {"realm": tokens.url, "service": TOKEN_SERVICE, "issuer": TOKEN_ISSUER,
+                           "rootcertbundle": str(storage.ca_file)}},
+    }
+    (root / "config.yml").write_text(json.dumps(config))
+    log = root / "registry.log"
+    out = open(log, "ab")
+    process = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=out, stderr=out)
+    out.close()
+    server = RegistryServer(f"127.0.0.1:{port}", storage.ca_file, storage.username, storage.password, log,
+                            process, root)
+    try:
+        _wait_up(server)
+    except RuntimeError:
+        tokens.stop()
+        raise
+    return server, tokens

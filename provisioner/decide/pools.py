@@ -22,7 +22,6 @@ from provisioner.decide.autoscale import (
     standby_target,
 )
 from provisioner.decide.assignment import QueueOrder, choose_standby
-from provisioner.decide.commands import Pull
 from provisioner.decide.deadlines import CREATE_ESTIMATE_S
 from provisioner.decide.forecast import Forecast
 from provisioner.decide.prewarm import RECENT_RELEASES, Demand, holdable, next_pull, rank_images
@@ -43,7 +42,7 @@ FORECAST_REFRESH_S = 60.0
 # (about the 94th percentile of the start's lognormal at sigma 0.6); a session that arrives later
 # in a longer start waits for it. Chosen on openb, rollout and genai at --scale 50: at 4 (the
 # start's p99, the deadline's multiple) every trace paid for 99.9% fast starts and openb 1.16x
-# its assigned cost; at 2 rollout's fast starts fell to 99.59% (README: The standby tier, measured).
+# its assigned cost; at 2 rollout's fast starts fell to 99.59% (docs/simulator.md: Results).
 STANDBY_START_COVER = 2.5
 # A pool whose VMs and queue did not change is reconsidered this often (for what only time
 # changes: VMs idle long enough to go, the peak window, the forecast).
@@ -273,7 +272,7 @@ class Pools:
         if missing:
             vm.pulling = image
             self._vm_changed(vm)
-            self._issue(Pull, now, vm.id, vm.zone, image, missing)
+            self._pull(now, vm, image, missing)
 
     def _prewarm_request(self, name: str, image: str, count: int, now: float) -> list[str]:
         """Pulls `image` onto up to `count` idle warm VMs (those missing the fewest bytes)."""

@@ -93,7 +93,7 @@ class VmLifecycle:
             self._reissue_notebook(vm, now)
             if vm.pulling:
                 missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
-                self._issue(Pull, now, vm.id, vm.zone, vm.pulling, missing, vm.session_id)
+                self._pull(now, vm, vm.pulling, missing, vm.session_id)
 
     # ---- answers -------------------------------------------------------------------------
 
