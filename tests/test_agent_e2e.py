@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -38,10 +39,13 @@ TIME_SCALE = 60.0  # the cluster's clock: a 6 s guest-attribute read interval is
 
 class Agents:
     """Starts an agent process (and a metadata server) for every booted instance; stops both
-    when the instance is gone."""
+    when the instance is gone. By default each agent runs on its fakes (`--simulate DIR`);
+    `settings` and `flags(dir)` run it otherwise (e.g. on a real container engine)."""
 
-    def __init__(self, fake: FakeCompute, root: Path):
+    def __init__(self, fake: FakeCompute, root: Path, settings: dict | None = None,
+                 flags: Callable[[Path], list[str]] | None = None):
         self.fake, self.root = fake, root
+        self.settings, self.flags = settings, flags
         self.procs: dict[str, tuple[subprocess.Popen, FakeMetadataServer]] = {}
         self.started: list[str] = []
 
@@ -55,21 +59,24 @@ class Agents:
         for name in set(self.procs) - self.fake.names(PROJECT):
             self._stop(name)
 
-    def _start(self, name: str) -> None:
-        d = self.dir(name)
-        d.mkdir(parents=True)
+    def _simulated(self, d: Path) -> list[str]:
         host = FakeHost(State({}, d / "host.json"))
         host.d["dirs"].update({WORKSPACES: [], SCRATCH: []})
         host.d["disks"].update({"/": {"free_fraction": 0.5}, SCRATCH: {"free_fraction": 0.9}})
         host.state.save()
+        return ["--simulate", str(d), "--simulate-bytes-per-s", "5e10"]
+
+    def _start(self, name: str) -> None:
+        d = self.dir(name)
+        d.mkdir(parents=True)
+        flags = self.flags(d) if self.flags else self._simulated(d)
         (d / "agent.yaml").write_text(yaml.safe_dump({
             "state_dir": str(d / "state"), "workspace_root": WORKSPACES, "disk_paths": ["/", SCRATCH],
-            "health_s": 0.2, "progress_s": 0.1, "kill_grace_s": 0.5, "watch_timeout_s": 5}))
+            "health_s": 0.2, "progress_s": 0.1, "kill_grace_s": 0.5, "watch_timeout_s": 5, **(self.settings or {})}))
         server = FakeMetadataServer(self.fake, PROJECT, name).start()
         log = open(d / "agent.log", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "provisioner.agent", "--config", str(d / "agent.yaml"),
-                                 "--metadata-url", server.url, "--simulate", str(d),
-                                 "--simulate-bytes-per-s", "5e10"], stdout=log, stderr=subprocess.STDOUT)
+                                 "--metadata-url", server.url, *flags], stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs[name] = (proc, server)
         self.started.append(name)

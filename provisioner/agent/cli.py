@@ -16,6 +16,8 @@ def register(sub) -> None:
     p.add_argument("--simulate", type=Path, metavar="DIR",
                    help="fake GPU, container runtime and host, with their state in DIR (no GPU needed)")
     p.add_argument("--simulate-bytes-per-s", type=float, default=1e9, help="with --simulate: pull speed")
+    p.add_argument("--simulate-gpus", type=Path, metavar="DIR",
+                   help="a fake GPU alone (its state in DIR), with the real container engine and host")
     p.set_defaults(func=run)
 
 
@@ -40,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
         gpus = Gpus(nvml, reset=host.reset_gpus)
     else:
         host, runtime, gpus = LocalHost(), DockerEngine(cfg.engine_url), Gpus()
+        if args.simulate_gpus:
+            from provisioner.agent.fakes import fake_gpus
+
+            gpus = fake_gpus(args.simulate_gpus)
     agent = Agent(cfg, HttpMetadata(cfg.metadata_url), runtime, gpus, host, clock,
                   DoneIds(cfg.state_dir / "done.json"))
     try:

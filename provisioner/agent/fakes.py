@@ -447,6 +447,16 @@ class FakeMetadata:
         return "fake-access-token"
 
 
+def fake_gpus(directory: Path):
+    """A fake GPU for an agent whose engine and host are real (`--simulate-gpus DIR`): its
+    processes are those of a fake host in DIR, so none of the real ones ever holds it."""
+    from provisioner.agent.gpu import Gpus
+
+    directory.mkdir(parents=True, exist_ok=True)
+    host = FakeHost(State({}, directory / "host.json"))
+    return Gpus(FakeNvml(host, State({}, directory / "gpu.json")), reset=host.reset_gpus)
+
+
 def simulated(directory: Path, clock: Clock, bytes_per_s: float) -> tuple[FakeHost, FakeRuntime, FakeNvml]:
     """The fakes for `provisioner agent --simulate DIR`, with their state in DIR's JSON files."""
     directory.mkdir(parents=True, exist_ok=True)

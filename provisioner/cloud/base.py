@@ -75,7 +75,7 @@ class NotebookRequest:
     gpus: int
     repository: str = ""
     digest: str = ""
-    secret: str = ""
+    secret: str = field(default="", repr=False)  # out of repr, so out of any log line
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +114,11 @@ class CloudBackend(Protocol):
         ...
 
     async def pull(
-        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None
+        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None,
+        repository: str = "", digest: str = "",
     ) -> CloudFailure | None:
-        """Pulls image layers onto the VM's disk; on_progress gets cumulative bytes."""
+        """Pulls the image `repository@digest` onto the VM's disk (`layers`: those it lacks, for
+        progress and accounting); on_progress gets cumulative bytes."""
         ...
 
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:

@@ -388,11 +388,12 @@ class GceBackend:
                 return failure
             await self.clock.sleep(self.config.poll_s)
 
-    async def pull(self, vm_id: str, zone: str, layers: Sequence[Layer],
-                   on_progress: ProgressCallback | None = None) -> CloudFailure | None:
+    async def pull(self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None,
+                   repository: str = "", digest: str = "") -> CloudFailure | None:
         total = sum(layer.size_bytes for layer in layers)
-        return await self._command(vm_id, zone, {"op": "pull", "bytes": total, "layers": [
-            {"id": layer.id, "bytes": layer.size_bytes} for layer in layers]}, on_progress)
+        return await self._command(vm_id, zone, {
+            "op": "pull", "repository": repository, "digest": digest, "bytes": total,
+            "layers": [{"id": layer.id, "bytes": layer.size_bytes} for layer in layers]}, on_progress)
 
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
         return await self._command(vm_id, zone, {"op": "wipe"}, None)

@@ -335,7 +335,8 @@ class SimCloud:
             return self._end(span, await self._wait_ready(vm_id, zone))
 
     async def pull(
-        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None
+        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None,
+        repository: str = "", digest: str = "",  # the synthetic catalog's layers are what it pulls
     ) -> CloudFailure | None:
         with self._enter("pull", vm_id, zone) as span:
             return self._end(span, await self._pull(vm_id, zone, layers, on_progress, span))

@@ -582,9 +582,11 @@ class ClusterRuntime:
             self.handle(ev.VmReady(self.clock.now(), cmd.id, ready.endpoint))
 
     async def _start_notebook(self, cmd: StartNotebook) -> None:
-        vm = self.core.vms.get(cmd.vm_id)
+        vm, s = self.core.vms.get(cmd.vm_id), self.core.sessions.get(cmd.session_id)
         gpus = self.core.pools[vm.pool].config.accelerator_count if vm is not None else 0
-        request = NotebookRequest(cmd.session_id, cmd.user, self.core.name, cmd.image, gpus)
+        # The secret is read here, not carried in the command (commands are logged).
+        request = NotebookRequest(cmd.session_id, cmd.user, self.core.name, cmd.image, gpus, cmd.repository,
+                                  cmd.digest, s.access_token if s is not None else "")
         started = await self.backend.start_notebook(cmd.vm_id, cmd.zone, request)
         if isinstance(started, CloudFailure):
             self.handle(ev.CommandFailed(self.clock.now(), cmd.id, started))
@@ -604,7 +606,8 @@ class ClusterRuntime:
         def progress(done: int) -> None:
             self.handle(ev.PullProgress(self.clock.now(), cmd.id, done))
 
-        self._answered(cmd, await self.backend.pull(cmd.vm_id, cmd.zone, cmd.layers, progress), ev.PullDone)
+        self._answered(cmd, await self.backend.pull(cmd.vm_id, cmd.zone, cmd.layers, progress, cmd.repository,
+                                                    cmd.digest), ev.PullDone)
 
     def vms(self) -> list[Vm]:
         return list(self.core.vms.values())

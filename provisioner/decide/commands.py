@@ -86,6 +86,8 @@ class StartNotebook:
     session_id: str
     user: str
     image: str
+    digest: str = ""  # `repository@digest`: the digest the session was pinned to at creation
+    repository: str = ""
 
 
 @dataclass(frozen=True, slots=True)

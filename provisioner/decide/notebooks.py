@@ -25,7 +25,11 @@ class NotebookSteps:
         self._failed_tries.pop(s.id, None)
         s.estimated_ready_at = now + self.config.sim.notebook_start_s
         self._set_session(s, S.STARTING, f"starting its notebook on {_HOW[s.start or StartKind.COLD]} {vm.id}", now)
-        self._issue(StartNotebook, now, vm.id, vm.zone, s.id, s.spec.user_id, s.image)
+        self._issue_start(s, vm, now)
+
+    def _issue_start(self, s: Session, vm: Vm, now: float) -> None:
+        self._issue(StartNotebook, now, vm.id, vm.zone, s.id, s.spec.user_id, s.image, s.image_digest,
+                    self.catalog.repository)
 
     def _notebook_started(self, cmd: StartNotebook, endpoint: str, now: float) -> None:
         s = self.sessions.get(cmd.session_id)
@@ -64,7 +68,7 @@ class NotebookSteps:
         if vm.state is not V.ASSIGNED or s is None:
             return False
         if s.state is S.STARTING:
-            self._issue(StartNotebook, now, vm.id, vm.zone, s.id, s.spec.user_id, s.image)
+            self._issue_start(s, vm, now)
         elif s.state is S.STOPPING:
             self._stop_notebook(s, vm, now)
         else:
