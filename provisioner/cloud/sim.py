@@ -354,16 +354,21 @@ class SimCloud:
             failure = await self._notebook(vm_id, zone, "stop_notebook", self.physics.notebook_stop_s())
             return self._end(span, failure or None)
 
-    async def _notebook(self, vm_id: str, zone: str, what: str, duration: float) -> str | CloudFailure:
-        """A notebook container's start or stop on the VM: its time, then the VM's own endpoint."""
-        fault = self._fault(what, zone)
+    def _running_vm(self, op: str, vm_id: str, zone: str) -> _Vm | CloudFailure:
+        """The VM an operation on a running VM (`op`) works on, or why it cannot."""
+        fault = self._fault(op, zone)
         if fault is not None:
             return fault
         vm = self._find(vm_id, zone)
         if vm is None:
             return _not_found(vm_id, zone)
-        if (stopped := _stopped(vm)) is not None:
-            return stopped
+        return _stopped(vm) or vm
+
+    async def _notebook(self, vm_id: str, zone: str, what: str, duration: float) -> str | CloudFailure:
+        """A notebook container's start or stop on the VM: its time, then the VM's own endpoint."""
+        vm = self._running_vm(what, vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return vm
         await self.clock.sleep(duration)
         if self._vms.get(vm_id) is not vm:
             return _not_found(vm_id, zone, f"during the notebook's {what.split('_')[0]}")
@@ -453,14 +458,9 @@ class SimCloud:
         return vm.snapshot()
 
     async def _wait_ready(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
-        fault = self._fault("wait_ready", zone)
-        if fault is not None:
-            return fault
-        vm = self._find(vm_id, zone)
-        if vm is None:
-            return _not_found(vm_id, zone)
-        if (stopped := _stopped(vm)) is not None:
-            return stopped
+        vm = self._running_vm("wait_ready", vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return vm
         wait = vm.ready_at - self.clock.now()
         if wait > 0:
             await self.clock.sleep(wait)
@@ -476,14 +476,9 @@ class SimCloud:
     async def _pull(
         self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None, span: Any
     ) -> CloudFailure | None:
-        fault = self._fault("pull", zone)
-        if fault is not None:
-            return fault
-        vm = self._find(vm_id, zone)
-        if vm is None:
-            return _not_found(vm_id, zone)
-        if (stopped := _stopped(vm)) is not None:
-            return stopped
+        vm = self._running_vm("pull", vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return vm
         total = sum(layer.size_bytes for layer in layers)
         if span is not None:
             span.set_attribute("provisioner.pull_bytes", total)
@@ -507,14 +502,9 @@ class SimCloud:
         return None
 
     async def _wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
-        fault = self._fault("wipe", zone)
-        if fault is not None:
-            return fault
-        vm = self._find(vm_id, zone)
-        if vm is None:
-            return _not_found(vm_id, zone)
-        if (stopped := _stopped(vm)) is not None:
-            return stopped
+        vm = self._running_vm("wipe", vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return vm
         await self.clock.sleep(self.physics.wipe_s())
         if self._vms.get(vm_id) is not vm:
             return _not_found(vm_id, zone, "during the wipe")
