@@ -133,6 +133,10 @@ class PoolConfig(_Model):
     hourly_price_usd: NonNegativeFloat  # a running VM, its disk included
     disk_hourly_price_usd: NonNegativeFloat = 0.03  # a stopped VM: its disk alone (250 GB pd-balanced)
     disk_cache_gb: PositiveFloat = 250.0
+    # The notebook container's limits on the VM (0: none, the VM is the session's alone); the
+    # pool's GPUs are always its own.
+    notebook_cpus: NonNegativeFloat = 0.0
+    notebook_memory_gb: NonNegativeFloat = 0.0
     # Keep idle VMs beyond the warm target stopped (their disk, so their image cache, kept) rather
     # than deleted, and start them before creating new ones. Not on the gke backend.
     standby: bool = False

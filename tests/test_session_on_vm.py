@@ -53,7 +53,8 @@ async def rig(tmp_path, loopback_only):  # noqa: F811
                               "retry_total_s": 10.0}
         for pool in cluster["pools"]:
             if pool["name"] == POOL:
-                pool.update(min_vms=1, max_vms=1, autoscaler="fixed", warm_vms=1, disk_cache_gb=30)
+                pool.update(min_vms=1, max_vms=1, autoscaler="fixed", warm_vms=1, disk_cache_gb=30,
+                            notebook_cpus=0.5, notebook_memory_gb=0.25)
             else:
                 pool.update(min_vms=0, max_vms=0)
     config = fleet_config(tmp_path, edit)
@@ -124,6 +125,8 @@ async def test_a_session_runs_its_pinned_digest_behind_its_secret_and_the_wipe_l
     info = json.loads(engine.cli("container", "inspect", notebook["Id"]))[0]
     assert info["ImageName"].endswith(f"/nb@{images['v2'].digest}")
     assert info["Config"]["Labels"]["provisioner.user"] == "alice"
+    assert (info["HostConfig"]["NanoCpus"], info["HostConfig"]["Memory"]) == (500_000_000, 256 << 20)  # the pool's
+    assert f"{TOKEN_ENV}={s.access_token}" in info["Config"]["Env"]
 
     # The endpoint: the VM's address and the host port the agent reported; only the secret opens it.
     port = int(s.endpoint.rsplit(":", 1)[1])

@@ -76,6 +76,8 @@ class NotebookRequest:
     repository: str = ""
     digest: str = ""
     secret: str = field(default="", repr=False)  # out of repr, so out of any log line
+    cpus: float = 0.0  # 0: no limit
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -404,7 +404,8 @@ class GceBackend:
         answer = await self._answer(vm_id, zone, {
             "op": "start", "session_id": request.session_id, "user": request.user, "cluster": request.cluster,
             "image": request.image, "repository": request.repository, "digest": request.digest,
-            "secret": request.secret, "gpus": request.gpus}, None)
+            "secret": request.secret, "gpus": request.gpus, "cpus": request.cpus,
+            "memory_bytes": request.memory_bytes}, None)
         if isinstance(answer, CloudFailure):
             return answer
         cid, guest = answer

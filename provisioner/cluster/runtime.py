@@ -583,10 +583,12 @@ class ClusterRuntime:
 
     async def _start_notebook(self, cmd: StartNotebook) -> None:
         vm, s = self.core.vms.get(cmd.vm_id), self.core.sessions.get(cmd.session_id)
-        gpus = self.core.pools[vm.pool].config.accelerator_count if vm is not None else 0
+        pool = self.core.pools[vm.pool].config if vm is not None else None
         # The secret is read here, not carried in the command (commands are logged).
-        request = NotebookRequest(cmd.session_id, cmd.user, self.core.name, cmd.image, gpus, cmd.repository,
-                                  cmd.digest, s.access_token if s is not None else "")
+        request = NotebookRequest(cmd.session_id, cmd.user, self.core.name, cmd.image,
+                                  pool.accelerator_count if pool else 0, cmd.repository, cmd.digest,
+                                  s.access_token if s is not None else "", pool.notebook_cpus if pool else 0.0,
+                                  int(pool.notebook_memory_gb * 2**30) if pool else 0)
         started = await self.backend.start_notebook(cmd.vm_id, cmd.zone, request)
         if isinstance(started, CloudFailure):
             self.handle(ev.CommandFailed(self.clock.now(), cmd.id, started))
