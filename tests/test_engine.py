@@ -22,6 +22,9 @@ from provisioner.agent.runtime import (CLUSTER_LABEL, SESSION_LABEL, USER_LABEL,
                                        ImageRef, NotebookSpec, Placement)
 
 
+pytestmark = pytest.mark.timeout(300)  # the module's registry and engine start with its first test
+
+
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     """A registry holding three versions of the notebook stand-in (each shares its lower layers

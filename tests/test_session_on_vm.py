@@ -30,7 +30,8 @@ from provisioner.registry.client import RegistryClient
 from test_agent_e2e import CLUSTER, POOL, PROJECT, TIME_SCALE, Agents, until
 from test_gce import loopback_only  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.long
+# A registry, an engine, a VM booting and three image pushes: minutes on a loaded machine.
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture
