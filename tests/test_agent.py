@@ -14,6 +14,7 @@ from provisioner.agent.agent import Agent, DoneIds
 from provisioner.agent.config import AgentConfig
 from provisioner.agent.fakes import FakeHost, FakeMetadata, FakeNvml, FakeRuntime, mine
 from provisioner.agent.gpu import Gpus
+from provisioner.agent.runtime import Credentials
 from provisioner.agent.usage import Connection, Usage
 from provisioner.clock import RealClock
 from provisioner.config_policy import AbuseConfig
@@ -84,6 +85,25 @@ async def test_a_pull_runs_once_reports_progress_and_survives_a_restart(tmp_path
     await rig.start()
     assert await rig.done("c1") == "ok"
     assert rig.runtime.state.data["layers"] == {}  # not pulled again
+    await rig.stop()
+
+
+async def test_a_pull_logs_in_with_the_vms_token_or_the_configured_password(tmp_path):
+    image = {"repository": "us-docker.pkg.dev/p/nb/gpu", "digest": "sha256:" + "cd" * 32, "layers": LAYERS[:1]}
+    rig = Rig(tmp_path)  # registry_auth: metadata, the default
+    await rig.start()
+    rig.command("c1", "pull", **image)
+    assert await rig.done("c1") == "ok"
+    assert rig.runtime.logins == [Credentials("oauth2accesstoken", "fake-access-token")]
+    await rig.stop()
+
+    (tmp_path / "password").write_text("s3cret\n")
+    rig = Rig(tmp_path / "basic", registry_auth="basic", registry_username="puller",
+              registry_password_file=tmp_path / "password")
+    await rig.start()
+    rig.command("c1", "pull", **image)
+    assert await rig.done("c1") == "ok"
+    assert rig.runtime.logins == [Credentials("puller", "s3cret")]
     await rig.stop()
 
 

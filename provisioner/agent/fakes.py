@@ -163,6 +163,7 @@ class FakeRuntime:
     def __init__(self, clock: Clock, host: FakeHost, state: State | None = None, bytes_per_s: float = 1e9,
                  steps: int = 4):
         self.clock, self.host, self.bytes_per_s, self.steps = clock, host, bytes_per_s, steps
+        self.logins: list[Credentials | None] = []  # what each pull presented to the registry
         self.state = state or State({})
         d = self.state.data  # one read: each read of a file-backed state reloads it
         for key, empty in (("layers", {}), ("containers", {}), ("fail_pulls", False), ("fail_start", ""),
@@ -173,6 +174,7 @@ class FakeRuntime:
     async def pull(self, image: ImageRef, credentials: Credentials | None, on_bytes: ByteCallback) -> None:
         if self.state.data["fail_pulls"]:
             raise ContainerError(f"pull of {image.pinned}: registry unreachable")
+        self.logins.append(credentials)
         done = 0
         for layer_id, size in image.layers:
             if layer_id in self.state.data["layers"]:
