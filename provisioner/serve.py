@@ -237,7 +237,8 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     store.writer.start()  # the front's durable writes are all group-committed
     clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
                              credentials=link, server_name=security.cluster_name(c.name), clock=wall,
-                             on_flags=functools.partial(blocks.apply_all, store))
+                             on_flags=functools.partial(blocks.apply_all, store, c.name),
+                             ceilings={p.name: p.vm_ceiling for p in c.pools})
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
     for c in clients:
