@@ -86,7 +86,7 @@ def client_flags() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="machine-readable JSON on stdout")
     common.add_argument("--wide", action="store_true", default=argparse.SUPPRESS,
-                        help="every image of a VM or pool instead of a summary")
+                        help="every image of a VM or pool instead of a summary; the caller's address in the audit log")
     common.add_argument("--timeout", type=positive_float, default=argparse.SUPPRESS, metavar="SECONDS",
                         help=f"deadline of each call (default {DEFAULT_TIMEOUT_S:g}; not for watches)")
     common.add_argument("--token", default=argparse.SUPPRESS,

@@ -220,6 +220,10 @@ MIGRATIONS: list[str | dict[str, list[str]]] = [
     """
     CREATE INDEX front_requests_session ON front_requests (session_id);
     """,
+    # Who was on the other end of an audited call (the peer's address), for the record.
+    """
+    ALTER TABLE audit_log ADD COLUMN peer TEXT NOT NULL DEFAULT '';
+    """,
 ]
 
 # Python run after a migration's SQL, by the version it brings the schema to.
