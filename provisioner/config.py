@@ -2,7 +2,8 @@
 
 clusters/fleet.yaml    FleetSettings: front address, session limits, quotas, routing, abuse detection,
                        priority and preemption (the policy sections' models are in config_policy.py)
-clusters/images.yaml   ImageCatalogConfig: layers and versions (oldest first)
+clusters/images.yaml   ImageCatalogConfig: layers and versions (oldest first), or a `registry:`
+                       section whose tags are the versions (provisioner/registry/source.py)
 clusters/<name>.yaml   ClusterConfig: one regional cluster, its cloud backend and pools
 """
 
@@ -21,6 +22,7 @@ from provisioner.config_base import Name, _At, _Model
 from provisioner.config_policy import AbuseConfig, PriorityConfig, QuotaConfig, RateLimitConfig
 from provisioner.decide.images import LATEST, ImageCatalog, parse_ref
 from provisioner.decide.policy import MAX_HEADROOM_FRACTION
+from provisioner.registry.source import RegistryImagesConfig
 
 FLEET_FILE = "fleet.yaml"
 IMAGES_FILE = "images.yaml"
@@ -333,6 +335,10 @@ class ImageCatalogConfig(_Model):
         return ImageCatalog({k: layer.size_bytes for k, layer in self.layers.items()}, self.versions, self.latest)
 
 
+class RegistryImagesFile(_Model):
+    registry: RegistryImagesConfig
+
+
 # ---- the whole fleet ---------------------------------------------------------------------
 
 class FleetConfig(_Model):
@@ -340,13 +346,19 @@ class FleetConfig(_Model):
 
     clusters: tuple[ClusterConfig, ...] = Field(min_length=1)
     settings: FleetSettings = FleetSettings()
-    catalog: ImageCatalog
+    # The synthetic catalog of images.yaml; with `registry` instead, the process reads the
+    # registry's when it starts (provisioner/registry/source.py: open_feed).
+    catalog: ImageCatalog | None = None
+    registry: RegistryImagesConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> FleetConfig:
+        if (self.catalog is None) == (self.registry is None):
+            raise _At("catalog", "give either a synthetic catalog or a registry to read it from")
         names: set[str] = set()
         addresses = {self.settings.front.address: "settings.front.address"}
-        biggest = max(self.catalog.size_bytes(v) for v in self.catalog.versions())
+        # Known only once read from a registry: a disk too small shows then as pulls on every start.
+        biggest = max(self.catalog.size_bytes(v) for v in self.catalog.versions()) if self.catalog else 0
         for i, c in enumerate(self.clusters):
             if c.name in names:
                 raise _At(f"clusters[{i}].name", f"duplicate cluster name {c.name!r}")
@@ -509,13 +521,18 @@ def load_fleet(directory: str | Path | None = None) -> FleetConfig:
     if not directory.is_dir():
         raise ConfigError(directory, "<directory>", "not a directory (or missing)")
     settings = load_settings(directory / FLEET_FILE)
-    catalog = load_catalog(directory / IMAGES_FILE)
+    images = _read_yaml(directory / IMAGES_FILE)
+    if "registry" in images:
+        catalog = None
+        registry = _validate(RegistryImagesFile, images, directory / IMAGES_FILE).registry.resolved(directory)
+    else:
+        catalog, registry = _validate(ImageCatalogConfig, images, directory / IMAGES_FILE).catalog(), None
     files = sorted(p for p in directory.glob("*.yaml") if p.name not in (FLEET_FILE, IMAGES_FILE))
     if not files:
         raise ConfigError(directory, "<directory>", "no cluster files (*.yaml besides fleet.yaml and images.yaml)")
     clusters = tuple(load_cluster(p) for p in files)
     try:
-        return FleetConfig(clusters=clusters, settings=settings, catalog=catalog)
+        return FleetConfig(clusters=clusters, settings=settings, catalog=catalog, registry=registry)
     except ValidationError as e:
         # Cross-file problems: point at the file the offending part came from.
         (field, reason), *_ = _problems(e)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from provisioner.front.placement import Placement
     from provisioner.front.service import Fleet
     from provisioner.store import Store
+    from provisioner.registry.catalog import CatalogFeed
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,10 @@ class Metrics:
         if not self._guards:
             self.registry.register(_GuardCollector(self._guards))
         self._guards[process] = guard
+
+    def watch_catalog(self, feed: CatalogFeed) -> None:
+        """The image catalog's refreshes by outcome (changed, unchanged, failed) and its size."""
+        self.registry.register(_CatalogCollector(feed))
 
     def time_store(self, store: Store, process: str) -> Store:
         """Times every transaction and read of `store` (the same object, its two doors wrapped)."""
@@ -369,6 +374,21 @@ class _ClusterCollector(Collector):
                 stocked.add_metric([c, name, zone], 1 if pool.stocked_out_until.get(zone, 0) > now else 0)
         yield from (sessions, queue, oldest, vms, unhealthy, by_image, desired, actual, cost, stocked, draining,
                     vm_seconds, spent)
+
+
+class _CatalogCollector(Collector):
+    def __init__(self, feed: CatalogFeed):
+        self.feed = feed
+
+    def collect(self):
+        refreshes = CounterMetricFamily("provisioner_image_catalog_refreshes",
+                                        "Reads of the image catalog from its registry, by outcome (a failed one "
+                                        "keeps the last good catalog).", labels=["outcome"])
+        for outcome, n in self.feed.refreshes.items():
+            refreshes.add_metric([outcome], n)
+        versions = GaugeMetricFamily("provisioner_image_catalog_versions", "Image versions in the catalog.")
+        versions.add_metric([], len(self.feed.current))
+        return [refreshes, versions]
 
 
 class _FrontCollector(Collector):

@@ -133,6 +133,7 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
         "vm_id": s.vm_id,
         "endpoint": s.endpoint,
         "image": s.image,
+        "image_digest": s.image_digest,
         "image_requested": s.spec.image,
         "start": enum_short(types_pb2.StartKind, s.start),
         "user": s.spec.user_id,
@@ -158,6 +159,8 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
         "requeued_from": s.requeued_from,
         "notices": [{"kind": n.kind, "message": n.message, "time": ts(n, "time"),
                      "action_time": ts(n, "action_time")} for n in s.notices],
+        # Only `session get` has it (GetSession, for the owner and service or admin callers).
+        **({"access_token": s.access_token} if s.access_token else {}),
     }
 
 
@@ -301,6 +304,8 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
         ("pool", s.pool),
         ("vm", s.vm_id),
         ("image", image),
+        ("image digest", s.image_digest),
+        ("secret", "set (shown by --json as access_token)" if s.access_token else ""),
         ("start", start),
         ("endpoint", s.endpoint),
         ("queue position", s.queue_position or ""),

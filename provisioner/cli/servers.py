@@ -192,6 +192,7 @@ def _serve_until_signalled(provider, start) -> int:
     or Ctrl-C, then drains and flushes the spans."""
     from provisioner.api.server import stop_event_on_signals
 
+    from provisioner.registry.client import RegistryError
     from provisioner.security.tls import PlaintextRefused
     from provisioner.store import StoreError
 
@@ -215,6 +216,9 @@ def _serve_until_signalled(provider, start) -> int:
         asyncio.run(run())
     except (StoreError, PlaintextRefused) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except RegistryError as e:  # the image catalog could not be read: nothing to offer
+        print(f"error: reading the image catalog: {e}", file=sys.stderr)
         return 1
     finally:
         _flush(provider)

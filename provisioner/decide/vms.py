@@ -91,7 +91,7 @@ class VmLifecycle:
             self._issue(Start, now, vm.id, vm.pool, vm.zone, vm.reserved_for)
         elif vm.pulling:
             missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
-            self._issue(Pull, now, vm.id, vm.zone, vm.pulling, missing, vm.session_id)
+            self._pull(now, vm, vm.pulling, missing, vm.session_id)
 
     # ---- answers -------------------------------------------------------------------------
 

@@ -90,6 +90,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     def __init__(self, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock, wall):
         """`clock` is the fleet's (model) time; `wall` runs at wall speed, for network time."""
         self.config = config
+        self.catalog = config.catalog  # replaced as the catalog feed refreshes (serve.py)
         self.fleet = fleet
         self.store = store
         self.clock = clock
@@ -127,7 +128,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             request.spec.user_id = owner
         self._check_rate(request.spec.user_id, guard.current().caller.identity)
         spec = convert.spec_from_pb(request.spec)
-        image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
+        image = validate_spec(spec, self.pools, self.catalog, self.limits.sessions.max_runtime_limit_s)
         priority_class(spec, self.limits.priority)
         if spec.region_hint and spec.region_hint not in self.regions:
             raise InvalidArgument(f"unknown region {quote(spec.region_hint)}; the fleet's regions: "
@@ -318,8 +319,11 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     @unary
     async def GetSession(self, request, context):
+        # The answer carries the session's secret: a user's Get finds only that user's sessions
+        # (another's is NOT_FOUND), service and admin callers find every one.
         resp = await call(self.fleet.for_session(request.session_id).sessions.Get,
-                          cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner))
+                          cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner,
+                                                with_access_token=True))
         return session_pb.GetSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
     async def _user_sessions(self, user_id: str, states, cluster: str = "", lenient: bool = False,

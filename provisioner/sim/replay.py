@@ -322,6 +322,8 @@ class Replay(Engine):
         """`quotas`: each create is checked against the fleet's quotas as the front checks it.
         `requeue`: batch sessions ask to be queued again if preempted; a requeued session runs
         for what its trace length had left when it was stopped."""
+        if fleet.catalog is None:
+            raise ValueError("the simulator replays the synthetic catalog of images.yaml, not a registry's")
         settings = fleet.settings.sessions
         cores = [ClusterCore(c, fleet.catalog, settings, IdSource(c.name, seed), priority=fleet.settings.priority,
                              abuse=fleet.settings.abuse) for c in fleet.clusters]
