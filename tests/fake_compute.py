@@ -66,7 +66,12 @@ class FakeCompute:
         self.migs: dict[tuple[str, str, str], list[str]] = {}  # (project, zone, group) -> instance names
         self.log: list[Call] = []
         self.stocked_out: set[str] = set()
-        self.over_quota: set[str] = set()
+        self.zones_available: dict[str, list[str]] = {}  # a stocked-out zone's hint: zones that have the shape
+        # Exceeded quotas as Compute scopes them: (metric, region), e.g. ("NVIDIA_T4_GPUS",
+        # "us-central1"), or (metric, "global") for a project-wide one (GPUS_ALL_REGIONS).
+        self.quotas_exceeded: set[tuple[str, str]] = set()
+        self.templates: dict[str, dict] = {}  # instance template URL -> its properties
+        self.custom_networks: set[str] = set()  # custom-mode networks: an insert must name a subnetwork
         self.sync_zone_errors = False  # stockout and quota as the insert's answer, not the operation's
         self.failing: dict[str, list[tuple[int, str]]] = {}  # op -> (status, reason) for its next calls
         self.fail_operations = 0  # the next N operations end with an error
@@ -96,6 +101,9 @@ class FakeCompute:
         self._server.server_close()
 
     # ---- fault injection and inspection -----------------------------------------------------
+
+    def exceed_quota(self, metric: str, region: str = "global") -> None:
+        self.quotas_exceeded.add((metric, region))
 
     def fail_next(self, op: str, status: int, count: int = 1, reason: str = "") -> None:
         self.failing.setdefault(op, []).extend([(status, reason)] * count)
@@ -230,10 +238,16 @@ class FakeCompute:
         if (project, name) in self.instances:
             return 409, _error(409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
                                "alreadyExists")
-        if zone in self.stocked_out or zone in self.over_quota:
+        if template := query.get("sourceInstanceTemplate"):
+            if template not in self.templates:
+                return 404, _error(404, f"The resource '{template}' was not found")
+            body = {**self.templates[template], **body}  # what the request sets overrides the template
+        if (invalid := _invalid_insert(body, self.custom_networks)) is not None:
+            return 400, _error(400, invalid, "invalid")
+        if zone in self.stocked_out or self._quota_hit(zone, body):
             if self.sync_zone_errors:
-                return self._zone_error(project, zone)
-            op = self._zone_failed_operation(project, zone, "insert", name)
+                return self._zone_error(project, zone, body)
+            op = self._zone_failed_operation(project, zone, "insert", name, body)
         else:
             body = {**body, "metadata": {**body.get("metadata", {}), "fingerprint": f"fp-{next(self._ids)}"},
                     "networkInterfaces": self._nics(body)}
@@ -249,17 +263,47 @@ class FakeCompute:
             return 200, self._op_view(op), self.stall_s
         return 200, self._op_view(op)
 
-    def _zone_error(self, project: str, zone: str) -> tuple[int, dict]:
+    def _quota_hit(self, zone: str, body: dict) -> tuple[str, str] | None:
+        """The exceeded quota an instance of this shape would go over in this zone: its GPU's
+        metric in the zone's region, or the project's GPUs in all regions."""
+        accelerators = body.get("guestAccelerators") or []
+        if not accelerators:
+            return None
+        region = zone.rsplit("-", 1)[0]
+        for key in ((gpu_metric(accelerators[0]["acceleratorType"]), region), ("GPUS_ALL_REGIONS", "global")):
+            if key in self.quotas_exceeded:
+                return key
+        return None
+
+    def _zone_error(self, project: str, zone: str, body: dict) -> tuple[int, dict]:
         """A stocked-out or over-quota zone as the call's own answer, as GCE words it: the code is
         only in the reason."""
         if zone in self.stocked_out:
             return 503, _error(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough "
                                     "resources available to fulfill the request.", "ZONE_RESOURCE_POOL_EXHAUSTED")
-        return 403, _error(403, "Quota 'NVIDIA_P100_GPUS' exceeded. Limit: 0.0 in region.", "quotaExceeded")
+        metric, region = self._quota_hit(zone, body)
+        return 403, _error(403, quota_message(metric, region), "quotaExceeded")
 
-    def _zone_failed_operation(self, project: str, zone: str, kind: str, name: str) -> dict:
-        code = "ZONE_RESOURCE_POOL_EXHAUSTED" if zone in self.stocked_out else "QUOTA_EXCEEDED"
-        return self._operation(project, zone, kind, name, {"code": code, "message": f"injected {code} in {zone}"})
+    def _zone_failed_operation(self, project: str, zone: str, kind: str, name: str, body: dict) -> dict:
+        """The operation's error as Compute gives it: a stockout with the zones that have the shape
+        now (when known), a quota with the metric, its limit and its region."""
+        if zone in self.stocked_out:
+            error = {"code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                     "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
+                                "available to fulfill the request.  Try a different zone, or try again later."}
+            if zone in self.zones_available:
+                error["errorDetails"] = [{"errorInfo": {
+                    "reason": "resource_availability", "domain": "compute.googleapis.com",
+                    "metadatas": {"zone": zone, "zonesAvailable": ",".join(self.zones_available[zone])}}}]
+        else:
+            metric, region = self._quota_hit(zone, body)
+            dimensions = {} if region == "global" else {"region": region}
+            error = {"code": "QUOTA_EXCEEDED", "message": quota_message(metric, region), "errorDetails": [
+                {"quotaInfo": {"metricName": f"compute.googleapis.com/{metric.lower()}", "limit": 0,
+                               "limitName": f"{metric.replace('_', '-')}-per-project"
+                                            + ("" if region == "global" else "-region"),
+                               "dimensions": dimensions}}]}
+        return self._operation(project, zone, kind, name, error)
 
     def _stop(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
@@ -287,10 +331,10 @@ class FakeCompute:
                                "resourceNotReady")
         if inst.status != "TERMINATED":  # running or booting already: nothing to do
             return self._answered(query, "start", self._operation(project, zone, "start", name))
-        if zone in self.stocked_out or zone in self.over_quota:  # a stopped instance holds no GPU
+        if zone in self.stocked_out or self._quota_hit(zone, inst.body):  # a stopped instance holds no GPU
             if self.sync_zone_errors:
-                return self._zone_error(project, zone)
-            return self._answered(query, "start", self._zone_failed_operation(project, zone, "start", name))
+                return self._zone_error(project, zone, inst.body)
+            return self._answered(query, "start", self._zone_failed_operation(project, zone, "start", name, inst.body))
         inst.status, inst.created = "PROVISIONING", time.time()  # boots again from now
         return self._answered(query, "start", self._operation(project, zone, "start", name))
 
@@ -449,6 +493,35 @@ class FakeCompute:
                 pass
 
         return Handler
+
+
+NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def gpu_metric(accelerator_type: str) -> str:
+    """The quota metric of a GPU type: nvidia-tesla-t4 -> NVIDIA_T4_GPUS, nvidia-l4 -> NVIDIA_L4_GPUS."""
+    name = accelerator_type.rsplit("/", 1)[-1].replace("nvidia-tesla-", "nvidia-")
+    return name.upper().replace("-", "_") + "_GPUS"
+
+
+def quota_message(metric: str, region: str) -> str:
+    where = "globally" if region == "global" else f"in region {region}"
+    return f"Quota '{metric}' exceeded.  Limit: 0.0 {where}."
+
+
+def _invalid_insert(body: dict, custom_networks: set[str]) -> str | None:
+    """What Compute refuses in an insert (400), of what the backends send."""
+    name = body.get("name", "")
+    if not NAME.match(name):
+        return f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex '{NAME.pattern}'"
+    scheduling = body.get("scheduling") or {}
+    if body.get("guestAccelerators") and scheduling.get("onHostMaintenance") != "TERMINATE":
+        return "Instances with guest accelerators do not support live migration."
+    for nic in body.get("networkInterfaces") or []:
+        if nic.get("network") in custom_networks and not nic.get("subnetwork"):
+            return ("Invalid value for field 'resource.networkInterfaces[0]': ''. Subnetwork should be "
+                    "specified for custom subnetmode network")
+    return None
 
 
 def _error(status: int, message: str, reason: str = "") -> dict:

@@ -39,6 +39,13 @@ class CloudFailure:
     code: FailureCode
     message: str
     zone: str = ""
+    # How far a stockout or quota failure reaches: the zone alone, its region (a regional quota)
+    # or every region (a project-wide quota such as GPUS_ALL_REGIONS).
+    scope: Literal["zone", "region", "project"] = "zone"
+    # A quota of one GPU type is shared by that GPU's pools alone ("": by every pool).
+    shared_by: str = ""
+    # A stockout's hint: the zones that have the shape now (Compute's `zonesAvailable`).
+    zones_available: tuple[str, ...] = ()
 
     @property
     def retryable(self) -> bool:

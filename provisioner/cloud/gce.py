@@ -1,14 +1,17 @@
 """The Compute Engine backend: one GPU VM per pool VM, through google-cloud-compute (REST).
 
-- create: instances.insert with the pool's machine type and GPUs, onHostMaintenance TERMINATE,
-  a boot disk of the pool's cache size (or an instance template), our labels, and the images to
-  prewarm in metadata. The instance name is our VM id and the insert carries a request id
+- create: instances.insert with the instance gce_instance.instance_for describes (the pool's
+  shape, boot disk and scheduling, the configured service account and subnetwork, our labels,
+  the startup script and the images to prewarm in metadata; an instance template, if configured,
+  supplies the rest). The instance name is our VM id and the insert carries a request id
   derived from it, so an insert retried after a timeout finds the VM it already made (the API
   dedupes the request id; a 409 "already exists" counts as made). The operation is polled
   (zoneOperations.get every `poll_s`, up to `operation_timeout_s`) with our own
   ZoneOperationsClient: the client library's own poller would use the default endpoint, and
-  zoneOperations.wait would hold a call slot for minutes. A failed operation with ZONE_RESOURCE_POOL_EXHAUSTED is a stockout, QUOTA_EXCEEDED
-  a quota failure: the cluster core remembers the zone and tries another.
+  zoneOperations.wait would hold a call slot for minutes. A failed operation with
+  ZONE_RESOURCE_POOL_EXHAUSTED is a stockout (with the zones Compute says have the shape),
+  QUOTA_EXCEEDED a quota failure scoped as its quota is (gce_errors): the cluster core remembers
+  what it covers and tries elsewhere.
 - the VM's agent (`provisioner agent`, installed in the boot image): it reports `provisioner/ready`
   as a guest attribute once the VM is up, and carries out one command at a time given in the
   `provisioner-command` metadata item (JSON: id, op pull|wipe, layers with their sizes, bytes), reporting
@@ -42,17 +45,14 @@ emulator or a fake server), which gets anonymous ones.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
 import uuid
 from typing import Any, Awaitable, Callable, Sequence
 
-import requests
 from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
-from google.auth import exceptions as auth_exceptions
 from google.cloud import compute_v1
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
@@ -60,14 +60,14 @@ from provisioner.agent.usage import parse as parse_usage
 from provisioner.clock import Clock
 from provisioner.cloud.base import (LABEL_CLUSTER, LABEL_REQUEST, CloudFailure, CloudVm, HealthReport, LaunchSpec,
                                      ProgressCallback)
+from provisioner.cloud.gce_errors import failure_of, operation_failure, retryable, transport_errors
+from provisioner.cloud.gce_instance import GUEST_ATTRIBUTES_KEY, instance_for
 from provisioner.config import BackendConfig, ClusterConfig
 from provisioner.decide.images import Layer
 
 log = logging.getLogger(__name__)
 
 COMMAND_KEY = "provisioner-command"
-IMAGES_KEY = "provisioner-images"
-GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 GUEST_PATH = "provisioner/"
 # Google documents about 10 guest-attribute reads a minute per VM: one read per 6 s at most.
 GUEST_READ_INTERVAL_S = 6.0
@@ -92,50 +92,6 @@ def gce_label(value: str) -> str:
 
 def gce_labels(labels: dict[str, str]) -> dict[str, str]:
     return {gce_label(k): gce_label(v) for k, v in labels.items()}
-
-
-def retryable(err: BaseException) -> bool:
-    return isinstance(err, gexc.GoogleAPICallError) and failure_of(err, "").retryable
-
-
-@contextlib.contextmanager
-def transport_errors():
-    """A timeout, a broken connection or a failed token refresh as a 503: like a server error, its
-    outcome is unknown (and it is retried within the same bounds)."""
-    try:
-        yield
-    except (requests.RequestException, auth_exceptions.TransportError, auth_exceptions.RefreshError) as err:
-        raise gexc.ServiceUnavailable(f"transport: {err}") from err
-
-
-def failure_of(err: gexc.GoogleAPICallError, zone: str) -> CloudFailure:
-    text = str(err)
-    # The REST error's reasons (e.g. quotaExceeded, rateLimitExceeded) are not in its message.
-    signals = " ".join([text, err.reason or ""] + [str(e.get("reason", "")) for e in err.errors or ()
-                                                    if isinstance(e, dict)])
-    if "ZONE_RESOURCE_POOL_EXHAUSTED" in signals:
-        return CloudFailure("stockout", text, zone)
-    if isinstance(err, gexc.TooManyRequests) or "rateLimitExceeded" in signals:
-        return CloudFailure("rate_limited", text, zone)
-    if "QUOTA_EXCEEDED" in signals or "quotaExceeded" in signals:
-        return CloudFailure("quota", text, zone)
-    # resourceNotReady: the instance is between states (e.g. still stopping); it will not stay so.
-    if isinstance(err, gexc.ServerError) or "resourceNotReady" in signals:
-        return CloudFailure("unavailable", text, zone)
-    if isinstance(err, gexc.NotFound):
-        return CloudFailure("not_found", text, zone)
-    if isinstance(err, (gexc.BadRequest, gexc.Forbidden)):
-        return CloudFailure("invalid", text, zone)
-    return CloudFailure("internal", text, zone)
-
-
-def operation_failure(op: compute_v1.Operation, zone: str) -> CloudFailure | None:
-    if not op.error or not op.error.errors:
-        return None
-    first = op.error.errors[0]
-    code = {"ZONE_RESOURCE_POOL_EXHAUSTED": "stockout", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": "stockout",
-            "QUOTA_EXCEEDED": "quota"}.get(first.code, "internal")
-    return CloudFailure(code, f"{first.code}: {first.message}", zone)  # type: ignore[arg-type]
 
 
 class GceBackend:
@@ -186,7 +142,7 @@ class GceBackend:
         async with self._slots:
             return await asyncio.to_thread(drain)
 
-    async def _wait(self, op: compute_v1.Operation, zone: str) -> CloudFailure | None:
+    async def _wait(self, op: compute_v1.Operation, zone: str, accelerator: str = "") -> CloudFailure | None:
         """Until the zone operation is done; its error, or the failure to follow it, as a failure."""
         name = op.name
         try:
@@ -196,7 +152,7 @@ class GceBackend:
                                   f"operation {name}", zone)
         except gexc.GoogleAPICallError as err:
             return failure_of(err, zone)
-        return op if isinstance(op, CloudFailure) else operation_failure(op, zone)
+        return op if isinstance(op, CloudFailure) else operation_failure(op, zone, accelerator)
 
     async def _poll(self, op, done: Callable[[Any], bool], refresh: Callable[[], Awaitable[Any]], what: str,
                     zone: str):
@@ -216,24 +172,7 @@ class GceBackend:
     # ---- CloudBackend ----------------------------------------------------------------------
 
     def instance_for(self, spec: LaunchSpec) -> compute_v1.Instance:
-        pool = self._pools[spec.pool]
-        labels = gce_labels(spec.labels)
-        items = [compute_v1.Items(key=IMAGES_KEY, value=",".join(spec.images)),
-                 compute_v1.Items(key=GUEST_ATTRIBUTES_KEY, value="TRUE")]
-        instance = compute_v1.Instance(name=spec.vm_id, labels=labels, metadata=compute_v1.Metadata(items=items))
-        if self.config.instance_template:
-            return instance  # the template supplies shape, disks and network
-        z = spec.zone
-        instance.machine_type = f"zones/{z}/machineTypes/{spec.machine_type}"
-        instance.guest_accelerators = [compute_v1.AcceleratorConfig(
-            accelerator_type=f"zones/{z}/acceleratorTypes/{spec.accelerator}", accelerator_count=spec.accelerator_count)]
-        # GPUs cannot live-migrate: the VM stops for host maintenance instead.
-        instance.scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=True)
-        instance.disks = [compute_v1.AttachedDisk(
-            boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
-                source_image=self.config.boot_image, disk_size_gb=int(pool.disk_cache_gb)))]
-        instance.network_interfaces = [compute_v1.NetworkInterface(network=self.config.network)]
-        return instance
+        return instance_for(spec, self._pools[spec.pool], self.config, gce_labels(spec.labels))
 
     async def create(self, spec: LaunchSpec) -> CloudVm | CloudFailure:
         request = compute_v1.InsertInstanceRequest(
@@ -247,9 +186,9 @@ class GceBackend:
         except gexc.Conflict:
             return await self._look(made, exists=True)  # made by an earlier attempt
         except gexc.GoogleAPICallError as err:
-            failure = failure_of(err, spec.zone)
+            failure = failure_of(err, spec.zone, spec.accelerator)
         else:
-            failure = await self._wait(op, spec.zone)
+            failure = await self._wait(op, spec.zone, spec.accelerator)
             if failure is None:
                 return await self._look(made, exists=True)
         if failure.retryable:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+MAX_NAME = 63
+
 
 class IdSource:
     """Session and VM ids. Live clusters draw them from the OS's CSPRNG, so an id cannot be
@@ -21,5 +23,8 @@ class IdSource:
         return f"{self.cluster}.s-{self._suffix()}"
 
     def vm(self, pool: str) -> str:
-        # GCE instance names: lowercase letters, digits and dashes, at most 63 characters.
-        return f"{self.cluster}-{pool}-{self._suffix()}"[:63]
+        """GCE instance names: lowercase letters, digits and dashes, at most 63 characters. A long
+        cluster and pool name is shortened, never the random suffix: cut, it would collide."""
+        suffix = self._suffix()
+        prefix = f"{self.cluster}-{pool}"[:MAX_NAME - len(suffix) - 1].rstrip("-")
+        return f"{prefix}-{suffix}"

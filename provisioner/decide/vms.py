@@ -8,12 +8,13 @@ answers to commands no longer in flight.
 from __future__ import annotations
 
 from provisioner.cloud.base import CloudFailure, HealthReport
-from provisioner.decide.autoscale import STOCKOUT_MEMORY_S, pick_zone, zones_available
+from provisioner.decide.autoscale import pick_zone, zones_available
 from provisioner.decide.commands import Delete, Launch, Pull, Start, Stop, Wipe
 from provisioner.decide.images import LayerCache
 from provisioner.decide.pools import PoolState
 from provisioner.decide.reconcile import Plan
 from provisioner.decide.states import SessionState, VmState
+from provisioner.decide.zone_memory import remember
 from provisioner.errors import FailedPrecondition, NotFound, quote
 from provisioner.model import Session, StartKind, Vm
 
@@ -143,7 +144,7 @@ class VmLifecycle:
         what = f"{failure.code}: {failure.message}"
         stockout = failure.zone_exhausted and not expired
         if stockout:
-            pool.stocked_out_until[failure.zone or vm.zone] = now + STOCKOUT_MEMORY_S
+            remember(self.pools, pool, failure, vm.zone, now)
             self._set_vm(vm, V.STANDBY, f"start failed ({what}); stays stopped", now)
         else:
             self._delete(vm, f"start failed: {what}", now)
@@ -158,7 +159,7 @@ class VmLifecycle:
         pool = self.pools[vm.pool]
         if failure.zone_exhausted:
             # The cloud's word on where (a GKE node pool has its own zone), else where we asked.
-            pool.stocked_out_until[failure.zone or vm.zone] = now + STOCKOUT_MEMORY_S
+            remember(self.pools, pool, failure, vm.zone, now)
         created = maybe_there or vm.state is V.BOOTING
         self._set_vm(vm, V.FAILED, f"{failure.code}: {failure.message}", now)
         if created:  # something may be left in the cloud

@@ -1,0 +1,173 @@
+"""The gce backend against a fake Compute API that answers as Google documents: what a VM is
+made with (service account, disk type, subnetwork, a template that keeps each pool's shape,
+names within 63 characters), and how far a quota or a stockout reaches."""
+
+from __future__ import annotations
+
+import subprocess
+
+from conftest import fleet_config
+from fake_compute import NAME, FakeCompute
+from provisioner.clock import RealClock
+from provisioner.cloud.base import CloudFailure, CloudVm, LaunchSpec
+from provisioner.cloud.gce_instance import startup_script
+from provisioner.decide.ids import IdSource
+from provisioner.serve import start_cluster
+from test_gce import CLUSTER, PROJECT, TIME_SCALE, backend, fake, gce_fleet, loopback_only, spec, until  # noqa: F401
+
+VMS_ACCOUNT = "notebook-vms@test-proj.iam.gserviceaccount.com"
+SUBNET = "regions/us-central1/subnetworks/notebooks"
+CUSTOM_NET = "global/networks/notebooks"
+
+
+async def test_every_vm_runs_as_the_service_account_on_a_balanced_disk_in_the_subnetwork(tmp_path, fake, loopback_only):
+    fake.custom_networks.add(CUSTOM_NET)  # custom mode: an insert without a subnetwork is refused
+    b = backend(tmp_path, fake, service_account=VMS_ACCOUNT, network=CUSTOM_NET, subnetwork=SUBNET)
+    assert isinstance(await b.create(spec("vm-1")), CloudVm)
+    body = fake.instances[(PROJECT, "vm-1")].body
+    assert body["serviceAccounts"] == [{"email": VMS_ACCOUNT, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
+    assert body["disks"][0]["initializeParams"]["diskType"] == "zones/us-central1-f/diskTypes/pd-balanced"
+    assert body["networkInterfaces"][0]["subnetwork"] == SUBNET
+    # GPUs stop for host maintenance and stay stopped: the cluster, not Compute, decides what next.
+    assert body["scheduling"] == {"onHostMaintenance": "TERMINATE", "automaticRestart": False}
+    await b.close()
+
+
+async def test_a_pool_chooses_its_disk_type(tmp_path, fake, loopback_only):
+    def edit(cluster: dict) -> None:
+        cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0}
+        cluster["pools"][0]["boot_disk_type"] = "pd-ssd"
+        del cluster["pools"][0]["disk_hourly_price_usd"]
+
+    from provisioner.cloud.gce import GceBackend
+    cluster = fleet_config(tmp_path, edit).cluster(CLUSTER)
+    pool = cluster.pools[0]
+    assert pool.name == "gpu-p100" and pool.disk_hourly_price_usd == round(0.17 * 250 / 730, 4)
+    b = GceBackend(cluster, RealClock(TIME_SCALE))
+    assert isinstance(await b.create(spec("vm-ssd")), CloudVm)
+    assert fake.instances[(PROJECT, "vm-ssd")].body["disks"][0]["initializeParams"]["diskType"].endswith("/pd-ssd")
+    await b.close()
+
+
+async def test_an_instance_template_keeps_each_pool_s_shape(tmp_path, fake, loopback_only):
+    template = f"projects/{PROJECT}/global/instanceTemplates/notebook-vm"
+    fake.templates[template] = {
+        "machineType": "e2-small", "tags": {"items": ["notebook"]},
+        "disks": [{"boot": True, "initializeParams": {"diskSizeGb": "10", "diskType": "pd-standard"}}],
+        "networkInterfaces": [{"network": "global/networks/shared", "subnetwork": SUBNET}]}
+    b = backend(tmp_path, fake, instance_template=template)
+    assert isinstance(await b.create(spec("vm-t")), CloudVm)
+    insert = fake.calls("insert")[-1]
+    assert insert.query["sourceInstanceTemplate"] == template
+    body = fake.instances[(PROJECT, "vm-t")].body
+    assert body["machineType"] == "zones/us-central1-f/machineTypes/n1-standard-8"  # the pool's
+    assert body["guestAccelerators"][0]["acceleratorType"].endswith("/nvidia-tesla-p100")
+    assert body["disks"][0]["initializeParams"]["diskSizeGb"] == "250"
+    assert body["disks"][0]["initializeParams"]["diskType"].endswith("/pd-balanced")
+    assert body["tags"] == {"items": ["notebook"]}  # what the pool does not decide: the template's
+    assert body["networkInterfaces"][0]["network"] == "global/networks/shared"
+    await b.close()
+
+
+async def test_long_cluster_and_pool_names_never_make_colliding_instance_names(tmp_path, fake, loopback_only):
+    ids = IdSource("c" * 40, seed=7)
+    names = [ids.vm("p" * 40) for _ in range(2)]
+    assert all(len(n) <= 63 and NAME.match(n) for n in names) and names[0] != names[1]
+    b = backend(tmp_path, fake)
+    for name in names:
+        assert isinstance(await b.create(spec(name)), CloudVm)
+    assert fake.names(PROJECT) == set(names)
+    await b.close()
+
+
+def test_the_startup_script_is_valid_shell_and_the_one_in_deploy():
+    from pathlib import Path
+    script = startup_script()
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert Path(__file__).parent.parent.joinpath("deploy/agent/startup-script.sh").read_text() == script
+    unit = Path(__file__).parent.parent.joinpath("deploy/agent/provisioner-agent.service").read_text()
+    unit_lines = [line for line in unit.splitlines() if line and not line.startswith("#")]
+    assert all(line in script.splitlines() for line in unit_lines)
+
+
+async def test_every_vm_is_given_the_startup_script_and_the_agent_to_install(tmp_path, fake, loopback_only):
+    b = backend(tmp_path, fake, agent_package="gs://test-bucket/provisioner-1.0-py3-none-any.whl")
+    assert isinstance(await b.create(spec("vm-s")), CloudVm)
+    items = {i["key"]: i["value"] for i in fake.instances[(PROJECT, "vm-s")].body["metadata"]["items"]}
+    assert items["startup-script"] == startup_script()
+    assert items["provisioner-agent-package"] == "gs://test-bucket/provisioner-1.0-py3-none-any.whl"
+    assert items["install-nvidia-driver"] == "TRUE"
+    await b.close()
+
+
+async def test_quota_failures_say_how_far_they_reach(tmp_path, fake, loopback_only):
+    b = backend(tmp_path, fake)
+    fake.exceed_quota("NVIDIA_P100_GPUS", "us-central1")
+    out = await b.create(spec("vm-r", "us-central1-c"))
+    assert isinstance(out, CloudFailure) and (out.code, out.scope, out.shared_by) == ("quota", "region", "nvidia-tesla-p100")
+    assert "NVIDIA_P100_GPUS" in out.message and "us-central1" in out.message
+    fake.quotas_exceeded.clear()
+    fake.exceed_quota("GPUS_ALL_REGIONS")
+    out = await b.create(spec("vm-p", "us-central1-c"))
+    assert isinstance(out, CloudFailure) and (out.code, out.scope, out.shared_by) == ("quota", "project", "")
+    fake.quotas_exceeded.clear()
+    fake.stocked_out.add("us-central1-c")
+    fake.zones_available["us-central1-c"] = ["us-central1-f", "us-central1-b"]
+    out = await b.create(spec("vm-s", "us-central1-c"))
+    assert isinstance(out, CloudFailure) and out.code == "stockout" and out.scope == "zone"
+    assert out.zones_available == ("us-central1-f", "us-central1-b")
+    await b.close()
+
+
+def one_vm_fleet(tmp_path, fake: FakeCompute):
+    """Each pool wants one VM: a second launch comes only after the first one's answer."""
+    def edit(cluster: dict) -> None:
+        cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
+                              "retry_total_s": 10.0}
+        for pool in cluster["pools"]:
+            pool.update(min_vms=1, max_vms=6)
+    return fleet_config(tmp_path, edit)
+
+
+def pool_inserts(fake: FakeCompute, pool: str) -> list:
+    return [c for c in fake.calls("insert") if c.body.get("labels", {}).get("provisioner-pool") == pool]
+
+
+async def test_a_regional_gpu_quota_stops_the_region_s_other_zones_and_a_hint_steers_a_stockout(tmp_path, fake,
+                                                                                                loopback_only):
+    fake.exceed_quota("NVIDIA_T4_GPUS", "us-central1")  # gpu-t4x2: zones a, b, c and f
+    fake.stocked_out.update({"us-central1-c"})  # gpu-p100: zones c and f
+    fake.zones_available["us-central1-c"] = ["us-central1-a"]  # none of the P100 pool's zones but c...
+    proc = await start_cluster(one_vm_fleet(tmp_path, fake), CLUSTER, RealClock(TIME_SCALE), tmp_path / "data",
+                               address="127.0.0.1:0")
+    try:
+        core = proc.runtime.core
+        t4 = core.pools["gpu-t4x2"]
+        await until(lambda: all(t4.stocked_out_until.get(z, 0) > 0 for z in t4.config.zones), what="t4 zones skipped")
+        tried = len(pool_inserts(fake, "gpu-t4x2"))
+        assert tried == 1  # one zone's answer stands for the region's
+        p100 = core.pools["gpu-p100"]
+        await until(lambda: p100.stocked_out_until.get("us-central1-c", 0) > 0, what="p100 stockout")
+        # ...so f, which the hint leaves out, is skipped too instead of being tried next.
+        assert p100.stocked_out_until.get("us-central1-f", 0) > 0
+        await proc.runtime.clock.sleep(120)  # two model minutes: nothing is tried again
+        assert len(pool_inserts(fake, "gpu-t4x2")) == tried
+        assert {c.zone for c in pool_inserts(fake, "gpu-p100")} == {"us-central1-c"}
+    finally:
+        await proc.stop()
+
+
+async def test_a_project_wide_quota_stops_every_pool(tmp_path, fake, loopback_only):
+    fake.exceed_quota("GPUS_ALL_REGIONS")
+    proc = await start_cluster(one_vm_fleet(tmp_path, fake), CLUSTER, RealClock(TIME_SCALE), tmp_path / "data",
+                               address="127.0.0.1:0")
+    try:
+        pools = proc.runtime.core.pools.values()
+        await until(lambda: all(p.stocked_out_until.get(z, 0) > 0 for p in pools for z in p.config.zones),
+                    what="every zone of every pool skipped")
+        tried = len(fake.calls("insert"))
+        await proc.runtime.clock.sleep(120)
+        assert len(fake.calls("insert")) == tried
+        assert tried <= len(pools)  # at most the launches under way when the first answer came
+    finally:
+        await proc.stop()
