@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveFloat, model_validator
 
 from provisioner.config_base import _Model
 
@@ -46,6 +46,9 @@ class GceSettings(_Model):
     # path to a wheel), and whether the boot image should install the NVIDIA driver.
     agent_package: str = Field(default="provisioner[server]", min_length=1)
     install_gpu_driver: bool = True
+    # An agent command with no news this long is asked again (its answer may have been dropped),
+    # and given up after two askings: minutes, not command_timeout_s.
+    command_silence_s: PositiveFloat = 120.0
 
 
 class PoolVmSettings(_Model):

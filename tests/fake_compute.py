@@ -53,6 +53,8 @@ class Instance:
     status: str = "PROVISIONING"
     guest: dict[str, str] = field(default_factory=dict)  # key under provisioner/ -> value
     stopping_since: float = 0.0
+    maintenance_event: str = "NONE"  # as its metadata server tells the VM
+    preempted: str = "FALSE"
 
 
 class FakeCompute:
@@ -79,6 +81,7 @@ class FakeCompute:
         self.commit_then_stall = 0  # the next N inserts are made, then answered after stall_s
         self.answers_lost: dict[str, int] = {}  # "stop"/"start" -> the next N are carried out, then answered 503
         self.stall_s = 1.0
+        self.drop_done = 0  # emulated agents: the next N answers (done-<id>) are dropped, as beyond the rate
         self.latency_s = 0.0  # every answer waits this long
         self.in_flight = self.max_in_flight = 0
         self._ids = itertools.count(1)
@@ -132,6 +135,26 @@ class FakeCompute:
             self._tick(inst)
             return inst.status
 
+    def announce_maintenance(self, project: str, name: str, event: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
+        """What Compute tells a GPU VM ahead of host maintenance (through its metadata server)."""
+        with self._lock:
+            inst = self.instances[(project, name)]
+            inst.maintenance_event = event
+            if self.agents == "emulated":
+                inst.guest["maintenance"] = event
+            self.metadata_changed.notify_all()
+
+    def preempt(self, project: str, name: str) -> None:
+        """A Spot VM preempted: `instance/preempted` turns TRUE and Compute stops it (its
+        instanceTerminationAction STOP: the instance and its disk stay, TERMINATED)."""
+        with self._lock:
+            inst = self.instances[(project, name)]
+            inst.preempted = "TRUE"
+            if self.agents == "emulated":
+                inst.guest["preempted"] = "TRUE"
+            inst.status, inst.stopping_since = "STOPPING", time.time()
+            self.metadata_changed.notify_all()
+
     def names(self, project: str) -> set[str]:
         with self._lock:
             return {name for (p, name) in self.instances if p == project}
@@ -157,7 +180,10 @@ class FakeCompute:
             done_at = cmd["_at"] + self.command_s
             if now >= done_at:
                 inst.guest.pop("_pending")
-                inst.guest[f"done-{cmd['id']}"] = "ok"
+                if self.drop_done:  # written beyond the rate: gone without a word
+                    self.drop_done -= 1
+                else:
+                    inst.guest[f"done-{cmd['id']}"] = "ok"
                 inst.guest[f"progress-{cmd['id']}"] = str(cmd.get("bytes", 0))
             else:
                 share = max(0.0, (now - cmd["_at"]) / self.command_s)
@@ -517,6 +543,8 @@ def _invalid_insert(body: dict, custom_networks: set[str]) -> str | None:
     scheduling = body.get("scheduling") or {}
     if body.get("guestAccelerators") and scheduling.get("onHostMaintenance") != "TERMINATE":
         return "Instances with guest accelerators do not support live migration."
+    if scheduling.get("provisioningModel") == "SPOT" and scheduling.get("automaticRestart", True):
+        return "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. Spot VMs cannot restart automatically."
     for nic in body.get("networkInterfaces") or []:
         if nic.get("network") in custom_networks and not nic.get("subnetwork"):
             return ("Invalid value for field 'resource.networkInterfaces[0]': ''. Subnetwork should be "

@@ -4,6 +4,7 @@ names within 63 characters), and how far a quota or a stockout reaches."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from conftest import fleet_config
@@ -169,5 +170,79 @@ async def test_a_project_wide_quota_stops_every_pool(tmp_path, fake, loopback_on
         await proc.runtime.clock.sleep(120)
         assert len(fake.calls("insert")) == tried
         assert tried <= len(pools)  # at most the launches under way when the first answer came
+    finally:
+        await proc.stop()
+
+
+async def test_a_lost_answer_is_asked_for_again_instead_of_hanging_the_command(tmp_path, fake, loopback_only):
+    # An hour-long command timeout would hold the pull; the silence before asking again is minutes.
+    b = backend(tmp_path, fake, command_timeout_s=3600.0, command_silence_s=60.0)
+    assert isinstance(await b.create(spec("vm-q")), CloudVm)
+    assert isinstance(await b.wait_ready("vm-q", "us-central1-f"), CloudVm)
+    fake.drop_done = 1  # the agent's done-<id> is dropped (written beyond the VM's rate)
+    started = b.clock.now()
+    assert await b.pull("vm-q", "us-central1-f", []) is None
+    assert b.clock.now() - started < 600  # model seconds: well before the command's timeout
+    commands = [c for c in fake.calls("setMetadata") if c.instance == "vm-q"]
+    asks = [json.loads(next(i["value"] for i in c.body["items"] if i["key"] == "provisioner-command")) for c in commands]
+    assert len({a["id"] for a in asks}) == 1 and [a.get("ask", 0) for a in asks] == [0, 1]
+    await b.close()
+
+
+def spot_fleet(tmp_path, fake: FakeCompute):
+    def edit(cluster: dict) -> None:
+        cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
+                              "retry_total_s": 10.0}
+        for pool in cluster["pools"]:
+            pool.update(min_vms=1, max_vms=4)
+            if pool["name"] == "gpu-p100":
+                pool["provisioning_model"] = "spot"
+    return fleet_config(tmp_path, edit)
+
+
+async def running(proc, stub, request_id: str, kind=None) -> str:
+    from provisioner.v1 import cluster_service_pb2 as c_pb
+    from provisioner.v1 import types_pb2 as pb
+    spec_ = pb.SessionSpec(request_id=request_id, user_id="ada", accelerator="gpu-p100", image="gpu:latest",
+                           kind=kind or pb.SESSION_KIND_INTERACTIVE)
+    s = (await stub.Allocate(c_pb.AllocateRequest(spec=spec_), timeout=10)).session
+    await until(lambda: proc.runtime.core.sessions[s.id].state.value == "running", what=f"{request_id} running")
+    return s.id
+
+
+async def test_maintenance_and_spot_preemption_end_sessions_with_their_reason_and_requeue_batch(
+        tmp_path, fake, loopback_only):
+    from conftest import cluster_channel
+    from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
+    from provisioner.v1 import types_pb2 as pb
+    proc = await start_cluster(spot_fleet(tmp_path, fake), CLUSTER, RealClock(TIME_SCALE), tmp_path / "data",
+                               address="127.0.0.1:0")
+    try:
+        core = proc.runtime.core
+        async with cluster_channel(tmp_path / "data", None, proc.address, CLUSTER) as ch:
+            stub = c_grpc.ClusterServiceStub(ch)
+            sid = await running(proc, stub, "maint")
+            # Spot VMs for the Spot pool, as Compute requires them.
+            p100 = [c.body for c in fake.calls("insert") if c.body["labels"]["provisioner-pool"] == "gpu-p100"]
+            assert p100 and all(b["scheduling"] == {"onHostMaintenance": "TERMINATE", "automaticRestart": False,
+                                                    "provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}
+                                for b in p100)
+            fake.announce_maintenance(PROJECT, core.sessions[sid].vm_id)
+            await until(lambda: core.sessions[sid].state.value == "failed", what="ended by maintenance")
+            assert core.sessions[sid].reason == "host maintenance (TERMINATE_ON_HOST_MAINTENANCE)"
+
+            sid = await running(proc, stub, "interactive")
+            fake.preempt(PROJECT, core.sessions[sid].vm_id)
+            await until(lambda: core.sessions[sid].state.value == "failed", what="interactive preempted")
+            assert core.sessions[sid].reason == "preempted (spot)" and not core.sessions[sid].requeued_as
+
+            sid = await running(proc, stub, "batch", pb.SESSION_KIND_BATCH)
+            vm_id = core.sessions[sid].vm_id
+            fake.preempt(PROJECT, vm_id)
+            await until(lambda: core.sessions[sid].state.value == "failed", what="batch preempted")
+            again = core.sessions[sid].requeued_as
+            assert core.sessions[sid].reason == "preempted (spot)" and again
+            await until(lambda: core.sessions[again].state.value == "running", what="the batch run again")
+            assert core.sessions[again].vm_id != vm_id
     finally:
         await proc.stop()

@@ -78,6 +78,7 @@ class CloudVm:
     labels: dict[str, str] = field(default_factory=dict)
     # Where a notebook kernel on this VM is reached.
     endpoint: str = ""
+    spot: bool = False  # a Spot VM: the cloud may preempt (stop) it at any time
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +88,16 @@ class HealthReport:
     hardware_errors: int = 0
     detail: str = ""
     usage: Usage | None = None  # what the session runs, as the VM's agent last reported it
+    # Why the VM is going away, when the cloud takes it: a Spot preemption or host maintenance.
+    cause: Literal["", "preempted", "maintenance"] = ""
 
 
 ProgressCallback = Callable[[int], None]
+PREEMPTED = "preempted (spot)"
+
+
+def maintenance(event: str) -> str:
+    return f"host maintenance ({event})"
 
 
 class CloudBackend(Protocol):

@@ -58,8 +58,8 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 
 from provisioner.agent.usage import parse as parse_usage
 from provisioner.clock import Clock
-from provisioner.cloud.base import (LABEL_CLUSTER, LABEL_REQUEST, CloudFailure, CloudVm, HealthReport, LaunchSpec,
-                                     ProgressCallback)
+from provisioner.cloud.base import (LABEL_CLUSTER, LABEL_REQUEST, PREEMPTED, CloudFailure, CloudVm, HealthReport,
+                                     LaunchSpec, ProgressCallback, maintenance)
 from provisioner.cloud.gce_errors import failure_of, operation_failure, retryable, transport_errors
 from provisioner.cloud.gce_instance import GUEST_ATTRIBUTES_KEY, instance_for
 from provisioner.config import BackendConfig, ClusterConfig
@@ -74,6 +74,8 @@ GUEST_READ_INTERVAL_S = 6.0
 # While an agent's answer is not changing, reads of it slow down to this.
 GUEST_IDLE_MAX_S = 30.0
 NOTEBOOK_PORT = 8888
+# A silent agent is asked again this many times before its command is given up.
+ASKS = 2
 # Request ids are UUIDs; one per VM id, so every retry of an insert carries the same one.
 REQUEST_NAMESPACE = uuid.UUID("6f1c2a52-9d0e-4f5e-8a43-6d2b1c0e7a11")
 STATUS = {"PROVISIONING": "provisioning", "STAGING": "provisioning", "RUNNING": "running",
@@ -266,13 +268,15 @@ class GceBackend:
 
     async def _command(self, vm_id: str, zone: str, command: dict, on_progress: ProgressCallback | None,
                        ) -> CloudFailure | None:
-        """Hands the agent a command through metadata and follows its guest attributes."""
+        """Hands the agent a command through metadata and follows its guest attributes. An agent
+        silent for `command_silence_s` is asked again (its answer may have been dropped: guest
+        attributes written beyond the VM's rate may be), and given up after ASKS askings."""
         cid = uuid.uuid4().hex[:12]
         command = {"id": cid, **command}
         deadline = self.clock.now() + self.config.command_timeout_s
         if (failure := await self._send(vm_id, zone, command, deadline)) is not None:
             return failure
-        reported, interval = -1, GUEST_READ_INTERVAL_S
+        reported, interval, heard_at = -1, GUEST_READ_INTERVAL_S, self.clock.now()
         while self.clock.now() < deadline:
             guest = await self._guest(vm_id, zone)
             changed = False
@@ -281,7 +285,7 @@ class GceBackend:
                     return guest
             else:
                 done = guest.get(f"done-{cid}")
-                progress = int(guest.get(f"progress-{cid}", "0") or 0)
+                progress = max(reported, progress_of(guest.get(f"progress-{cid}")))
                 if done == "ok":
                     progress = max(progress, command.get("bytes", 0))
                 if on_progress is not None and progress != reported:
@@ -289,6 +293,14 @@ class GceBackend:
                 changed, reported = progress != reported, progress
                 if done is not None:
                     return None if done == "ok" else CloudFailure("internal", f"agent: {done}", zone)
+            if changed:
+                heard_at = self.clock.now()
+            elif self.clock.now() - heard_at >= self.config.command_silence_s:
+                if command.get("ask", 0) >= ASKS:
+                    return CloudFailure("unavailable", f"the agent of {vm_id} stopped answering {command['op']}", zone)
+                command["ask"], heard_at = command.get("ask", 0) + 1, self.clock.now()
+                if (failure := await self._send(vm_id, zone, command, deadline)) is not None:
+                    return failure
             # Nothing moving: nothing is expected soon, so read less often.
             interval = GUEST_READ_INTERVAL_S if changed else min(interval * 1.5, GUEST_IDLE_MAX_S)
             await self.clock.sleep(interval)
@@ -383,11 +395,17 @@ class GceBackend:
             # A retryable failure (429, 5xx, timeout) says nothing about the VM: unknown, not unhealthy.
             return HealthReport(vm.retryable, detail=f"unknown: {vm.message}" if vm.retryable else vm.message)
         if vm.status != "running":
+            if vm.spot:  # we stop only standby VMs, and do not ask after their health
+                return HealthReport(False, detail=PREEMPTED, cause="preempted")
             return HealthReport(False, detail=f"the VM is {vm.status}")
         # A read made for a command under way is recent enough: the health pass never queues
         # behind the VM's read interval.
         guest = await self._guest(vm_id, zone, max_age_s=GUEST_IDLE_MAX_S)
         usage = parse_usage(guest.get("usage")) if isinstance(guest, dict) else None
+        if isinstance(guest, dict) and guest.get("preempted") == "TRUE":
+            return HealthReport(False, detail=PREEMPTED, usage=usage, cause="preempted")
+        if isinstance(guest, dict) and guest.get("maintenance", "NONE") != "NONE":
+            return HealthReport(False, detail=maintenance(guest["maintenance"]), usage=usage, cause="maintenance")
         if isinstance(guest, dict) and guest.get("healthy") == "0":
             return HealthReport(False, detail=guest.get("health-detail", "the agent reports a fault"), usage=usage)
         return HealthReport(True, usage=usage)
@@ -407,6 +425,14 @@ class _Gate:
         self.value_at = float("-inf")
 
 
+def progress_of(value: str | None) -> int:
+    """Bytes done, from the agent's `progress-<id>` ("<bytes> <seconds left>")."""
+    try:
+        return int((value or "0").split()[0])
+    except (ValueError, IndexError):
+        return 0
+
+
 def endpoint_of(inst: compute_v1.Instance) -> str:
     """Where the notebook on the VM is reached: its internal address, once it has one."""
     ip = inst.network_interfaces[0].network_i_p if inst.network_interfaces else ""
@@ -417,4 +443,4 @@ def vm_of(inst: compute_v1.Instance, zone: str) -> CloudVm:
     # Our id is in the request label (a GKE node's instance name is GKE's own).
     vm_id = inst.labels.get(LABEL_REQUEST) or inst.name
     return CloudVm(vm_id, zone, STATUS.get(inst.status, "provisioning"), dict(inst.labels),  # type: ignore[arg-type]
-                   endpoint_of(inst))
+                   endpoint_of(inst), inst.scheduling.provisioning_model == "SPOT")
