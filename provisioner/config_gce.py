@@ -59,6 +59,9 @@ class PoolVmSettings(_Model):
     provisioning_model: Literal["standard", "spot"] = "standard"
     # A Spot VM's running price as a share of the on-demand one (its disk is billed in full).
     spot_price_fraction: float = Field(default=0.35, gt=0.0, le=1.0)
+    # How often the simulated cloud (sim backend, `provisioner simulate`) preempts a running Spot
+    # VM: a Poisson rate per VM-hour. Compute Engine publishes none; measure your own and set it.
+    spot_preemptions_per_hour: float = Field(default=0.05, ge=0.0)
 
     @model_validator(mode="before")
     @classmethod
@@ -72,3 +75,9 @@ class PoolVmSettings(_Model):
     @property
     def spot(self) -> bool:
         return self.provisioning_model == "spot"
+
+    @property
+    def running_usd_per_h(self) -> float:
+        """A running VM's price: Spot discounts the machine and its GPUs, not the disk."""
+        hourly, disk = self.hourly_price_usd, self.disk_hourly_price_usd  # type: ignore[attr-defined]
+        return round(disk + (hourly - disk) * self.spot_price_fraction, 4) if self.spot else hourly
