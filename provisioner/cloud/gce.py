@@ -12,13 +12,18 @@
   ZONE_RESOURCE_POOL_EXHAUSTED is a stockout (with the zones Compute says have the shape),
   QUOTA_EXCEEDED a quota failure scoped as its quota is (gce_errors): the cluster core remembers
   what it covers and tries elsewhere.
-- the VM's agent (`provisioner agent`, installed in the boot image): it reports `provisioner/ready`
-  as a guest attribute once the VM is up, and carries out one command at a time given in the
-  `provisioner-command` metadata item (JSON: id, op pull|wipe, layers with their sizes, bytes), reporting
-  `provisioner/progress-<id>` (bytes) and `provisioner/done-<id>` (`ok` or an error); a fault it
-  sees is `provisioner/healthy` 0 with `provisioner/health-detail`. A new command (new id)
-  supersedes the one before. Instances carry `enable-guest-attributes: TRUE` in their metadata
-  (the project's metadata may set it too).
+- the VM's agent (`provisioner agent`, installed by the startup script or in the boot image): it
+  reports `provisioner/ready` as a guest attribute once the VM is up, and carries out one command
+  at a time given in the `provisioner-command` metadata item (JSON: id, op pull|wipe, layers with
+  their sizes, bytes), reporting `provisioner/progress-<id>` (bytes, then an estimate) and
+  `provisioner/done-<id>` (`ok` or an error); a fault it sees is `provisioner/healthy` 0 with
+  `provisioner/health-detail`, host maintenance ahead `provisioner/maintenance`, a Spot
+  preemption `provisioner/preempted`. A new command (new id) supersedes the one before; the
+  same command asked again (`ask`) is answered again. Instances carry
+  `enable-guest-attributes: TRUE` in their metadata (the project's metadata may set it too).
+- an answer dropped on the way (Compute may drop guest attributes written beyond about 10 a
+  minute) cannot hang a command: after `command_silence_s` without news the command is asked
+  again, and after ASKS askings it fails.
 - guest attributes are read within Google's documented rate (about 10 reads a minute per VM):
   one query for the whole `provisioner/` namespace, never two for a VM within
   GUEST_READ_INTERVAL_S, and further apart while nothing changes (up to GUEST_IDLE_MAX_S).
@@ -58,10 +63,10 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 
 from provisioner.agent.usage import parse as parse_usage
 from provisioner.clock import Clock
-from provisioner.cloud.base import (LABEL_CLUSTER, LABEL_REQUEST, PREEMPTED, CloudFailure, CloudVm, HealthReport,
+from provisioner.cloud.base import (LABEL_CLUSTER, PREEMPTED, CloudFailure, CloudVm, HealthReport,
                                      LaunchSpec, ProgressCallback, maintenance)
 from provisioner.cloud.gce_errors import failure_of, operation_failure, retryable, transport_errors
-from provisioner.cloud.gce_instance import GUEST_ATTRIBUTES_KEY, instance_for
+from provisioner.cloud.gce_instance import GUEST_ATTRIBUTES_KEY, instance_for, vm_of
 from provisioner.config import BackendConfig, ClusterConfig
 from provisioner.decide.images import Layer
 
@@ -73,14 +78,10 @@ GUEST_PATH = "provisioner/"
 GUEST_READ_INTERVAL_S = 6.0
 # While an agent's answer is not changing, reads of it slow down to this.
 GUEST_IDLE_MAX_S = 30.0
-NOTEBOOK_PORT = 8888
 # A silent agent is asked again this many times before its command is given up.
 ASKS = 2
 # Request ids are UUIDs; one per VM id, so every retry of an insert carries the same one.
 REQUEST_NAMESPACE = uuid.UUID("6f1c2a52-9d0e-4f5e-8a43-6d2b1c0e7a11")
-STATUS = {"PROVISIONING": "provisioning", "STAGING": "provisioning", "RUNNING": "running",
-          "STOPPING": "stopping", "SUSPENDING": "stopping", "REPAIRING": "provisioning",
-          "TERMINATED": "terminated", "STOPPED": "terminated", "SUSPENDED": "terminated"}
 
 
 def request_id(vm_id: str) -> str:
@@ -431,16 +432,3 @@ def progress_of(value: str | None) -> int:
         return int((value or "0").split()[0])
     except (ValueError, IndexError):
         return 0
-
-
-def endpoint_of(inst: compute_v1.Instance) -> str:
-    """Where the notebook on the VM is reached: its internal address, once it has one."""
-    ip = inst.network_interfaces[0].network_i_p if inst.network_interfaces else ""
-    return f"http://{ip}:{NOTEBOOK_PORT}" if ip else ""
-
-
-def vm_of(inst: compute_v1.Instance, zone: str) -> CloudVm:
-    # Our id is in the request label (a GKE node's instance name is GKE's own).
-    vm_id = inst.labels.get(LABEL_REQUEST) or inst.name
-    return CloudVm(vm_id, zone, STATUS.get(inst.status, "provisioning"), dict(inst.labels),  # type: ignore[arg-type]
-                   endpoint_of(inst), inst.scheduling.provisioning_model == "SPOT")

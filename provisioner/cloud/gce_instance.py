@@ -16,9 +16,13 @@ from importlib import resources
 
 from google.cloud import compute_v1
 
-from provisioner.cloud.base import LaunchSpec
+from provisioner.cloud.base import LABEL_REQUEST, CloudVm, LaunchSpec
 from provisioner.config import BackendConfig, PoolConfig
 
+NOTEBOOK_PORT = 8888
+STATUS = {"PROVISIONING": "provisioning", "STAGING": "provisioning", "RUNNING": "running",
+          "STOPPING": "stopping", "SUSPENDING": "stopping", "REPAIRING": "provisioning",
+          "TERMINATED": "terminated", "STOPPED": "terminated", "SUSPENDED": "terminated"}
 IMAGES_KEY = "provisioner-images"
 GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 AGENT_PACKAGE_KEY = "provisioner-agent-package"
@@ -66,3 +70,16 @@ def instance_for(spec: LaunchSpec, pool: PoolConfig, config: BackendConfig, labe
             nic.subnetwork = config.subnetwork
         instance.network_interfaces = [nic]
     return instance
+
+
+def endpoint_of(inst: compute_v1.Instance) -> str:
+    """Where the notebook on the VM is reached: its internal address, once it has one."""
+    ip = inst.network_interfaces[0].network_i_p if inst.network_interfaces else ""
+    return f"http://{ip}:{NOTEBOOK_PORT}" if ip else ""
+
+
+def vm_of(inst: compute_v1.Instance, zone: str) -> CloudVm:
+    # Our id is in the request label (a GKE node's instance name is GKE's own).
+    vm_id = inst.labels.get(LABEL_REQUEST) or inst.name
+    return CloudVm(vm_id, zone, STATUS.get(inst.status, "provisioning"), dict(inst.labels),  # type: ignore[arg-type]
+                   endpoint_of(inst), inst.scheduling.provisioning_model == "SPOT")

@@ -35,9 +35,14 @@ if ! command -v nvidia-ctk >/dev/null; then
 fi
 if [ ! -x /opt/provisioner/bin/provisioner ]; then
     package="$(attr provisioner-agent-package)"
+    extras=""
+    case "$package" in
+        *\[*\]) extras="[${package##*\[}"; package="${package%\[*}" ;;  # e.g. a wheel's [server]
+    esac
     case "$package" in
         gs://*) gcloud storage cp "$package" /opt/ && package="/opt/$(basename "$package")" ;;
     esac
+    package="$package$extras"
     command -v python3 >/dev/null && python3 -m venv --help >/dev/null || apt_install python3-venv
     python3 -m venv /opt/provisioner
     /opt/provisioner/bin/pip install -q "${package:-provisioner[server]}"
