@@ -58,3 +58,20 @@ def test_cli_replays_spot(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["spot_preemptions"] > 0
     assert main(["simulate", "--trace", str(trace(tmp_path)), "--spot", "-1"]) == 2
+
+
+async def test_the_sim_backend_preempts_a_spot_pool_s_vms_at_its_rate():
+    from provisioner.clock import ManualClock
+    from provisioner.cloud.sim import SimCloud
+    from test_sim_cloud import Cfg, ready, spec
+
+    clock = ManualClock()
+    on_demand = SimCloud(Cfg(), clock, tracer=None)
+    spot = SimCloud(Cfg(), clock, tracer=None, spot_rates={"gpu-p100": 1.0})  # one per VM-hour
+    for cloud in (on_demand, spot):
+        await ready(cloud, clock, spec())
+        assert (await cloud.health("vm-1", "us-central1-a")).healthy  # the draw is made at the first check
+    await clock.advance(20 * 3600.0)  # 20 expected preemptions' time
+    assert (await on_demand.health("vm-1", "us-central1-a")).healthy
+    report = await spot.health("vm-1", "us-central1-a")
+    assert (report.healthy, report.detail, report.cause) == (False, "preempted (spot)", "preempted")
