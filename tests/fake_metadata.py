@@ -66,6 +66,20 @@ class FakeMetadataServer:
         etag = hashlib.sha1(json.dumps(attrs, sort_keys=True).encode()).hexdigest()[:16]
         return attrs, etag
 
+    def _held(self, query: dict[str, str], read):
+        """`read()` (a value and its ETag), held with wait_for_change until the ETag differs from
+        last_etag, timeout_sec passes or the instance goes (under the compute lock)."""
+        value, etag = read()
+        if query.get("wait_for_change") == "true":
+            deadline = time.monotonic() + float(query.get("timeout_sec", "60"))
+            while etag == query.get("last_etag") and self._instance() is not None:
+                if (left := deadline - time.monotonic()) <= 0:
+                    break
+                self.compute.metadata_changed.wait(left)
+                if self._instance() is not None:
+                    value, etag = read()
+        return value, etag
+
     def _value(self, path: str) -> tuple[str, str]:
         inst = self._instance()
         value = inst.maintenance_event if path == "instance/maintenance-event" else inst.preempted
@@ -101,25 +115,10 @@ class FakeMetadataServer:
             if self._instance() is None:
                 return 503, b"the instance is gone", {}
             if path == "instance/attributes/" and method == "GET":
-                attrs, etag = self._attributes()
-                if query.get("wait_for_change") == "true":
-                    deadline = time.monotonic() + float(query.get("timeout_sec", "60"))
-                    while etag == query.get("last_etag") and self._instance() is not None:
-                        if (left := deadline - time.monotonic()) <= 0:
-                            break
-                        cond.wait(left)
-                        attrs, etag = self._attributes()
+                attrs, etag = self._held(query, self._attributes)
                 return 200, json.dumps(attrs).encode(), {"ETag": etag, "Content-Type": "application/json"}
             if path in ("instance/maintenance-event", "instance/preempted") and method == "GET":
-                value, etag = self._value(path)
-                if query.get("wait_for_change") == "true":
-                    deadline = time.monotonic() + float(query.get("timeout_sec", "60"))
-                    while etag == query.get("last_etag") and self._instance() is not None:
-                        if (left := deadline - time.monotonic()) <= 0:
-                            break
-                        cond.wait(left)
-                        if self._instance() is not None:
-                            value, etag = self._value(path)
+                value, etag = self._held(query, lambda: self._value(path))
                 return 200, value.encode(), {"ETag": etag}
             if path.startswith("instance/guest-attributes/"):
                 parts = path[len("instance/guest-attributes/"):].split("/")

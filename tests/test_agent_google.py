@@ -49,3 +49,35 @@ async def test_an_answer_lost_on_the_way_is_written_again_when_asked(tmp_path):
     assert await rig.done("c1") == "ok"
     assert [k for k, _ in rig.metadata.writes].count("done-c1") == 2
     await rig.stop()
+
+
+async def test_the_http_metadata_client_against_the_fake_server_as_google_answers(tmp_path):
+    import asyncio
+
+    from fake_compute import FakeCompute
+    from fake_metadata import FakeMetadataServer
+    from provisioner.agent.metadata import HttpMetadata
+
+    compute = FakeCompute(agents="external").start()  # the guest attributes are this client's alone
+    compute.plant("p", "us-central1-f", "vm", {})
+    compute.instances[("p", "vm")].body["metadata"] = {"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]}
+    server = FakeMetadataServer(compute, "p", "vm").start()
+    try:
+        md = HttpMetadata(server.url)
+        value, etag = await md.value("instance/maintenance-event", "", 5)
+        assert value == "NONE" and etag
+        waiting = asyncio.create_task(md.value("instance/maintenance-event", etag, 5))  # held until it changes
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        compute.announce_maintenance("p", "vm")
+        assert (await waiting)[0] == "TERMINATE_ON_HOST_MAINTENANCE"
+        assert (await md.value("instance/preempted", "", 5))[0] == "FALSE"
+        # Writes beyond 10 a minute are answered as if kept, and dropped.
+        for i in range(12):
+            await md.put_guest(f"k{i}", "v")
+        assert sorted(k for k in compute.instances[("p", "vm")].guest if k.startswith("k")) == sorted(
+            f"k{i}" for i in range(10))
+        assert server.dropped == [("PUT", "k10"), ("PUT", "k11")]
+    finally:
+        server.stop()
+        compute.stop()

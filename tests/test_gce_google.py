@@ -120,13 +120,15 @@ async def test_quota_failures_say_how_far_they_reach(tmp_path, fake, loopback_on
     await b.close()
 
 
-def one_vm_fleet(tmp_path, fake: FakeCompute):
+def one_vm_fleet(tmp_path, fake: FakeCompute, spot_pool: str = ""):
     """Each pool wants one VM: a second launch comes only after the first one's answer."""
     def edit(cluster: dict) -> None:
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
                               "retry_total_s": 10.0}
         for pool in cluster["pools"]:
             pool.update(min_vms=1, max_vms=6)
+            if pool["name"] == spot_pool:
+                pool["provisioning_model"] = "spot"
     return fleet_config(tmp_path, edit)
 
 
@@ -189,17 +191,6 @@ async def test_a_lost_answer_is_asked_for_again_instead_of_hanging_the_command(t
     await b.close()
 
 
-def spot_fleet(tmp_path, fake: FakeCompute):
-    def edit(cluster: dict) -> None:
-        cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
-                              "retry_total_s": 10.0}
-        for pool in cluster["pools"]:
-            pool.update(min_vms=1, max_vms=4)
-            if pool["name"] == "gpu-p100":
-                pool["provisioning_model"] = "spot"
-    return fleet_config(tmp_path, edit)
-
-
 async def running(proc, stub, request_id: str, kind=None) -> str:
     from provisioner.v1 import cluster_service_pb2 as c_pb
     from provisioner.v1 import types_pb2 as pb
@@ -215,7 +206,7 @@ async def test_maintenance_and_spot_preemption_end_sessions_with_their_reason_an
     from conftest import cluster_channel
     from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
     from provisioner.v1 import types_pb2 as pb
-    proc = await start_cluster(spot_fleet(tmp_path, fake), CLUSTER, RealClock(TIME_SCALE), tmp_path / "data",
+    proc = await start_cluster(one_vm_fleet(tmp_path, fake, spot_pool="gpu-p100"), CLUSTER, RealClock(TIME_SCALE), tmp_path / "data",
                                address="127.0.0.1:0")
     try:
         core = proc.runtime.core

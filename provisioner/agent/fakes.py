@@ -361,15 +361,19 @@ class FakeMetadata:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    async def _change_or(self, timeout_s: float) -> None:
+        """Until anything changes, or `timeout_s` on the clock."""
+        changed = self._changed
+        timer = asyncio.ensure_future(self.clock.sleep(timeout_s))
+        waiter = asyncio.ensure_future(changed.wait())
+        await asyncio.wait({timer, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        timer.cancel()
+        waiter.cancel()
+
     async def attributes(self, last_etag: str, timeout_s: float) -> tuple[dict[str, str], str]:
         self.reads += 1
         if last_etag == self.etag():
-            changed = self._changed
-            timer = asyncio.ensure_future(self.clock.sleep(timeout_s))
-            waiter = asyncio.ensure_future(changed.wait())
-            await asyncio.wait({timer, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            timer.cancel()
-            waiter.cancel()
+            await self._change_or(timeout_s)
         return dict(self._attributes), self.etag()
 
     def set_value(self, path: str, value: str) -> None:
@@ -381,14 +385,8 @@ class FakeMetadata:
 
     async def value(self, path: str, last_etag: str, timeout_s: float) -> tuple[str, str]:
         self.value_reads += 1
-        etag = f"{path}={self.values[path]}"
-        if last_etag == etag:
-            changed = self._changed
-            timer = asyncio.ensure_future(self.clock.sleep(timeout_s))
-            waiter = asyncio.ensure_future(changed.wait())
-            await asyncio.wait({timer, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            timer.cancel()
-            waiter.cancel()
+        if last_etag == f"{path}={self.values[path]}":
+            await self._change_or(timeout_s)
         return self.values[path], f"{path}={self.values[path]}"
 
     def _lands(self, key: str, value: str | None) -> bool:
