@@ -103,6 +103,9 @@ class BackendConfig(GceSettings):
     def _check(self) -> BackendConfig:
         if self.kind != "sim" and not self.project:
             raise _At("project", f"backend {self.kind} needs the Google Cloud project")
+        if self.kind == "gce" and not self.agent_package:
+            raise _At("agent_package", "backend gce needs the agent its VMs install (a wheel's gs:// path or URL, "
+                                       "or `preinstalled`: see docs/google-cloud.md)")
         if self.kind == "gke" and not self.gke_cluster:
             raise _At("gke_cluster", "backend gke needs the GKE cluster name")
         return self

@@ -42,9 +42,11 @@ class GceSettings(_Model):
     # project's Compute Engine default service account; a dedicated one is better (docs/google-cloud.md).
     service_account: str = Field(default="default", min_length=1)
     scopes: tuple[str, ...] = (CLOUD_PLATFORM,)
-    # What the startup script installs as the agent (a pip requirement, a wheel's URL, or a gs://
-    # path to a wheel), and whether the boot image should install the NVIDIA driver.
-    agent_package: str = Field(default="provisioner[server]", min_length=1)
+    # What the startup script installs as the agent: a wheel of this package the VMs can read (a
+    # gs:// path or a URL, with its extra: `...whl[server]`) or a requirement on an index they
+    # reach; `preinstalled` when the boot image has the agent. Required on gce: no default names
+    # a package we do not publish. And whether the boot image should install the NVIDIA driver.
+    agent_package: str | None = Field(default=None, min_length=1)
     install_gpu_driver: bool = True
     # An agent command with no news this long is asked again (its answer may have been dropped),
     # and given up after two askings: minutes, not command_timeout_s.

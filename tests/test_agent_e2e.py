@@ -106,6 +106,7 @@ async def loop_parts(tmp_path, loopback_only):  # noqa: F811
 
     def edit(cluster: dict) -> None:
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
+                              "agent_package": "preinstalled",
                               "retry_total_s": 10.0}
         for pool in cluster["pools"]:
             if pool["name"] == POOL:  # one warm VM above demand, a disk for about one image

@@ -69,6 +69,7 @@ def fake():
 def gce_fleet(tmp_path, fake: FakeCompute, **backend):
     def edit(cluster: dict) -> None:
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
+                              "agent_package": "preinstalled",
                               "retry_total_s": 10.0, **backend}
         for pool in cluster["pools"]:
             pool.update(min_vms=2, max_vms=6)
@@ -186,7 +187,7 @@ async def test_without_an_endpoint_it_uses_application_default_credentials(tmp_p
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
 
     def edit(cluster: dict) -> None:
-        cluster["backend"] = {"kind": "gce", "project": PROJECT, "retry_attempts": 1}
+        cluster["backend"] = {"kind": "gce", "project": PROJECT, "retry_attempts": 1, "agent_package": "preinstalled"}
     b = GceBackend(fleet_config(tmp_path, edit).cluster(CLUSTER), RealClock(TIME_SCALE))
     out = await b.create(spec("vm-1"))  # first the token for those credentials, from Google
     assert isinstance(out, CloudFailure) and out.code == "unavailable" and "oauth2.googleapis.com" in out.message

@@ -36,7 +36,8 @@ async def test_every_vm_runs_as_the_service_account_on_a_balanced_disk_in_the_su
 
 async def test_a_pool_chooses_its_disk_type(tmp_path, fake, loopback_only):
     def edit(cluster: dict) -> None:
-        cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0}
+        cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
+                              "agent_package": "preinstalled"}
         cluster["pools"][0]["boot_disk_type"] = "pd-ssd"
         del cluster["pools"][0]["disk_hourly_price_usd"]
 
@@ -124,7 +125,7 @@ def one_vm_fleet(tmp_path, fake: FakeCompute, spot_pool: str = ""):
     """Each pool wants one VM: a second launch comes only after the first one's answer."""
     def edit(cluster: dict) -> None:
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
-                              "retry_total_s": 10.0}
+                              "retry_total_s": 10.0, "agent_package": "preinstalled"}
         for pool in cluster["pools"]:
             pool.update(min_vms=1, max_vms=6)
             if pool["name"] == spot_pool:
@@ -237,3 +238,14 @@ async def test_maintenance_and_spot_preemption_end_sessions_with_their_reason_an
             assert core.sessions[again].vm_id != vm_id
     finally:
         await proc.stop()
+
+
+def test_a_gce_cluster_names_the_agent_its_vms_install(tmp_path):
+    import pytest
+
+    from provisioner.config import ConfigError
+
+    def edit(cluster: dict) -> None:
+        cluster["backend"] = {"kind": "gce", "project": PROJECT}
+    with pytest.raises(ConfigError, match="agent_package"):
+        fleet_config(tmp_path, edit)

@@ -37,7 +37,7 @@ def startup_script() -> str:
 
 def metadata_items(spec: LaunchSpec, config: BackendConfig) -> list[compute_v1.Items]:
     items = {IMAGES_KEY: ",".join(spec.images), GUEST_ATTRIBUTES_KEY: "TRUE",
-             STARTUP_SCRIPT_KEY: startup_script(), AGENT_PACKAGE_KEY: config.agent_package,
+             STARTUP_SCRIPT_KEY: startup_script(), AGENT_PACKAGE_KEY: config.agent_package or "",
              DRIVER_KEY: "TRUE" if config.install_gpu_driver else "FALSE"}
     return [compute_v1.Items(key=k, value=v) for k, v in items.items()]
 

@@ -35,6 +35,10 @@ if ! command -v nvidia-ctk >/dev/null; then
 fi
 if [ ! -x /opt/provisioner/bin/provisioner ]; then
     package="$(attr provisioner-agent-package)"
+    if [ -z "$package" ] || [ "$package" = preinstalled ]; then
+        echo "provisioner: no agent in this image and no provisioner-agent-package to install" >&2
+        exit 1
+    fi
     extras=""
     case "$package" in
         *\[*\]) extras="[${package##*\[}"; package="${package%\[*}" ;;  # e.g. a wheel's [server]
@@ -45,7 +49,7 @@ if [ ! -x /opt/provisioner/bin/provisioner ]; then
     package="$package$extras"
     command -v python3 >/dev/null && python3 -m venv --help >/dev/null || apt_install python3-venv
     python3 -m venv /opt/provisioner
-    /opt/provisioner/bin/pip install -q "${package:-provisioner[server]}"
+    /opt/provisioner/bin/pip install -q "$package"
 fi
 if [ ! -f /etc/systemd/system/provisioner-agent.service ]; then
     cat > /etc/systemd/system/provisioner-agent.service <<'UNIT'
