@@ -14,6 +14,15 @@ then answers 503 or answers nothing until the client has timed out (the client r
 the same request id), and a stop or start carried out and then answered 503. A stop takes
 `stop_s` (STOPPING, then TERMINATED: the instance and its disks stay, its agent's guest attributes
 go); a start boots it again, and meets a stocked-out or over-quota zone as an insert does. Every request is logged, and the most requests ever in flight at once kept.
+
+As Compute documents (compute_answers.py): a quota is exceeded per metric and region, or
+globally (`exceed_quota`), and its error names both; a stockout may name the zones that have the
+shape (`zones_available`); an insert from an instance template takes the template's properties
+under its own; inserts Compute refuses (a bad name, GPUs without onHostMaintenance TERMINATE, a
+Spot VM that restarts, a custom-mode network without a subnetwork) answer 400. Host maintenance
+ahead and a Spot preemption (`announce_maintenance`, `preempt`) show on the instance's metadata
+server; an emulated agent's answer can be dropped (`drop_done`), as one written beyond the
+guest-attribute rate may be.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+from compute_answers import gpu_metric, invalid_insert, quota_message, zone_error
 
 ZONE_PATH = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/(?P<rest>.*)$")
 AGGREGATED = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$")
@@ -268,7 +279,7 @@ class FakeCompute:
             if template not in self.templates:
                 return 404, _error(404, f"The resource '{template}' was not found")
             body = {**self.templates[template], **body}  # what the request sets overrides the template
-        if (invalid := _invalid_insert(body, self.custom_networks)) is not None:
+        if (invalid := invalid_insert(body, self.custom_networks)) is not None:
             return 400, _error(400, invalid, "invalid")
         if zone in self.stocked_out or self._quota_hit(zone, body):
             if self.sync_zone_errors:
@@ -311,25 +322,9 @@ class FakeCompute:
         return 403, _error(403, quota_message(metric, region), "quotaExceeded")
 
     def _zone_failed_operation(self, project: str, zone: str, kind: str, name: str, body: dict) -> dict:
-        """The operation's error as Compute gives it: a stockout with the zones that have the shape
-        now (when known), a quota with the metric, its limit and its region."""
-        if zone in self.stocked_out:
-            error = {"code": "ZONE_RESOURCE_POOL_EXHAUSTED",
-                     "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
-                                "available to fulfill the request.  Try a different zone, or try again later."}
-            if zone in self.zones_available:
-                error["errorDetails"] = [{"errorInfo": {
-                    "reason": "resource_availability", "domain": "compute.googleapis.com",
-                    "metadatas": {"zone": zone, "zonesAvailable": ",".join(self.zones_available[zone])}}}]
-        else:
-            metric, region = self._quota_hit(zone, body)
-            dimensions = {} if region == "global" else {"region": region}
-            error = {"code": "QUOTA_EXCEEDED", "message": quota_message(metric, region), "errorDetails": [
-                {"quotaInfo": {"metricName": f"compute.googleapis.com/{metric.lower()}", "limit": 0,
-                               "limitName": f"{metric.replace('_', '-')}-per-project"
-                                            + ("" if region == "global" else "-region"),
-                               "dimensions": dimensions}}]}
-        return self._operation(project, zone, kind, name, error)
+        """The operation's error as Compute gives it (compute_answers.zone_error)."""
+        quota = None if zone in self.stocked_out else self._quota_hit(zone, body)
+        return self._operation(project, zone, kind, name, zone_error(project, zone, quota, self.zones_available.get(zone)))
 
     def _stop(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
@@ -519,37 +514,6 @@ class FakeCompute:
                 pass
 
         return Handler
-
-
-NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-def gpu_metric(accelerator_type: str) -> str:
-    """The quota metric of a GPU type: nvidia-tesla-t4 -> NVIDIA_T4_GPUS, nvidia-l4 -> NVIDIA_L4_GPUS."""
-    name = accelerator_type.rsplit("/", 1)[-1].replace("nvidia-tesla-", "nvidia-")
-    return name.upper().replace("-", "_") + "_GPUS"
-
-
-def quota_message(metric: str, region: str) -> str:
-    where = "globally" if region == "global" else f"in region {region}"
-    return f"Quota '{metric}' exceeded.  Limit: 0.0 {where}."
-
-
-def _invalid_insert(body: dict, custom_networks: set[str]) -> str | None:
-    """What Compute refuses in an insert (400), of what the backends send."""
-    name = body.get("name", "")
-    if not NAME.match(name):
-        return f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex '{NAME.pattern}'"
-    scheduling = body.get("scheduling") or {}
-    if body.get("guestAccelerators") and scheduling.get("onHostMaintenance") != "TERMINATE":
-        return "Instances with guest accelerators do not support live migration."
-    if scheduling.get("provisioningModel") == "SPOT" and scheduling.get("automaticRestart", True):
-        return "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. Spot VMs cannot restart automatically."
-    for nic in body.get("networkInterfaces") or []:
-        if nic.get("network") in custom_networks and not nic.get("subnetwork"):
-            return ("Invalid value for field 'resource.networkInterfaces[0]': ''. Subnetwork should be "
-                    "specified for custom subnetmode network")
-    return None
 
 
 def _error(status: int, message: str, reason: str = "") -> dict:

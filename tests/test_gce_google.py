@@ -8,7 +8,8 @@ import json
 import subprocess
 
 from conftest import fleet_config
-from fake_compute import NAME, FakeCompute
+from compute_answers import NAME
+from fake_compute import FakeCompute
 from provisioner.clock import RealClock
 from provisioner.cloud.base import CloudFailure, CloudVm, LaunchSpec
 from provisioner.cloud.gce_instance import startup_script
