@@ -296,7 +296,7 @@ class _VmMeter:
             dt = now - self.at
             for name, n in self.billed.items():
                 self.vm_seconds[name] += n * dt
-                self.cost[name] += n * pools[name].config.hourly_price_usd * dt / 3600.0
+                self.cost[name] += n * pools[name].config.running_usd_per_h * dt / 3600.0
         if self.at is None or now >= self.at:
             self.at = now
         self.billed = {name: sum(pool.count.get(state, 0) for state in VM_ACTIVE) for name, pool in pools.items()}
@@ -369,7 +369,7 @@ class _ClusterCollector(Collector):
                 by_image.add_metric([c, name, image], n)
             desired.add_metric([c, name], desired_vms(core.snapshot(pool)))
             actual.add_metric([c, name], len(pool.vms) - pool.count.get(VmState.DELETING, 0))
-            cost.add_metric([c, name], self.meter.billed[name] * pool.config.hourly_price_usd)
+            cost.add_metric([c, name], self.meter.billed[name] * pool.config.running_usd_per_h)
             for zone in pool.config.zones:
                 stocked.add_metric([c, name, zone], 1 if pool.stocked_out_until.get(zone, 0) > now else 0)
         yield from (sessions, queue, oldest, vms, unhealthy, by_image, desired, actual, cost, stocked, draining,
