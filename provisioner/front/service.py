@@ -111,6 +111,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         r = self.limits.rate_limits
         self.user_rates = ratelimit.TokenBuckets(r.creates_per_user_per_s, r.create_burst_per_user)
         self.caller_rates = ratelimit.TokenBuckets(r.creates_per_caller_per_s, r.create_burst_per_caller)
+        self.user_reads = ratelimit.TokenBuckets(r.reads_per_user_per_s, r.read_burst_per_user)
+        self.caller_reads = ratelimit.TokenBuckets(r.reads_per_caller_per_s, r.read_burst_per_caller)
         # Wall time, like a deadline: the retry delay a refusal gives is for clients to wait out.
         self.rate_clock = wall.now
         self._user_locks: dict[str, asyncio.Lock] = {}
@@ -178,14 +180,24 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     def _check_rate(self, user_id: str, caller: str) -> None:
         """Refuses a create over the user's or the caller's rate, before it waits for anything."""
-        limits = [(self.user_rates, user_id), (self.caller_rates, caller)]
-        wait, which = ratelimit.take_all(limits, self.rate_clock())
+        r = self.limits.rate_limits
+        self._limit("creates", [(self.user_rates, user_id, r.creates_per_user_per_s, r.create_burst_per_user),
+                                (self.caller_rates, caller, r.creates_per_caller_per_s, r.create_burst_per_caller)])
+
+    def _check_reads(self, user_id: str) -> None:
+        """Refuses a read that asks every cluster (a list, a quota) over the rate of the user it
+        reads ("": every user's) or of its caller."""
+        r, caller = self.limits.rate_limits, guard.current().caller.identity
+        self._limit("reads", [(self.user_reads, user_id or "*", r.reads_per_user_per_s, r.read_burst_per_user),
+                              (self.caller_reads, caller, r.reads_per_caller_per_s, r.read_burst_per_caller)])
+
+    def _limit(self, what: str, limits: list[tuple[ratelimit.TokenBuckets, str, float, int]]) -> None:
+        wait, which = ratelimit.take_all([(buckets, key) for buckets, key, _, _ in limits], self.rate_clock())
         if wait:
-            r = self.limits.rate_limits
-            who, rate, burst = ((f"user {quote(user_id)}", r.creates_per_user_per_s, r.create_burst_per_user),
-                                (f"caller {quote(caller)}", r.creates_per_caller_per_s, r.create_burst_per_caller))[which]
+            _, key, rate, burst = limits[which]
+            who = f"{('user', 'caller')[which]} {quote(key)}"
             trace.get_current_span().add_event("rate limited", {"rate.limit": ("user", "caller")[which]})
-            raise RateLimited(f"too many creates: {who} may make {rate:g} a second after a burst of {burst}; "
+            raise RateLimited(f"too many {what}: {who} may make {rate:g} a second after a burst of {burst}; "
                               f"retry in {wait:.2f} s", retry_after_s=wait)
 
     @asynccontextmanager
@@ -346,6 +358,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     @unary
     async def ListSessions(self, request, context):
         user_id = request.user_id or guard.current().owner  # "" (every user's) only for service and admin
+        self._check_reads(user_id)
         if request.cluster and request.cluster not in self.fleet.clients:
             raise NotFound(f"no cluster {quote(request.cluster)}; clusters: {', '.join(sorted(self.fleet.clients))}")
         if request.cluster and not self.fleet.clients[request.cluster].healthy:
@@ -415,6 +428,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         user_id = request.user_id or guard.current().owner
         if not user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
+        self._check_reads(user_id)
         return session_pb.GetQuotaResponse(quota=await self.quota(user_id))
 
     async def quota(self, user_id: str) -> pb.Quota:
