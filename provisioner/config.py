@@ -19,6 +19,7 @@ from pydantic import (AfterValidator, ConfigDict, Field, NonNegativeFloat, NonNe
                       model_validator)
 
 from provisioner.config_base import Name, _At, _Model
+from provisioner.config_gce import GceSettings, PoolVmSettings
 from provisioner.config_policy import AbuseConfig, PriorityConfig, QuotaConfig, RateLimitConfig
 from provisioner.decide.images import LATEST, ImageCatalog, parse_ref
 from provisioner.decide.policy import MAX_HEADROOM_FRACTION
@@ -84,7 +85,7 @@ class SimCloudConfig(_Model):
     seed: int = 0
 
 
-class BackendConfig(_Model):
+class BackendConfig(GceSettings):
     kind: Literal["sim", "gce", "gke"] = "sim"
     project: str | None = None
     # API endpoint override, for emulators and fake servers: no credentials are sent to it.
@@ -93,10 +94,7 @@ class BackendConfig(_Model):
     gke_cluster: str | None = None  # gke: the GKE cluster whose GPU node pools are the pools
     gke_location: str | None = None  # gke: its region or zone (default: the cluster's region)
     gke_endpoint: str | None = None  # gke: HOST:PORT of a ClusterManager emulator (plain gRPC)
-    # gce: the boot disk image (VMs also get each pool's disk_cache_gb) or an instance template.
-    boot_image: str = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
-    instance_template: str | None = None
-    network: str = "global/networks/default"
+    # gce: the VMs' image, network, service account and agent: see config_gce.GceSettings.
     retry_attempts: int = Field(default=5, ge=1)  # per call, on 429 and 5xx
     retry_total_s: PositiveFloat = 60.0  # per call, all attempts together
     max_concurrent_calls: int = Field(default=16, ge=1)
@@ -110,12 +108,15 @@ class BackendConfig(_Model):
     def _check(self) -> BackendConfig:
         if self.kind != "sim" and not self.project:
             raise _At("project", f"backend {self.kind} needs the Google Cloud project")
+        if self.kind == "gce" and not self.agent_package:
+            raise _At("agent_package", "backend gce needs the agent its VMs install (a wheel's gs:// path or URL, "
+                                       "or `preinstalled`: see docs/google-cloud.md)")
         if self.kind == "gke" and not self.gke_cluster:
             raise _At("gke_cluster", "backend gke needs the GKE cluster name")
         return self
 
 
-class PoolConfig(_Model):
+class PoolConfig(PoolVmSettings):
     name: Name
     accelerator: str = Field(min_length=1)  # GCE accelerator type, e.g. nvidia-tesla-t4
     accelerator_count: int = Field(ge=1)
@@ -131,7 +132,8 @@ class PoolConfig(_Model):
     wait_probability: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.02  # predictive: target share of requests that wait
     recycle: bool = True  # after a session: wipe and return warm (true) or delete (false)
     hourly_price_usd: NonNegativeFloat  # a running VM, its disk included
-    disk_hourly_price_usd: NonNegativeFloat = 0.03  # a stopped VM: its disk alone (250 GB pd-balanced)
+    # A stopped VM: its disk alone (default: priced from boot_disk_type and disk_cache_gb).
+    disk_hourly_price_usd: NonNegativeFloat
     disk_cache_gb: PositiveFloat = 250.0
     # The notebook container's limits on the VM (0: none, the VM is the session's alone); the
     # pool's GPUs are always its own.
@@ -278,6 +280,8 @@ class SecurityConfig(_Model):
     cluster_tls_name: str = Field(default="{cluster}.cluster.provisioner.internal", pattern=r"\{cluster\}")
     # Open streams (WatchSession) one caller may hold on the front, by its broadest role.
     max_streams: dict[Role, Annotated[int, Field(ge=1)]] = {"user": 8, "service": 5000, "admin": 64}
+    # How long the audit log keeps a record (operator actions, refused calls of known callers).
+    audit_retention_s: Annotated[float, Field(gt=0)] = 90 * 86400.0
 
     def cluster_name(self, cluster: str) -> str:
         return self.cluster_tls_name.replace("{cluster}", cluster)

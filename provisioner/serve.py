@@ -78,7 +78,8 @@ def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None,
         # Under a data dir the simulated cloud's VMs persist, like a real cloud's, across restarts.
         inventory = Inventory(Path(data_dir) / f"sim-cloud-{cluster.name}.db") if data_dir else None
         return SimCloud(cluster.sim, clock, inventory=inventory,
-                        tracer=trace.get_tracer("provisioner.cloud.sim", tracer_provider=tracer_provider))
+                        tracer=trace.get_tracer("provisioner.cloud.sim", tracer_provider=tracer_provider),
+                        spot_rates={p.name: p.spot_preemptions_per_hour for p in cluster.pools if p.spot})
     if kind == "gce":
         from provisioner.cloud.gce import GceBackend
 
@@ -202,7 +203,9 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
     feed.subscribe(runtime.set_catalog)
     files = tls_files or local_tls(fleet, data_dir, name)
     guard = Guard(CLUSTER_POLICY, certificate_identity({fleet.settings.security.front_tls_name: frozenset({auth.FRONT})}),
-                  AuditLog(store, clock, source=name))
+                  AuditLog(store, clock, source=name, retention_s=fleet.settings.security.audit_retention_s))
+    if metrics is not None:
+        metrics.watch_guard(guard, name)
     server = Server(address or cfg.address,
                     lambda s: cluster_service.register(s, runtime, address or cfg.address), tracer_provider,
                     on_drain=runtime.end_streams, guard=guard,
@@ -262,7 +265,8 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     store.writer.start()  # the front's durable writes are all group-committed
     clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
                              credentials=link, server_name=security.cluster_name(c.name), clock=wall,
-                             on_flags=functools.partial(blocks.apply_all, store))
+                             on_flags=functools.partial(blocks.apply_all, store, c.name),
+                             ceilings={p.name: p.vm_ceiling for p in c.pools})
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
     for c in clients:
@@ -278,8 +282,10 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     feed.subscribe(functools.partial(setattr, sessions, "catalog"))
     if metrics is not None:
         metrics.watch_front(fleet, sessions.placement)
-    guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock),
+    guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock, retention_s=security.audit_retention_s),
                   stream_caps(dict(security.max_streams)))
+    if metrics is not None:
+        metrics.watch_guard(guard, "front")
     server = Server(address, lambda s: front_service.register(s, sessions), tracer_provider,
                     on_drain=sessions.end_streams, guard=guard,
                     credentials=None if plaintext else tls.server_credentials(files, require_client_cert=False),

@@ -99,6 +99,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                      help="a preempted session's grace period (default: the fleet's)")
     sim.add_argument("--requeue", action="store_true", help="batch sessions ask to be queued again if preempted")
+    sim.add_argument("--spot", type=float, default=None, metavar="PER_HOUR",
+                     help="every pool on Spot VMs (priced at its spot_price_fraction), each running VM preempted "
+                          "at this rate per hour; a preempted batch session is queued again")
     sim.add_argument("--plot", default=None, metavar="PNG",
                      help="draw each region and pool over time: VMs (assigned, warm, starting) and queue, waits, cost")
     sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
@@ -160,6 +163,7 @@ def _setup(args, service: str):
     from provisioner import telemetry
     from provisioner.clock import RealClock, shared_origin
     from provisioner.config import ConfigError, load_fleet
+    from provisioner.private_files import private_dir
 
     from provisioner import logs
 
@@ -168,8 +172,9 @@ def _setup(args, service: str):
         fleet = load_fleet(args.clusters)
     except ConfigError as e:
         raise SystemExit(f"error: bad fleet config:\n{e}") from None
-    data_dir = Path(args.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    # Everything the process writes is its owner's alone (the audit log, sessions, spans, keys).
+    os.umask(0o077)
+    data_dir = private_dir(args.data_dir)
     exporter = getattr(args, "traces", None) or os.environ.get("PROVISIONER_TRACES") or "file"
     try:
         ratio = telemetry.sample_ratio_from(args.trace_sample, os.environ.get(telemetry.ENV_SAMPLE)
@@ -447,13 +452,14 @@ def cmd_simulate(args) -> int:
                             ("--grace", args.grace, lambda v: 0 <= v < float("inf")),
                             ("--headroom", args.headroom, lambda v: v >= 0),
                             ("--warm-vms", args.warm_vms, lambda v: v >= 0),
-                            ("--wait-probability", args.wait_probability, lambda v: 0 < v < 0.5)):
+                            ("--wait-probability", args.wait_probability, lambda v: 0 < v < 0.5),
+                            ("--spot", args.spot, lambda v: 0 <= v < float("inf"))):
         if value is not None and not ok(value):
             print(f"error: {flag} {value} is out of range", file=sys.stderr)
             return 2
     run = Run(args.trace, args.scale, args.seed, args.clusters, args.policy, args.headroom, args.warm_vms,
               args.wait_probability, args.quotas, args.flood, args.standby, args.max_vms, args.share_gpus, args.grace,
-              args.requeue)
+              args.requeue, args.spot)
     started = time.monotonic()
     shown = [0.0]
 

@@ -6,6 +6,8 @@ import base64
 import random
 import secrets
 
+MAX_NAME = 63
+
 
 class IdSource:
     """Session and VM ids. Live clusters draw them from the OS's CSPRNG, so an id cannot be
@@ -32,5 +34,8 @@ class IdSource:
         return base64.urlsafe_b64encode(self._secrets.randbytes(32)).rstrip(b"=").decode()
 
     def vm(self, pool: str) -> str:
-        # GCE instance names: lowercase letters, digits and dashes, at most 63 characters.
-        return f"{self.cluster}-{pool}-{self._suffix()}"[:63]
+        """GCE instance names: lowercase letters, digits and dashes, at most 63 characters. A long
+        cluster and pool name is shortened, never the random suffix: cut, it would collide."""
+        suffix = self._suffix()
+        prefix = f"{self.cluster}-{pool}"[:MAX_NAME - len(suffix) - 1].rstrip("-")
+        return f"{prefix}-{suffix}"

@@ -17,6 +17,7 @@ from typing import Callable
 from provisioner.config import FleetConfig, load_fleet
 from provisioner.sim.replay import (Replay, Tally, peak_concurrency, read_trace, superimpose, trace_end, with_flood,
                                     with_policy, with_priority)
+from provisioner.sim.spot import with_spot
 
 # Progress of each worker (fraction done), shared with the parent. Set in each worker process.
 _progress = None
@@ -41,11 +42,12 @@ class Run:
     share_gpus: int | None = None  # GPUs guaranteed to each user in every pool (None: the fleet's)
     grace_period_s: float | None = None  # a preemption's grace period (None: the fleet's)
     requeue: bool = False  # batch sessions ask to be queued again if preempted
+    spot_preemptions_per_hour: float | None = None  # every pool on Spot VMs, preempted this often (None: as configured)
 
     def fleet(self) -> FleetConfig:
         fleet = with_policy(load_fleet(self.clusters_dir), self.policy, self.headroom_fraction, self.warm_vms,
                             self.wait_probability, self.standby, self.max_vms)
-        return with_priority(fleet, self.share_gpus, self.grace_period_s)
+        return with_spot(with_priority(fleet, self.share_gpus, self.grace_period_s), self.spot_preemptions_per_hour)
 
     def rows(self):
         return with_flood(superimpose(read_trace(self.trace), self.scale, self.seed), self.flood)
