@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from provisioner.decide.autoscale import desired_vms
 from provisioner.loop_lag import INTERVAL_S, watch_lag
+from provisioner.ratelimit import TokenBuckets
 from provisioner.cloud.base import CloudFailure
 from provisioner.model import Session
 from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
@@ -47,6 +48,9 @@ LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 # A scrape is made at most this often (wall seconds); scrapes meanwhile get the same text.
 SCRAPE_CACHE_S = 1.0
 MAX_SCRAPERS = 8  # metrics connections answered at a time; more get 503 at once
+# Scrapes answered a second, after a burst (a few Prometheus replicas scrape every 15 s or so);
+# more get 429 at once, before anything is read.
+SCRAPES_PER_S, SCRAPE_BURST = 5.0, 20
 LOOP_LAG = "provisioner_event_loop_lag_seconds"  # read back by the serving benchmark (perf/usage.py)
 _LIVE_SESSION_STATES = [s for s in SessionState if s not in (SessionState.STOPPED, SessionState.FAILED)]
 _BREAKER_STATES = ("closed", "open", "half-open")
@@ -79,6 +83,7 @@ class Metrics:
         self._snapshot: tuple[float, bytes] | None = None  # (when, the text) of the last scrape
         self._making: asyncio.Future | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="metrics")  # writes the scrape's text
+        self._scrape_rate = TokenBuckets(SCRAPES_PER_S, SCRAPE_BURST)
         self.sessions_created = Counter("provisioner_sessions_created", "Sessions made by the cluster.",
                                         ["cluster", "pool", "kind"], registry=r)
         self.session_starts = Counter("provisioner_session_starts", "Sessions that reached running, by how "
@@ -155,7 +160,7 @@ class Metrics:
         the event loop's lag meanwhile. The port needs no credential and shares the serving loop,
         so a scrape costs that loop little whoever sends it: one snapshot a second at most, the
         collectors read on the loop (they read state the loop changes) and the text written in a
-        thread; at most MAX_SCRAPERS connections at a time."""
+        thread; at most MAX_SCRAPERS connections at a time and SCRAPES_PER_S answered."""
         host, _, port = address.rpartition(":")
         server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
         return MetricsServer(server, asyncio.create_task(watch_lag(self.loop_lag.observe)))
@@ -184,6 +189,9 @@ class Metrics:
         path = rest.split(" ", 1)[0].split("?", 1)[0]
         if method != "GET" or path != "/metrics":
             return "404 Not Found", b"only GET /metrics here\n", "text/plain"
+        if self._scrape_rate.wait_s("", now := time.monotonic()):  # wall time: it paces requests from outside
+            return "429 Too Many Requests", b"too many scrapes; Prometheus needs one every 15 s or so\n", "text/plain"
+        self._scrape_rate.take("", now)
         try:
             return "200 OK", await self.scrape(), CONTENT_TYPE_LATEST
         except Exception:
