@@ -11,6 +11,7 @@ such in their help text (the simulated cloud may run faster than the wall).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from provisioner.decide.autoscale import desired_vms
 from provisioner.loop_lag import INTERVAL_S, watch_lag
 from provisioner.cloud.base import CloudFailure
 from provisioner.model import Session
+from provisioner.port_holder import PortTaken
 from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
 
 if TYPE_CHECKING:
@@ -132,7 +134,12 @@ class Metrics:
         the event loop's lag meanwhile. On the event loop, not a thread: the collectors read state
         the loop changes."""
         host, _, port = address.rpartition(":")
-        server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
+        try:
+            server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortTaken(address, "metrics") from None
+            raise
         return MetricsServer(server, asyncio.create_task(watch_lag(self.loop_lag.observe)))
 
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

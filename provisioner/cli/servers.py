@@ -158,7 +158,7 @@ def _tls_files(args):
 
 def _setup(args, service: str):
     from provisioner import telemetry
-    from provisioner.clock import RealClock, shared_origin
+    from provisioner.clock import fleet_clock
     from provisioner.config import ConfigError, load_fleet
 
     from provisioner import logs
@@ -180,9 +180,8 @@ def _setup(args, service: str):
                                        sample_ratio=ratio)
     if args.time_scale <= 0:
         raise SystemExit("error: --time-scale must be > 0")
-    # A sped-up clock counts from the fleet's first start, so restarts keep one model time.
-    origin = None if args.time_scale == 1 else shared_origin(data_dir)
-    return fleet, data_dir, RealClock(args.time_scale, origin), provider, exporter
+    # The fleet's model clock goes on from where its data dir says, at this process's speed.
+    return fleet, data_dir, fleet_clock(data_dir, args.time_scale), provider, exporter
 
 
 def _serve_until_signalled(provider, start) -> int:
@@ -190,6 +189,7 @@ def _serve_until_signalled(provider, start) -> int:
     or Ctrl-C, then drains and flushes the spans."""
     from provisioner.api.server import stop_event_on_signals
 
+    from provisioner.port_holder import PortTaken
     from provisioner.security.tls import PlaintextRefused
     from provisioner.store import StoreError
 
@@ -211,7 +211,7 @@ def _serve_until_signalled(provider, start) -> int:
 
     try:
         asyncio.run(run())
-    except (StoreError, PlaintextRefused) as e:
+    except (StoreError, PlaintextRefused, PortTaken) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
@@ -250,6 +250,14 @@ class _Edge:
 
 
 def cmd_up(args) -> int:
+    from provisioner.cli.data_dir_lock import DataDirTaken, lock_data_dir
+
+    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        lock_data_dir(Path(args.data_dir))
+    except DataDirTaken as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     fleet, data_dir, clock, provider, exporter = _setup(args, "provisioner")
 
     async def start():
