@@ -45,15 +45,19 @@ def session_create(c: Client, args) -> int:
     if args.max_runtime is not None:
         spec.max_runtime.FromTimedelta(timedelta(seconds=args.max_runtime))
     try:
-        s = c.call("CreateSession", session_pb.CreateSessionRequest(spec=spec)).session
+        resp = c.call("CreateSession", session_pb.CreateSessionRequest(spec=spec))
     except (api.Unavailable, api.DeadlineExceeded):
         # Only when the session may exist is the request id worth keeping (a refusal made nothing).
         c.note(f"request id: {request_id} (the session may have been made: retry with "
                f"--request-id {request_id} to get it, never a second one)")
         raise
+    s, note = resp.session, resp.placement_note
+    if note:  # on stderr even with --json, which carries it too
+        print(f"note: {note}", file=sys.stderr, flush=True)
     if args.wait and s.state != S.SESSION_STATE_RUNNING and s.state not in _ENDED:
         s = _wait_ready(c, s)
-    _show_session(c, s)
+    c.show({**render.session_to_json(s), **({"placement_note": note} if note else {})},
+           render.session_detail(s, client.now()))
     if args.wait:
         return 0 if s.state == S.SESSION_STATE_RUNNING else 1
     return 0

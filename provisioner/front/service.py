@@ -31,7 +31,7 @@ from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedRow, EndedSessions
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, AdmissionChanged, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
-from provisioner.front.router import rank, why_none
+from provisioner.front.router import hint_note, rank, why_none
 from provisioner.model import cluster_of, request_key
 from provisioner.store import SqliteStore
 from provisioner.store.front_records import Admission, Made
@@ -151,14 +151,14 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                     return session_pb.CreateSessionResponse(session=resp.session)
                 blocks.check(self.store, spec.user_id)  # every session is a GPU session
                 await self._check_quota(spec.user_id, spec.request_id, kind, q, stored)
-                candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
-                                  spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
+                views = [c.view() for c in self.fleet.clients.values()]
+                candidates = rank(views, spec.accelerator, image, spec.region_hint, spec.region_required,
+                                  self.limits.regions.inter_region_penalty_s)
                 for cand in candidates:
                     span.add_event("candidate", {"cluster": cand.cluster, "expected_s": cand.expected_s,
                                                  "how": cand.how, "region_penalty_s": cand.region_penalty_s,
                                                  "load": cand.load})
                 if not candidates:
-                    views = [c.view() for c in self.fleet.clients.values()]
                     raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
                 first = self.fleet.clients[candidates[0].cluster]
                 hold = first.hold(spec.accelerator, image)
@@ -170,7 +170,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                     continue
                 finally:
                     first.settle(hold)
-                return session_pb.CreateSessionResponse(session=session)
+                return session_pb.CreateSessionResponse(
+                    session=session, placement_note=hint_note(views, candidates, spec.region_hint, session.cluster))
             raise Unavailable(f"creates of user {quote(spec.user_id)} keep arriving at other front replicas at "
                               "once; retry", retry_after_s=0.1)
 
