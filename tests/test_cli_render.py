@@ -121,10 +121,11 @@ def test_session_table_timing_column():
     running = make_session("b", S.SESSION_STATE_RUNNING, start=types_pb2.START_KIND_COLD)
     running.ready_time.FromSeconds(NOW + 60)
     lines = render.session_table([waiting, running], now=NOW + 660).splitlines()
-    assert lines[1].split() == ["a", "queued", "us-central1", "gpu:v154", "-", "in", "0s"]  # late
-    assert lines[2].split()[-1] == "10m"  # running for 10m
+    # AGE (since created) and READY-IN (the estimate, while waiting) are columns of their own
+    assert lines[1].split() == ["a", "queued", "us-central1", "gpu:v154", "-", "11m", "0s"]  # late
+    assert lines[2].split()[-2:] == ["11m", "-"]  # created 11m ago, running
     lines = render.session_table([waiting, running], now=NOW).splitlines()
-    assert "in 1m30s" in lines[1]
+    assert lines[1].split()[-2:] == ["0s", "1m30s"]
     assert lines[2].split()[4] == "cold"
 
 

@@ -157,6 +157,9 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
         "requeued_from": s.requeued_from,
         "notices": [{"kind": n.kind, "message": n.message, "time": ts(n, "time"),
                      "action_time": ts(n, "action_time")} for n in s.notices],
+        # The serving cluster's clock when it answered: the times above are on that clock, which is
+        # the fleet's model time (ahead of the wall under --time-scale), not necessarily the wall's.
+        "read_time": ts(s, "read_time"),
     }
 
 
@@ -224,15 +227,17 @@ def age(then: float | None, now: float) -> str:
     return "" if then is None else format_duration(now - then)
 
 
-def session_timing(s: types_pb2.Session, now: float) -> str:
-    """AGE/READY-IN: "in 1m30s" while waiting with an estimate, else time since ready/created."""
-    now = server_now(s, now)
+def session_age(s: types_pb2.Session, now: float) -> str:
+    """AGE: the time since the session was created (on the fleet's clock)."""
+    return age(epoch(s, "create_time"), server_now(s, now))
+
+
+def session_ready_in(s: types_pb2.Session, now: float) -> str:
+    """READY-IN: the estimated wait while it waits with an estimate, else nothing."""
     eta = epoch(s, "estimated_ready_time")
     if s.state in _PENDING and eta is not None:
-        return f"in {format_duration(eta - now)}"
-    if s.state == types_pb2.SESSION_STATE_RUNNING and s.HasField("ready_time"):
-        return age(epoch(s, "ready_time"), now)
-    return age(epoch(s, "create_time"), now)
+        return format_duration(eta - server_now(s, now))
+    return ""
 
 
 def pull_percent(s: types_pb2.Session) -> int | None:
@@ -241,7 +246,7 @@ def pull_percent(s: types_pb2.Session) -> int | None:
     return min(100, int(100 * s.pull.bytes_done / s.pull.bytes_total))
 
 
-SESSION_HEADERS = ("ID", "STATE", "CLUSTER", "IMAGE", "START", "AGE/READY-IN", "REASON")
+SESSION_HEADERS = ("ID", "STATE", "CLUSTER", "IMAGE", "START", "AGE", "READY-IN", "REASON")
 
 
 def session_table(sessions: Iterable[types_pb2.Session], now: float) -> str:
@@ -252,7 +257,8 @@ def session_table(sessions: Iterable[types_pb2.Session], now: float) -> str:
             s.cluster or "-",
             s.image or s.spec.image or "-",
             enum_short(types_pb2.StartKind, s.start) or "-",
-            session_timing(s, now) or "-",
+            session_age(s, now) or "-",
+            session_ready_in(s, now) or "-",
             s.reason,
         )
         for s in sessions
@@ -322,6 +328,7 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
 
 def progress_line(s: types_pb2.Session, now: float) -> str:
     """One line per watched change: state, queue position, pull percent, time to ready."""
+    model_clock = clock_note([s], now) is not None
     now = server_now(s, now)
     parts = [s.id, enum_short(types_pb2.SessionState, s.state) or "unknown"]
     if s.queue_position:
@@ -331,7 +338,8 @@ def progress_line(s: types_pb2.Session, now: float) -> str:
         parts.append(f"pull {pct}% of {format_bytes(s.pull.bytes_total)}")
     eta = epoch(s, "estimated_ready_time")
     if s.state in _PENDING and eta is not None:
-        parts.append(f"ready in ~{format_duration(eta - now)}")
+        # Whose time: under --time-scale the estimate is in the fleet's model time, not the wall's.
+        parts.append(f"ready in ~{format_duration(eta - now)}" + (" (model time)" if model_clock else ""))
     if s.state == types_pb2.SESSION_STATE_RUNNING:
         start = enum_short(types_pb2.StartKind, s.start)
         if start:

@@ -67,6 +67,8 @@ def _wait_ready(c: Client, s: types_pb2.Session) -> types_pb2.Session:
     """Follows the session until it runs or ends, reporting each change on stderr."""
     shown = ""
     for s in c.api.watch_messages(s.id):
+        if not shown:
+            _say_whose_clock(c, s)
         line = render.progress_line(s, client.now())
         if line != shown:
             print(line, file=sys.stderr, flush=True)
@@ -74,6 +76,11 @@ def _wait_ready(c: Client, s: types_pb2.Session) -> types_pb2.Session:
         if s.state == S.SESSION_STATE_RUNNING or s.state in _ENDED:
             break
     return s
+
+
+def _say_whose_clock(c: Client, s: types_pb2.Session) -> None:
+    if note := render.clock_note([s], client.now()):
+        c.note(note)
 
 
 def session_get(c: Client, args) -> int:
@@ -107,7 +114,9 @@ def session_list(c: Client, args) -> int:
 
 
 def session_watch(c: Client, args) -> int:
-    for s in c.api.watch_messages(args.session_id, args.after_revision):
+    for i, s in enumerate(c.api.watch_messages(args.session_id, args.after_revision)):
+        if not i:
+            _say_whose_clock(c, s)
         if c.json:
             print(json.dumps(render.session_to_json(s)), flush=True)
         else:
