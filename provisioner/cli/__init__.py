@@ -7,11 +7,16 @@ import importlib
 import os
 import sys
 
-import grpc
+# gRPC's own log lines (a TLS handshake's failure, as the C core words it) are not for the terminal:
+# the command says what went wrong in its own words. GRPC_VERBOSITY set by the user still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+import grpc  # noqa: E402 (after the verbosity, which the C core reads once)
 
 from provisioner.agent import cli as agent_cli
 from provisioner.cli import admin_commands, client, session_commands
 from provisioner.client import ProvisionerError
+from provisioner.client.credentials import ca_source
 from provisioner.client.errors import from_rpc_error
 
 
@@ -64,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (ProvisionerError, grpc.RpcError) as e:
         err = from_rpc_error(e) if isinstance(e, grpc.RpcError) else e
-        print(client.describe_error(err, client.front_address(args)), file=sys.stderr)
+        trusted = ca_source(getattr(args, "ca", None), getattr(args, "data_dir", None))
+        print(client.describe_error(err, client.front_address(args), trusted), file=sys.stderr)
         return 1
     except client.CliError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -8,7 +8,10 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_DATA_DIR = ".data"
+# The data dir's default is the client commands' own, so they find the fleet's CA and key wherever
+# they run: $PROVISIONER_DATA_DIR, else $XDG_DATA_HOME/provisioner (~/.local/share/provisioner).
+from provisioner.client.credentials import default_data_dir
+
 # The local fleet runs model time 30x faster than the wall: a 90 s boot takes 3 s and a full
 # 10-minute image pull 20 s, so a demo never waits minutes (idle culling after 2 real minutes).
 UP_TIME_SCALE = 30.0
@@ -56,8 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the identity (default local-operator: service and admin on the local fleet; "
                             "any other name is a user of that id)")
     token.add_argument("--ttl", type=float, default=3600.0, metavar="SECONDS", help="lifetime (default 3600)")
-    token.add_argument("--data-dir", default=os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR),
-                       help="the local fleet's data dir, which holds its key (env PROVISIONER_DATA_DIR)")
+    token.add_argument("--data-dir", default=str(default_data_dir()),
+                       help="the local fleet's data dir, which holds its key (env PROVISIONER_DATA_DIR; "
+                            "default ~/.local/share/provisioner)")
     token.set_defaults(func=cmd_token)
 
     certs = sub.add_parser("certificates", help="issue the fleet's TLS certificates from a new local CA, for a "
@@ -69,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     trace = sub.add_parser("trace", help="show the spans of a session's requests as a tree")
     trace.add_argument("session_id")
-    trace.add_argument("--file", default=None, help=f"span file (default: {DEFAULT_DATA_DIR}/traces.jsonl)")
+    trace.add_argument("--file", default=None, help="span file (default: traces.jsonl in the data dir: $PROVISIONER_DATA_DIR, else "
+                            "~/.local/share/provisioner)")
     trace.set_defaults(func=cmd_trace)
 
     sim = sub.add_parser("simulate", help="replay a session trace through the cluster logic on a virtual clock")
@@ -109,8 +114,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
     p.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
-    p.add_argument("--data-dir", default=os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR),
-                   help="where the SQLite databases and the span file go (env PROVISIONER_DATA_DIR)")
+    p.add_argument("--data-dir", default=str(default_data_dir()),
+                   help="where the SQLite databases, the span file, the local CA and token key go "
+                        "(env PROVISIONER_DATA_DIR; default $XDG_DATA_HOME/provisioner, i.e. ~/.local/share/provisioner)")
     p.add_argument("--time-scale", type=float, default=time_scale,
                    help=f"model seconds per wall second for the simulated cloud (default {time_scale:g})")
     p.add_argument("--database-url", default=os.environ.get("PROVISIONER_DATABASE_URL"),
@@ -420,7 +426,7 @@ def cmd_certificates(args) -> int:
 def cmd_trace(args) -> int:
     from provisioner import traceview
 
-    path = Path(args.file or Path(os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR)) / "traces.jsonl")
+    path = Path(args.file or default_data_dir() / "traces.jsonl")
     if not path.exists():
         print(f"error: no span file at {path} (run the services with --traces file)", file=sys.stderr)
         return 1
