@@ -37,8 +37,8 @@ def test_model_time_is_labelled():
     s.read_time.FromSeconds(NOW + 3 * 3600)
     detail = render.session_detail(s, NOW)
     assert "clock:" in detail and "model time, 3h ahead of the wall clock" in detail
-    assert "start:      partial (a warm VM pulled the layers it lacked)" in detail
-    assert "pull:       100% of 24.6 GB (the layers the VM lacked)" in detail
+    assert "start:      partial (a warm VM had part of the image and pulled the rest)" in detail
+    assert "pull:       24.6 GB pulled (the layers the VM lacked)" in detail
     s.read_time.FromSeconds(NOW + 5)
     assert "clock:" not in render.session_detail(s, NOW)
     assert render.clock_note([s], NOW) is None

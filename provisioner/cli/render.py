@@ -268,7 +268,7 @@ def session_table(sessions: Iterable[types_pb2.Session], now: float) -> str:
 
 _START_MEANING = {
     types_pb2.START_KIND_WARM: "a warm VM held the image",
-    types_pb2.START_KIND_PARTIAL: "a warm VM pulled the layers it lacked",
+    types_pb2.START_KIND_PARTIAL: "a warm VM had part of the image and pulled the rest",
     types_pb2.START_KIND_COLD: "a new VM",
 }
 
@@ -280,7 +280,10 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
     if s.image and s.spec.image and s.image != s.spec.image:
         image = f"{s.image} (asked for {s.spec.image})"
     pct = pull_percent(s)
-    pull = f"{pct}% of {format_bytes(s.pull.bytes_total)} (the layers the VM lacked)" if pct is not None else ""
+    # A partial start pulls only the layers its VM lacked: a finished pull says how much that was,
+    # not "100%", which read as the whole image beside "start: partial".
+    pull = ("" if pct is None else f"{format_bytes(s.pull.bytes_total)} pulled (the layers the VM lacked)"
+            if pct == 100 else f"{pct}% of {format_bytes(s.pull.bytes_total)} (the layers the VM lacked)")
     start = enum_short(types_pb2.StartKind, s.start)
     if s.start in _START_MEANING:
         start = f"{start} ({_START_MEANING[s.start]})"

@@ -154,7 +154,8 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     add = client.group(subparsers, "session", common, "notebook sessions (SessionService)")
     p = add("create", session_create, "start a session")
     p.add_argument("--user", required=True)
-    p.add_argument("--accelerator", required=True, help="pool shape, e.g. gpu-p100")
+    p.add_argument("--accelerator", required=True,
+                   help="a pool (gpu-p100) or an accelerator type one pool has (nvidia-tesla-p100, as admin pools shows)")
     p.add_argument("--image", required=True, help="e.g. gpu:v154 or gpu:latest")
     p.add_argument("--kind", type=enum_arg(types_pb2.SessionKind), metavar="interactive|batch")
     p.add_argument("--notebook")

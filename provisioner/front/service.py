@@ -35,7 +35,7 @@ from provisioner.front.router import hint_note, rank, why_none
 from provisioner.model import cluster_of, request_key
 from provisioner.store import SqliteStore
 from provisioner.store.front_records import Admission, Made
-from provisioner.validation import priority_class, validate_spec
+from provisioner.validation import pool_named, priority_class, validate_spec
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -94,6 +94,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.clock = clock
         self.placement = Placement(fleet.clients, store, wall)
         self.pools = {p.name for c in config.clusters for p in c.pools}
+        self.pool_accelerators = {p.name: p.accelerator for c in config.clusters for p in c.pools}
         self.regions = {c.region for c in config.clusters}
         self.limits = config.settings
         q = self.limits.quotas
@@ -125,6 +126,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         if owner := guard.current().owner:  # a user creates sessions for itself only
             request.spec.user_id = owner
         self._check_rate(request.spec.user_id, guard.current().caller.identity)
+        request.spec.accelerator = pool_named(request.spec.accelerator, self.pool_accelerators)
         spec = convert.spec_from_pb(request.spec)
         image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
         priority_class(spec, self.limits.priority)
