@@ -80,6 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("simulate", help="replay a session trace through the cluster logic on a virtual clock")
     sim.add_argument("--trace", required=True, help="session trace CSV (arrival_s,user,kind,accelerator,...)")
     sim.add_argument("--scale", type=int, default=1, help="superimpose K shifted copies of the trace (default 1)")
+    sim.add_argument("--days", type=float, default=None, metavar="N",
+                     help="only the sessions arriving in the trace's first N days: a quick run (default: all)")
     sim.add_argument("--seed", type=int, default=0, help="seed for the physics, ids and copy offsets")
     sim.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
     sim.add_argument("--policy", choices=["fixed", "headroom", "predictive"], default=None,
@@ -449,6 +451,9 @@ def cmd_simulate(args) -> int:
     from provisioner.sim.parallel import results as results_of
     from provisioner.sim.replay import TraceError
 
+    if args.days is not None and not 0 < args.days < float("inf"):
+        print(f"error: --days {args.days} is out of range (> 0)", file=sys.stderr)
+        return 2
     if args.scale < 1 or args.jobs < 1 or args.flood < 0:
         print("error: --scale and --jobs must be >= 1, --flood >= 0", file=sys.stderr)
         return 2
@@ -463,7 +468,7 @@ def cmd_simulate(args) -> int:
             return 2
     run = Run(args.trace, args.scale, args.seed, args.clusters, args.policy, args.headroom, args.warm_vms,
               args.wait_probability, args.quotas, args.flood, args.standby, args.max_vms, args.share_gpus, args.grace,
-              args.requeue)
+              args.requeue, args.days)
     started = time.monotonic()
     shown = [0.0]
 
