@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     certs.add_argument("--out", required=True, metavar="DIR", help="where to write the CA and one certificate per "
                                                                      "process (kept if present, renewed near expiry)")
     certs.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
+    certs.add_argument("--front-name", action="append", default=[], metavar="NAME",
+                       help="another DNS name or IP address for the front's certificate, such as its internal load "
+                            "balancer's (repeatable; added to security.front_tls_extra_names of fleet.yaml)")
     certs.set_defaults(func=cmd_certificates)
 
     trace = sub.add_parser("trace", help="show the spans of a session's requests as a tree")
@@ -417,6 +420,7 @@ def cmd_certificates(args) -> int:
         return 1
     out = Path(args.out)
     leaves = tls_leaves(fleet)
+    leaves["front"] += [n for n in args.front_name if n not in leaves["front"]]
     ensure_local_pki(out, leaves)
     print(f"CA                    {out / CA_CERT}")
     for name, dns in leaves.items():

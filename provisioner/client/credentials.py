@@ -85,6 +85,14 @@ def _dev_token(data_dir: Path) -> str:
         raise NoCredentials(f"no credentials: give --token (or PROVISIONER_TOKEN); {e}") from None
 
 
+def server_name_options(server_name: str | None = None) -> list[tuple[str, str]]:
+    """Channel options that check the front's certificate for `server_name` (else
+    $PROVISIONER_SERVER_NAME) instead of the host dialled: for an address the certificate does not
+    name, such as an internal load balancer's IP address."""
+    name = server_name or os.environ.get("PROVISIONER_SERVER_NAME")
+    return [("grpc.ssl_target_name_override", name)] if name else []
+
+
 def front_credentials(ca_pem: bytes | None, token: str) -> grpc.ChannelCredentials:
     """TLS trusting `ca_pem` (None: the system's roots) with the token on every call."""
     return grpc.composite_channel_credentials(grpc.ssl_channel_credentials(root_certificates=ca_pem),
