@@ -118,3 +118,24 @@ async def test_a_sweep_recomputes_only_the_users_whose_budget_end_may_have_moved
         usage_known, usage_listed = svc._usage(*known, now, q), svc._usage(*listed, now, q)
         assert (usage_known.active, usage_known.running_gpus) == (usage_listed.active, usage_listed.running_gpus)
         assert abs(usage_known.used_s - usage_listed.used_s) < 1e-6
+
+
+async def test_a_cluster_refuses_a_budget_end_no_weekly_budget_could_reach(tmp_path):
+    """The front's certificate cannot let a session run for ever: a cluster takes budget ends up to
+    two weeks ahead (a week's budget after the next reset, at most), not year 9999."""
+    from provisioner.v1 import cluster_service_pb2 as cluster_pb
+    from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
+
+    async with warm_fleet(with_budget(tmp_path, 30.0), tmp_path / "data") as fleet:
+        s = await fleet.create(user_id="ada", accelerator="gpu-p100")
+        async with fleet.cluster_channel(s.cluster) as ch:
+            stub = cluster_grpc.ClusterServiceStub(ch)
+            far = cluster_pb.SetBudgetEndRequest(session_id=s.id)
+            far.end_time.FromSeconds(253_402_300_000)  # 9999-12-31
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.SetBudgetEnd(far, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "end_time" in err.value.details()
+            near = cluster_pb.SetBudgetEndRequest(session_id=s.id)
+            near.end_time.FromSeconds(int(seconds(s.create_time)) + 86_400)
+            resp = await stub.SetBudgetEnd(near, timeout=5)
+            assert seconds(resp.session.budget_end_time) == seconds(near.end_time)

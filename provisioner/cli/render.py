@@ -13,6 +13,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from provisioner.safe_text import printable
 from provisioner.v1 import types_pb2
 
 # --- enums ---------------------------------------------------------------------------------
@@ -132,6 +133,7 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
         "vm_id": s.vm_id,
         "endpoint": s.endpoint,
         "image": s.image,
+        "image_digest": s.image_digest,
         "image_requested": s.spec.image,
         "start": enum_short(types_pb2.StartKind, s.start),
         "user": s.spec.user_id,
@@ -160,6 +162,8 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
         # The serving cluster's clock when it answered: the times above are on that clock, which is
         # the fleet's model time (ahead of the wall under --time-scale), not necessarily the wall's.
         "read_time": ts(s, "read_time"),
+        # Only `session get` has it (GetSession, for the owner and service or admin callers).
+        **({"access_token": s.access_token} if s.access_token else {}),
     }
 
 
@@ -183,7 +187,7 @@ def quota_to_json(q: types_pb2.Quota) -> dict[str, Any]:
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> str:
     """Left-aligned columns, two spaces apart, no trailing blanks."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    cells = [[str(h) for h in headers]] + [["" if c is None else printable(str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells
@@ -192,7 +196,7 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> str:
 
 def kv(pairs: Iterable[tuple[str, Any]]) -> str:
     """`key: value` lines with values aligned; empty values are left out."""
-    kept = [(k, str(v)) for k, v in pairs if v not in (None, "")]
+    kept = [(k, printable(str(v))) for k, v in pairs if v not in (None, "")]
     width = max((len(k) for k, _ in kept), default=0) + 1
     return "\n".join(f"{(k + ':').ljust(width)} {v}" for k, v in kept)
 
@@ -309,6 +313,8 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
         ("pool", s.pool),
         ("vm", s.vm_id),
         ("image", image),
+        ("image digest", s.image_digest),
+        ("secret", "set (shown by --json as access_token)" if s.access_token else ""),
         ("start", start),
         ("endpoint", s.endpoint),
         ("queue position", s.queue_position or ""),
@@ -353,7 +359,7 @@ def progress_line(s: types_pb2.Session, now: float) -> str:
     line = f"{line}: {s.reason}" if s.reason else line
     if s.notices and s.state == types_pb2.SESSION_STATE_RUNNING:  # the newest warning, until it acts
         line += f" [notice: {s.notices[-1].message}]"
-    return line
+    return printable(line)
 
 
 def quota_detail(q: types_pb2.Quota, now: float) -> str:

@@ -139,6 +139,7 @@ def _setup(args, service: str):
     from provisioner import telemetry
     from provisioner.clock import fleet_clock
     from provisioner.config import ConfigError, load_fleet
+    from provisioner.private_files import private_dir
 
     from provisioner import logs
 
@@ -147,8 +148,9 @@ def _setup(args, service: str):
         fleet = load_fleet(args.clusters)
     except ConfigError as e:
         raise SystemExit(f"error: bad fleet config:\n{e}") from None
-    data_dir = Path(args.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    # Everything the process writes is its owner's alone (the audit log, sessions, spans, keys).
+    os.umask(0o077)
+    data_dir = private_dir(args.data_dir)
     exporter = getattr(args, "traces", None) or os.environ.get("PROVISIONER_TRACES") or "file"
     try:
         ratio = telemetry.sample_ratio_from(args.trace_sample, os.environ.get(telemetry.ENV_SAMPLE)
@@ -169,6 +171,7 @@ def _serve_until_signalled(provider, start) -> int:
     from provisioner.api.server import stop_event_on_signals
 
     from provisioner.port_holder import PortTaken
+    from provisioner.registry.client import RegistryError
     from provisioner.security.tls import PlaintextRefused
     from provisioner.store import StoreError
 
@@ -192,6 +195,9 @@ def _serve_until_signalled(provider, start) -> int:
         asyncio.run(run())
     except (StoreError, PlaintextRefused, PortTaken) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except RegistryError as e:  # the image catalog could not be read: nothing to offer
+        print(f"error: reading the image catalog: {e}", file=sys.stderr)
         return 1
     finally:
         _flush(provider)

@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction, clusters_help: str) -> None:
     sim.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                      help="a preempted session's grace period (default: the fleet's)")
     sim.add_argument("--requeue", action="store_true", help="batch sessions ask to be queued again if preempted")
+    sim.add_argument("--spot", type=float, default=None, metavar="PER_HOUR",
+                     help="every pool on Spot VMs (priced at its spot_price_fraction), each running VM preempted "
+                          "at this rate per hour; a preempted batch session is queued again")
     sim.add_argument("--plot", default=None, metavar="PNG",
                      help="draw each region and pool over time: VMs (assigned, warm, starting) and queue, waits, cost")
     sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
@@ -56,7 +59,8 @@ def _out_of_range(args) -> str | None:
                             ("--grace", args.grace, lambda v: 0 <= v < float("inf")),
                             ("--headroom", args.headroom, lambda v: v >= 0),
                             ("--warm-vms", args.warm_vms, lambda v: v >= 0),
-                            ("--wait-probability", args.wait_probability, lambda v: 0 < v < 0.5)):
+                            ("--wait-probability", args.wait_probability, lambda v: 0 < v < 0.5),
+                            ("--spot", args.spot, lambda v: 0 <= v < float("inf"))):
         if value is not None and not ok(value):
             return f"{flag} {value} is out of range"
     return None
@@ -76,7 +80,7 @@ def cmd_simulate(args) -> int:
         return 2
     run = Run(args.trace, args.scale, args.seed, args.clusters, args.policy, args.headroom, args.warm_vms,
               args.wait_probability, args.quotas, args.flood, args.standby, args.max_vms, args.share_gpus, args.grace,
-              args.requeue, args.days)
+              args.requeue, spot_preemptions_per_hour=args.spot, days=args.days)
     started = time.monotonic()
     shown = [0.0]
 

@@ -36,7 +36,8 @@ def default_data_dir() -> Path:
 
 def resolve(token: str | None = None, ca: str | Path | bytes | None = None,
             data_dir: str | Path | None = None) -> Credentials:
-    """The token: `token`, else $PROVISIONER_TOKEN, else the file $PROVISIONER_TOKEN_FILE, else a
+    """The token: `token`, else $PROVISIONER_TOKEN, else the file $PROVISIONER_TOKEN_FILE, else
+    with $PROVISIONER_ID_TOKEN_AUDIENCE the metadata server's Google ID token for it, else a
     `local-operator` dev token from the local fleet's key. The CA: `ca` (a path or PEM bytes),
     else $PROVISIONER_CA, else the local fleet's CA if there is one, else the system's roots."""
     data_dir = Path(data_dir) if data_dir else default_data_dir()
@@ -46,6 +47,10 @@ def resolve(token: str | None = None, ca: str | Path | bytes | None = None,
             token = Path(token_file).read_text().strip()
         except OSError as e:
             raise NoCredentials(f"cannot read the token file {token_file}: {e.strerror or e}") from None
+    if not token and (audience := os.environ.get("PROVISIONER_ID_TOKEN_AUDIENCE")):
+        from provisioner.client.google_identity import id_token  # on Google Cloud: its metadata server's
+
+        token = id_token(audience)
     if not token:
         token = _dev_token(data_dir)
     if isinstance(ca, bytes):

@@ -132,6 +132,10 @@ class ClusterRuntime:
         self._apply(step)
         return step
 
+    def set_catalog(self, catalog) -> None:
+        """A refreshed image catalog (provisioner/registry/catalog.py: CatalogFeed)."""
+        self.handle(ev.CatalogChanged(self.clock.now(), catalog))
+
     async def reconcile(self) -> Plan:
         """Compares the records with the cloud's inventory and settles the differences."""
         cloud = await self.backend.list_vms(self.core.name)

@@ -7,6 +7,7 @@ loops of the simulator, so per-version facts are computed once, up front.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Collection, Iterable, KeysView, Mapping, Sequence
@@ -32,10 +33,19 @@ class Layer:
     size_bytes: int
 
 
-class ImageCatalog:
-    """Every known image version and its layers. `versions` is given oldest first."""
+def synthetic_digest(layer_ids: Sequence[str]) -> str:
+    """A stand-in manifest digest for a version known only by its layer list (the simulated
+    cloud's catalog): stable, and different whenever the layers differ."""
+    return "sha256:" + hashlib.sha256("\n".join(layer_ids).encode()).hexdigest()
 
-    def __init__(self, layers: Mapping[str, int], versions: Mapping[str, Sequence[str]], latest: str):
+
+class ImageCatalog:
+    """Every known image version, its layers and its manifest digest. `versions` is given oldest
+    first. A registry's catalog names layers by their digests and gives each version the digest
+    its tag points to; a catalog without `digests` gets synthetic ones (synthetic_digest)."""
+
+    def __init__(self, layers: Mapping[str, int], versions: Mapping[str, Sequence[str]], latest: str,
+                 digests: Mapping[str, str] | None = None, repository: str = ""):
         for lid, size in layers.items():
             if not isinstance(size, int) or size < 0:
                 raise ValueError(f"layer {lid!r}: size_bytes must be a non-negative int, got {size!r}")
@@ -54,6 +64,9 @@ class ImageCatalog:
             raise ValueError(f"latest {latest!r} is not a catalog version")
 
         self.latest = latest
+        self.repository = repository  # where the versions are pulled from (registry host/path), if known
+        digests = digests or {}
+        self._digests = {v: digests.get(v) or synthetic_digest(ids) for v, ids in versions.items()}
         self.layer_sizes: dict[str, int] = dict(layers)
         self._versions: tuple[str, ...] = tuple(versions)
         self._layers = {v: tuple(Layer(i, layers[i]) for i in ids) for v, ids in versions.items()}
@@ -104,6 +117,30 @@ class ImageCatalog:
     def newest(self, n: int) -> tuple[str, ...]:
         """The n newest versions, newest first."""
         return self._versions[::-1][:max(0, n)]
+
+    def digest(self, version: str) -> str:
+        """The manifest digest the version's tag names in this catalog."""
+        try:
+            return self._digests[version]
+        except KeyError:
+            raise self._unknown(version) from None
+
+    def keeping(self, old: ImageCatalog, versions: Collection[str]) -> ImageCatalog:
+        """This catalog plus those of `versions` that only `old` has (as the oldest versions):
+        a refresh must not forget a version that sessions or VMs still use."""
+        kept = [v for v in old.versions() if v in versions and v not in self._ids]
+        if not kept:
+            return self
+        order = kept + list(self._versions)
+        layers = {**{i: old.layer_sizes[i] for v in kept for i in old._ids[v]}, **self.layer_sizes}
+        ids = {v: [layer.id for layer in (self._layers.get(v) or old._layers[v])] for v in order}
+        digests = {v: self._digests.get(v) or old._digests[v] for v in order}
+        return ImageCatalog(layers, ids, self.latest, digests, self.repository)
+
+    def same_as(self, other: ImageCatalog) -> bool:
+        """The same versions, digests and latest (a refresh that changed nothing)."""
+        return (self.latest, self._digests, self._versions, self.repository) == \
+            (other.latest, other._digests, other._versions, other.repository)
 
     def layers(self, version: str) -> tuple[Layer, ...]:
         """Bottom layer first."""

@@ -22,7 +22,6 @@ from provisioner.decide.autoscale import (
     standby_target,
 )
 from provisioner.decide.assignment import QueueOrder, choose_standby
-from provisioner.decide.commands import Pull
 from provisioner.decide.deadlines import CREATE_ESTIMATE_S
 from provisioner.decide.forecast import Forecast
 from provisioner.decide.prewarm import RECENT_RELEASES, Demand, holdable, next_pull, rank_images
@@ -273,7 +272,7 @@ class Pools:
         if missing:
             vm.pulling = image
             self._vm_changed(vm)
-            self._issue(Pull, now, vm.id, vm.zone, image, missing)
+            self._pull(now, vm, image, missing)
 
     def _prewarm_request(self, name: str, image: str, count: int, now: float) -> list[str]:
         """Pulls `image` onto up to `count` idle warm VMs (those missing the fewest bytes)."""

@@ -11,7 +11,6 @@ from typing import Mapping
 
 from provisioner.decide.assignment import choose_standby, choose_vm
 from provisioner.decide.autoscale import queued_demand
-from provisioner.decide.commands import Pull
 from provisioner.decide.pools import PoolState
 from provisioner.decide.states import SessionState, VmState
 from provisioner.errors import FailedPrecondition, NotFound, quote
@@ -67,6 +66,7 @@ class Sessions:
             id=self._new_session_id(), spec=spec, cluster=self.name, pool=spec.accelerator, image=image,
             created_at=now, last_activity_at=now, idle_timeout_s=self.sessions_config.idle_timeout_s,
             max_runtime_s=max_runtime, trace_context=dict(trace_context), priority_class=klass,
+            image_digest=self.catalog.digest(image), access_token=self.ids.secret(),
         )
         self.sessions[s.id] = s
         self.by_request[spec.key] = s.id
@@ -201,7 +201,7 @@ class Sessions:
             # supersedes whatever prewarm the VM was doing.
             if vm.pulling != s.image:
                 vm.pulling = s.image
-                self._issue(Pull, now, vm.id, vm.zone, s.image, missing, s.id)
+                self._pull(now, vm, s.image, missing, s.id)
         else:
             vm.cache.touch(s.image, self.catalog, now)
             self._running(s, vm, now)

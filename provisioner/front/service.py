@@ -26,6 +26,7 @@ from provisioner.config import FleetConfig
 from provisioner.config_policy import QuotaConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
 from provisioner.front import admission, blocks
+from provisioner.front.cluster_reports import checked
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedRow, EndedSessions
@@ -89,6 +90,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     def __init__(self, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock, wall):
         """`clock` is the fleet's (model) time; `wall` runs at wall speed, for network time."""
         self.config = config
+        self.catalog = config.catalog  # replaced as the catalog feed refreshes (serve.py)
         self.fleet = fleet
         self.store = store
         self.clock = clock
@@ -110,6 +112,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         r = self.limits.rate_limits
         self.user_rates = ratelimit.TokenBuckets(r.creates_per_user_per_s, r.create_burst_per_user)
         self.caller_rates = ratelimit.TokenBuckets(r.creates_per_caller_per_s, r.create_burst_per_caller)
+        self.user_reads = ratelimit.TokenBuckets(r.reads_per_user_per_s, r.read_burst_per_user)
+        self.caller_reads = ratelimit.TokenBuckets(r.reads_per_caller_per_s, r.read_burst_per_caller)
         # Wall time, like a deadline: the retry delay a refusal gives is for clients to wait out.
         self.rate_clock = wall.now
         self._user_locks: dict[str, asyncio.Lock] = {}
@@ -128,7 +132,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self._check_rate(request.spec.user_id, guard.current().caller.identity)
         request.spec.accelerator = pool_named(request.spec.accelerator, self.pool_accelerators)
         spec = convert.spec_from_pb(request.spec)
-        image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
+        image = validate_spec(spec, self.pools, self.catalog, self.limits.sessions.max_runtime_limit_s)
         priority_class(spec, self.limits.priority)
         if spec.region_hint and spec.region_hint not in self.regions:
             raise InvalidArgument(f"unknown region {quote(spec.region_hint)}; the fleet's regions: "
@@ -150,7 +154,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                 if known := stored.answer:
                     span.add_event("duplicate request", {"session.id": known})
                     resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
-                    return session_pb.CreateSessionResponse(session=resp.session)
+                    return session_pb.CreateSessionResponse(session=checked(cluster_of(known), resp.session))
                 blocks.check(self.store, spec.user_id)  # every session is a GPU session
                 await self._check_quota(spec.user_id, spec.request_id, kind, q, stored)
                 views = [c.view() for c in self.fleet.clients.values()]
@@ -179,14 +183,24 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     def _check_rate(self, user_id: str, caller: str) -> None:
         """Refuses a create over the user's or the caller's rate, before it waits for anything."""
-        limits = [(self.user_rates, user_id), (self.caller_rates, caller)]
-        wait, which = ratelimit.take_all(limits, self.rate_clock())
+        r = self.limits.rate_limits
+        self._limit("creates", [(self.user_rates, user_id, r.creates_per_user_per_s, r.create_burst_per_user),
+                                (self.caller_rates, caller, r.creates_per_caller_per_s, r.create_burst_per_caller)])
+
+    def _check_reads(self, user_id: str) -> None:
+        """Refuses a read that asks every cluster (a list, a quota) over the rate of the user it
+        reads ("": every user's) or of its caller."""
+        r, caller = self.limits.rate_limits, guard.current().caller.identity
+        self._limit("reads", [(self.user_reads, user_id or "*", r.reads_per_user_per_s, r.read_burst_per_user),
+                              (self.caller_reads, caller, r.reads_per_caller_per_s, r.read_burst_per_caller)])
+
+    def _limit(self, what: str, limits: list[tuple[ratelimit.TokenBuckets, str, float, int]]) -> None:
+        wait, which = ratelimit.take_all([(buckets, key) for buckets, key, _, _ in limits], self.rate_clock())
         if wait:
-            r = self.limits.rate_limits
-            who, rate, burst = ((f"user {quote(user_id)}", r.creates_per_user_per_s, r.create_burst_per_user),
-                                (f"caller {quote(caller)}", r.creates_per_caller_per_s, r.create_burst_per_caller))[which]
+            _, key, rate, burst = limits[which]
+            who = f"{('user', 'caller')[which]} {quote(key)}"
             trace.get_current_span().add_event("rate limited", {"rate.limit": ("user", "caller")[which]})
-            raise RateLimited(f"too many creates: {who} may make {rate:g} a second after a burst of {burst}; "
+            raise RateLimited(f"too many {what}: {who} may make {rate:g} a second after a burst of {burst}; "
                               f"retry in {wait:.2f} s", retry_after_s=wait)
 
     @asynccontextmanager
@@ -320,9 +334,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     @unary
     async def GetSession(self, request, context):
+        # The answer carries the session's secret: a user's Get finds only that user's sessions
+        # (another's is NOT_FOUND), service and admin callers find every one.
         resp = await call(self.fleet.for_session(request.session_id).sessions.Get,
-                          cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner))
-        return session_pb.GetSessionResponse(session=resp.session)
+                          cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner,
+                                                with_access_token=True))
+        return session_pb.GetSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
     async def _user_sessions(self, user_id: str, states, cluster: str = "", lenient: bool = False,
                              brief: bool = False) -> list[pb.Session]:
@@ -333,7 +350,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         timeout = ATTEMPT_TIMEOUT_S if lenient else None
 
         async def one(c: ClusterClient) -> list[pb.Session]:
-            return await listed(c, cluster_pb.ListRequest(user_id=user_id, states=states, brief=brief), timeout)
+            listing = await listed(c, cluster_pb.ListRequest(user_id=user_id, states=states, brief=brief), timeout)
+            return [checked(c.name, s) for s in listing]
 
         live = [c for name, c in self.fleet.clients.items() if c.healthy and cluster in ("", name)]
         sessions = await _from_each(live, one, user_id, lenient)
@@ -343,6 +361,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     @unary
     async def ListSessions(self, request, context):
         user_id = request.user_id or guard.current().owner  # "" (every user's) only for service and admin
+        self._check_reads(user_id)
         if request.cluster and request.cluster not in self.fleet.clients:
             raise NotFound(f"no cluster {quote(request.cluster)}; clusters: {', '.join(sorted(self.fleet.clients))}")
         if request.cluster and not self.fleet.clients[request.cluster].healthy:
@@ -362,7 +381,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             async for resp in call:
                 if not owner:  # the first answer names the session's owner
                     owner = self._count_watch(resp.session.spec.user_id)
-                yield session_pb.WatchSessionResponse(session=resp.session)
+                yield session_pb.WatchSessionResponse(session=checked(client.name, resp.session))
         except asyncio.CancelledError:
             if not self.draining:
                 raise
@@ -398,20 +417,21 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     async def TouchSession(self, request, context):
         resp = await call(self.fleet.for_session(request.session_id).sessions.Touch,
                           cluster_pb.TouchRequest(session_id=request.session_id, user_id=guard.current().owner))
-        return session_pb.TouchSessionResponse(session=resp.session)
+        return session_pb.TouchSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
     @unary
     async def StopSession(self, request, context):
         resp = await call(self.fleet.for_session(request.session_id).sessions.Stop,
                           cluster_pb.StopRequest(session_id=request.session_id, reason=request.reason,
                                                  user_id=guard.current().owner))
-        return session_pb.StopSessionResponse(session=resp.session)
+        return session_pb.StopSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
     @unary
     async def GetQuota(self, request, context):
         user_id = request.user_id or guard.current().owner
         if not user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
+        self._check_reads(user_id)
         return session_pb.GetQuotaResponse(quota=await self.quota(user_id))
 
     async def quota(self, user_id: str) -> pb.Quota:

@@ -8,6 +8,10 @@ Scheduled work sits in a heap of (time, seq, core, callback, args); each event g
 `handle`, and the step it returns is carried out at once. Work due at the same time as a tick
 runs before it. Whether an answer still applies is the core's business, not the engine's.
 
+A Spot pool's running VMs are preempted at its `spot_preemptions_per_hour` (a Poisson process per
+VM, drawn from a generator of its own so runs without Spot draw exactly as before): the core
+hears it as the gce backend reports it, a health report with the cause "preempted".
+
 Subclasses hook in by overriding `changes` (what changed in a step), `carry_out` (commands), the
 delivery of answers (`deliver`) and the duration/outcome methods. The hot path does no logging
 and copies nothing.
@@ -18,15 +22,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 from typing import Callable, Iterable
 
-from provisioner.cloud.base import CloudFailure
+from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
 from provisioner.cloud.sim import SimPhysics
 from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.events import (
-    CommandFailed, Event, PullDone, Tick, VmCreated, VmDeleted, VmReady, VmStarted, VmStopped, WipeDone,
+    CommandFailed, Event, HealthReported, PullDone, Tick, VmCreated, VmDeleted, VmReady, VmStarted, VmStopped,
+    WipeDone,
 )
+from provisioner.decide.states import VmState
 from provisioner.model import Session, Vm
 
 
@@ -44,6 +51,9 @@ class Engine:
         self._seq = itertools.count()
         self.bytes_pulled = 0
         self.events = 0
+        self.spot_preemptions = 0  # Spot VMs the simulated cloud took back
+        self._spot_rng = random.Random(seed * 104729 + 17)
+        self._spot_run: dict[str, int] = {}  # vm id -> its current run (a start is a new one)
 
     # ---- scheduling -----------------------------------------------------------------------
 
@@ -151,14 +161,32 @@ class Engine:
                     if failure is not None:
                         answer(core, CommandFailed(now + self.create_delay(core), cmd.id, failure))
                     else:
-                        answer(core, VmStarted(now + self.start_delay(core, cmd.pool), cmd.id,
-                                               f"sim://{cmd.vm_id}"))
+                        up = now + self.start_delay(core, cmd.pool)
+                        answer(core, VmStarted(up, cmd.id, f"sim://{cmd.vm_id}"))
+                        self._spot_run_from(core, cmd.vm_id, cmd.pool, up)
 
     def _created(self, core: ClusterCore, cmd: Launch, now: float) -> None:
         """The cloud has the VM: it says so, and the boot starts (its time drawn only now)."""
         self.deliver(core, VmCreated(now, cmd.id, f"sim://{cmd.vm_id}"), now)
         delay = self.boot_delay(core)
         self._answer(core, VmReady(now + delay, cmd.id))
+        self._spot_run_from(core, cmd.vm_id, cmd.pool, now + delay)
+
+    def _spot_run_from(self, core: ClusterCore, vm_id: str, pool: str, up: float) -> None:
+        """A Spot VM up from `up` is preempted after an exponential time, unless it is gone first."""
+        config = core.pools[pool].config
+        if not config.spot or config.spot_preemptions_per_hour <= 0:
+            return
+        run = self._spot_run[vm_id] = self._spot_run.get(vm_id, 0) + 1
+        self.at(up + self._spot_rng.expovariate(config.spot_preemptions_per_hour / 3600.0), self._preempt,
+                core, vm_id, run)
+
+    def _preempt(self, core: ClusterCore, vm_id: str, run: int, now: float) -> None:
+        vm = core.vms.get(vm_id)
+        if vm is None or self._spot_run.get(vm_id) != run or vm.state not in _PREEMPTIBLE:
+            return  # deleted, stopped or started again since
+        self.spot_preemptions += 1
+        self.deliver(core, HealthReported(now, vm_id, HealthReport(False, detail=PREEMPTED, cause="preempted")), now)
 
     # ---- durations and outcomes (the physics; tests override them) -------------------------
 
@@ -194,6 +222,10 @@ class Engine:
 
     def wipe_outcome(self, core: ClusterCore, cmd: Wipe) -> CloudFailure | None:
         return None
+
+
+# Running VMs a preemption can take (a stopped one holds no Spot capacity).
+_PREEMPTIBLE = frozenset({VmState.WARM, VmState.ASSIGNED, VmState.RECYCLING})
 
 
 def _first(item: list) -> float:
