@@ -59,6 +59,7 @@ class ImageCatalog:
         self._layers = {v: tuple(Layer(i, layers[i]) for i in ids) for v, ids in versions.items()}
         self._pairs = {v: tuple((i, layers[i]) for i in ids) for v, ids in versions.items()}
         self._ids = {v: frozenset(ids) for v, ids in versions.items()}
+        self._sizes_of = {v: {i: layers[i] for i in ids} for v, ids in versions.items()}
         self._sizes = {v: sum(layers[i] for i in ids) for v, ids in versions.items()}
         # `name:latest` for each image name: the configured latest for its name, else the newest.
         self._latest_of: dict[str, str] = {}
@@ -115,6 +116,13 @@ class ImageCatalog:
     def layer_ids(self, version: str) -> frozenset[str]:
         try:
             return self._ids[version]
+        except KeyError:
+            raise self._unknown(version) from None
+
+    def sizes_of(self, version: str) -> Mapping[str, int]:
+        """Layer id -> size of the version's layers (one dict per version, made once: not to be changed)."""
+        try:
+            return self._sizes_of[version]
         except KeyError:
             raise self._unknown(version) from None
 
