@@ -11,6 +11,7 @@ such in their help text (the simulated cloud may run faster than the wall).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from contextlib import contextmanager
@@ -18,13 +19,14 @@ from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from provisioner.decide.autoscale import desired_vms
 from provisioner.loop_lag import INTERVAL_S, watch_lag
 from provisioner.cloud.base import CloudFailure
 from provisioner.model import Session
+from provisioner.port_holder import PortTaken
 from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
 
 if TYPE_CHECKING:
@@ -95,6 +97,7 @@ class Metrics:
                                   f"How late the process's event loop ran a timer due every {INTERVAL_S:g} s: how "
                                   "long every call in flight then waited for the loop.", buckets=LAG_BUCKETS,
                                   registry=r)
+        self._clusters: _Merged | None = None
 
     # ---- clusters ------------------------------------------------------------------------
 
@@ -103,7 +106,10 @@ class Metrics:
         runtime.observers.append(_SessionCounter(self, runtime.core.name).changed)
         meter = _VmMeter(runtime)
         runtime.observers.append(meter.changed)
-        self.registry.register(_ClusterCollector(runtime, meter))
+        if self._clusters is None:  # one collector for every cluster of the process (`up` runs three)
+            self._clusters = _Merged()
+            self.registry.register(self._clusters)
+        self._clusters.parts.append(_ClusterCollector(runtime, meter))
 
     def leading(self, cluster: str, leading: bool) -> None:
         self.leader.labels(cluster).set(1 if leading else 0)
@@ -132,7 +138,12 @@ class Metrics:
         the event loop's lag meanwhile. On the event loop, not a thread: the collectors read state
         the loop changes."""
         host, _, port = address.rpartition(":")
-        server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
+        try:
+            server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortTaken(address, "metrics") from None
+            raise
         return MetricsServer(server, asyncio.create_task(watch_lag(self.loop_lag.observe)))
 
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -238,6 +249,24 @@ class _VmMeter:
         if self.at is None or now >= self.at:
             self.at = now
         self.billed = {name: sum(pool.count.get(state, 0) for state in VM_ACTIVE) for name, pool in pools.items()}
+
+
+class _Merged(Collector):
+    """The families of several collectors, one per name: the text format allows a family's HELP
+    and TYPE once per scrape, so the clusters of one process share theirs."""
+
+    def __init__(self) -> None:
+        self.parts: list[Collector] = []
+
+    def collect(self):
+        families: dict[str, Metric] = {}
+        for part in self.parts:
+            for family in part.collect():
+                if (kept := families.get(family.name)) is None:
+                    families[family.name] = family
+                else:
+                    kept.samples.extend(family.samples)
+        yield from families.values()
 
 
 class _ClusterCollector(Collector):

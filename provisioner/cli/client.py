@@ -36,14 +36,23 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
-def describe_error(err: api.ProvisionerError, front: str) -> str:
+TLS_FAILURES = ("handshake failed", "certificate_verify_failed", "peer name")
+
+
+def describe_error(err: api.ProvisionerError, front: str, trusted: str = "") -> str:
     """One line: `error: CODE: message (field ...; retry in ...)`, with a hint when the front
-    cannot be reached at all."""
+    cannot be reached at all: a TLS failure names the CA trusted (`trusted`) and the flags that
+    choose another; otherwise nothing answers there."""
     line = f"error: {err}"
-    if isinstance(err, api.Unavailable) and err.unreachable:
-        line += (f"\nhint: nothing answers at {front}: start the local fleet with `provisioner up`, "
-                 "or point --front (or PROVISIONER_FRONT) at the front")
-    return line
+    if not (isinstance(err, api.Unavailable) and err.unreachable):
+        return line
+    if any(words in err.message.lower() for words in TLS_FAILURES):
+        return (f"error: the front at {front} answers, but its certificate was refused: this command trusts "
+                f"{trusted or 'the system roots'}.\nhint: give the CA that signed the front's certificate with "
+                "--ca PEM (or PROVISIONER_CA), or the fleet's data dir with --data-dir (or PROVISIONER_DATA_DIR); "
+                "a local fleet's CA is <data dir>/tls/ca.pem")
+    return line + (f"\nhint: nothing answers at {front}: start the local fleet with `provisioner up`, "
+                   "or point --front (or PROVISIONER_FRONT) at the front")
 
 
 # --- arguments -----------------------------------------------------------------------------
@@ -96,7 +105,7 @@ def client_flags() -> argparse.ArgumentParser:
                              "fleet's CA in the data dir if there is one, else the system's roots)")
     common.add_argument("--data-dir", default=argparse.SUPPRESS,
                         help="the local fleet's data dir, for its CA and key (default: $PROVISIONER_DATA_DIR, "
-                             "else .data)")
+                             "else $XDG_DATA_HOME/provisioner, i.e. ~/.local/share/provisioner)")
     add_trace_flag(common)
     return common
 

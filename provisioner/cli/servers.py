@@ -8,7 +8,10 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_DATA_DIR = ".data"
+# The data dir's default is the client commands' own, so they find the fleet's CA and key wherever
+# they run: $PROVISIONER_DATA_DIR, else $XDG_DATA_HOME/provisioner (~/.local/share/provisioner).
+from provisioner.client.credentials import default_data_dir
+
 # The local fleet runs model time 30x faster than the wall: a 90 s boot takes 3 s and a full
 # 10-minute image pull 20 s, so a demo never waits minutes (idle culling after 2 real minutes).
 UP_TIME_SCALE = 30.0
@@ -56,8 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the identity (default local-operator: service and admin on the local fleet; "
                             "any other name is a user of that id)")
     token.add_argument("--ttl", type=float, default=3600.0, metavar="SECONDS", help="lifetime (default 3600)")
-    token.add_argument("--data-dir", default=os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR),
-                       help="the local fleet's data dir, which holds its key (env PROVISIONER_DATA_DIR)")
+    token.add_argument("--data-dir", default=str(default_data_dir()),
+                       help="the local fleet's data dir, which holds its key (env PROVISIONER_DATA_DIR; "
+                            "default ~/.local/share/provisioner)")
     token.set_defaults(func=cmd_token)
 
     certs = sub.add_parser("certificates", help="issue the fleet's TLS certificates from a new local CA, for a "
@@ -69,12 +73,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     trace = sub.add_parser("trace", help="show the spans of a session's requests as a tree")
     trace.add_argument("session_id")
-    trace.add_argument("--file", default=None, help=f"span file (default: {DEFAULT_DATA_DIR}/traces.jsonl)")
+    trace.add_argument("--file", default=None, help="span file (default: traces.jsonl in the data dir: $PROVISIONER_DATA_DIR, else "
+                            "~/.local/share/provisioner)")
     trace.set_defaults(func=cmd_trace)
 
     sim = sub.add_parser("simulate", help="replay a session trace through the cluster logic on a virtual clock")
     sim.add_argument("--trace", required=True, help="session trace CSV (arrival_s,user,kind,accelerator,...)")
     sim.add_argument("--scale", type=int, default=1, help="superimpose K shifted copies of the trace (default 1)")
+    sim.add_argument("--days", type=float, default=None, metavar="N",
+                     help="only the sessions arriving in the trace's first N days: a quick run (default: all)")
     sim.add_argument("--seed", type=int, default=0, help="seed for the physics, ids and copy offsets")
     sim.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
     sim.add_argument("--policy", choices=["fixed", "headroom", "predictive"], default=None,
@@ -109,8 +116,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
     p.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
-    p.add_argument("--data-dir", default=os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR),
-                   help="where the SQLite databases and the span file go (env PROVISIONER_DATA_DIR)")
+    p.add_argument("--data-dir", default=str(default_data_dir()),
+                   help="where the SQLite databases, the span file, the local CA and token key go "
+                        "(env PROVISIONER_DATA_DIR; default $XDG_DATA_HOME/provisioner, i.e. ~/.local/share/provisioner)")
     p.add_argument("--time-scale", type=float, default=time_scale,
                    help=f"model seconds per wall second for the simulated cloud (default {time_scale:g})")
     p.add_argument("--database-url", default=os.environ.get("PROVISIONER_DATABASE_URL"),
@@ -158,7 +166,7 @@ def _tls_files(args):
 
 def _setup(args, service: str):
     from provisioner import telemetry
-    from provisioner.clock import RealClock, shared_origin
+    from provisioner.clock import fleet_clock
     from provisioner.config import ConfigError, load_fleet
 
     from provisioner import logs
@@ -180,9 +188,8 @@ def _setup(args, service: str):
                                        sample_ratio=ratio)
     if args.time_scale <= 0:
         raise SystemExit("error: --time-scale must be > 0")
-    # A sped-up clock counts from the fleet's first start, so restarts keep one model time.
-    origin = None if args.time_scale == 1 else shared_origin(data_dir)
-    return fleet, data_dir, RealClock(args.time_scale, origin), provider, exporter
+    # The fleet's model clock goes on from where its data dir says, at this process's speed.
+    return fleet, data_dir, fleet_clock(data_dir, args.time_scale), provider, exporter
 
 
 def _serve_until_signalled(provider, start) -> int:
@@ -190,6 +197,7 @@ def _serve_until_signalled(provider, start) -> int:
     or Ctrl-C, then drains and flushes the spans."""
     from provisioner.api.server import stop_event_on_signals
 
+    from provisioner.port_holder import PortTaken
     from provisioner.security.tls import PlaintextRefused
     from provisioner.store import StoreError
 
@@ -211,7 +219,7 @@ def _serve_until_signalled(provider, start) -> int:
 
     try:
         asyncio.run(run())
-    except (StoreError, PlaintextRefused) as e:
+    except (StoreError, PlaintextRefused, PortTaken) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
@@ -250,6 +258,14 @@ class _Edge:
 
 
 def cmd_up(args) -> int:
+    from provisioner.cli.data_dir_lock import DataDirTaken, lock_data_dir
+
+    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        lock_data_dir(Path(args.data_dir))
+    except DataDirTaken as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     fleet, data_dir, clock, provider, exporter = _setup(args, "provisioner")
 
     async def start():
@@ -412,7 +428,7 @@ def cmd_certificates(args) -> int:
 def cmd_trace(args) -> int:
     from provisioner import traceview
 
-    path = Path(args.file or Path(os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR)) / "traces.jsonl")
+    path = Path(args.file or default_data_dir() / "traces.jsonl")
     if not path.exists():
         print(f"error: no span file at {path} (run the services with --traces file)", file=sys.stderr)
         return 1
@@ -435,6 +451,9 @@ def cmd_simulate(args) -> int:
     from provisioner.sim.parallel import results as results_of
     from provisioner.sim.replay import TraceError
 
+    if args.days is not None and not 0 < args.days < float("inf"):
+        print(f"error: --days {args.days} is out of range (> 0)", file=sys.stderr)
+        return 2
     if args.scale < 1 or args.jobs < 1 or args.flood < 0:
         print("error: --scale and --jobs must be >= 1, --flood >= 0", file=sys.stderr)
         return 2
@@ -449,7 +468,7 @@ def cmd_simulate(args) -> int:
             return 2
     run = Run(args.trace, args.scale, args.seed, args.clusters, args.policy, args.headroom, args.warm_vms,
               args.wait_probability, args.quotas, args.flood, args.standby, args.max_vms, args.share_gpus, args.grace,
-              args.requeue)
+              args.requeue, args.days)
     started = time.monotonic()
     shown = [0.0]
 

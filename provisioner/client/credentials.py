@@ -27,7 +27,11 @@ def local_ca(data_dir: Path | str) -> Path:
 
 
 def default_data_dir() -> Path:
-    return Path(os.environ.get("PROVISIONER_DATA_DIR") or ".data")
+    """$PROVISIONER_DATA_DIR, else the user's own: $XDG_DATA_HOME/provisioner (by default
+    ~/.local/share/provisioner), the same wherever a command runs."""
+    if env := os.environ.get("PROVISIONER_DATA_DIR"):
+        return Path(env)
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "provisioner"
 
 
 def resolve(token: str | None = None, ca: str | Path | bytes | None = None,
@@ -54,6 +58,20 @@ def resolve(token: str | None = None, ca: str | Path | bytes | None = None,
     except OSError as e:
         raise NoCredentials(f"cannot read the CA certificate {ca_path}: {e.strerror or e}") from None
     return Credentials(token, ca_pem)
+
+
+def ca_source(ca: str | Path | bytes | None = None, data_dir: str | Path | None = None) -> str:
+    """Which CA `resolve` trusts with these arguments, in words, for error messages."""
+    data_dir = Path(data_dir) if data_dir else default_data_dir()
+    if isinstance(ca, bytes):
+        return "the CA given"
+    if ca:
+        return f"the CA {ca}"
+    if env := os.environ.get("PROVISIONER_CA"):
+        return f"the CA {env} ($PROVISIONER_CA)"
+    if local_ca(data_dir).exists():
+        return f"the local fleet's CA {local_ca(data_dir)}"
+    return f"the system's roots (there is no local fleet's CA at {local_ca(data_dir)})"
 
 
 def _dev_token(data_dir: Path) -> str:

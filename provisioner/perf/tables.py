@@ -1,0 +1,67 @@
+"""Results tables made from the benchmarks' own output, so the documents cannot drift from it.
+
+    provisioner simulate ... --json > docs/results/simulate/NAME.json     (one run per file)
+    python -m provisioner.perf.tables docs/results/simulate/*.json --out docs/results/simulate.md
+    python -m provisioner.perf.tables docs/results/simulate/*.json --out docs/results/simulate.md --check
+
+Each row is one run's JSON, with the command that reproduces it (the JSON's `command`). `--check`
+exits 1 when the file differs from what the runs give (the test suite checks the shipped table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HEADER = ("Made by `python -m provisioner.perf.tables` from the `provisioner simulate --json` output beside "
+          "this file; do not edit by hand. `cost vs assigned` is the run's cost over the cost of the VM time "
+          "assigned to sessions (which any policy pays), standby disks included; `fast starts` are sessions "
+          "running within 60 s of the request (model time).")
+COLUMNS = ("trace", "scale", "days", "policy", "sessions", "VM-hours", "standby VM-hours", "cost vs assigned",
+           "fast starts", "wait p99", "never started", "wall", "command")
+
+
+def row(r: dict) -> list[str]:
+    days = f"first {r['days']:g}" if r.get("days") else f"all {r['model_hours'] / 24:.1f}"
+    return [r["trace"], str(r["scale"]), days, r["policy"], f"{r['sessions']:,}", f"{r['vm_hours']:,.0f}",
+            f"{r['standby_vm_hours']:,.0f}", f"{r['cost_usd'] / r['assigned_cost_usd']:.3f}x",
+            f"{r['fast_start_ratio']:.2%}", f"{r['wait_p99_s']:.0f} s", f"{r['never_started']:,}",
+            f"{r['wall_s']:.0f} s", f"`{r['command']} --json`"]
+
+
+def simulate_table(runs: list[dict]) -> str:
+    lines = [HEADER, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row(r)) + " |" for r in runs]
+    return "\n".join(lines) + "\n"
+
+
+def load_runs(paths: list[Path]) -> list[dict]:
+    """The runs in the files, in the order of their names."""
+    return [json.loads(p.read_text()) for p in sorted(paths)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m provisioner.perf.tables", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="JSON files, each one `provisioner simulate --json` output")
+    p.add_argument("--out", type=Path, required=True, help="the Markdown file to write")
+    p.add_argument("--check", action="store_true", help="only compare: exit 1 if --out differs")
+    args = p.parse_args(argv)
+    try:
+        table = simulate_table(load_runs(args.runs))
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: cannot read the runs: {e!r}", file=sys.stderr)
+        return 1
+    if args.check:
+        if not args.out.is_file() or args.out.read_text() != table:
+            print(f"{args.out} is not what the runs give: run without --check to write it", file=sys.stderr)
+            return 1
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
