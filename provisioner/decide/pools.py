@@ -165,7 +165,8 @@ class Pools:
         for pool in self.pools.values():
             if now - pool.ranking_at >= RANKING_REFRESH_S:
                 self._refresh_ranking(pool, now)
-            self._dispatch_queue(pool, now)
+            if pool.queue:
+                self._dispatch_queue(pool, now)
             if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
                 self._autoscale(pool, now)
 
