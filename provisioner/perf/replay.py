@@ -9,7 +9,7 @@ PYTHONPATH is its own tree. The CPU time is the child's (user plus system, from 
 it counts the whole command: start-up, reading the trace, the replay, the results. The sides
 alternate for `--rounds` rounds and the least CPU of each is kept (others' work on the machine
 only ever adds). `--days N` replays the sessions arriving in the trace's first N days (written
-to a temporary trace, the same file for both sides). The JSON figures (all but `wall_s`) must be
+to a temporary trace, the same file for both sides, so the base needs no `--days` of its own). The JSON figures (all but `wall_s`) must be
 identical, or the benchmark says which differ and exits 1.
 """
 
@@ -25,21 +25,24 @@ import sys
 import tempfile
 from pathlib import Path
 
+from provisioner.sim.replay import HEADER, first_days, read_trace
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = ROOT / "provisioner" / "sim" / "traces" / "genai-sessions.csv"
 # Runs the command line in whichever tree PYTHONPATH names.
 CHILD = "import sys; from provisioner.cli import main; sys.exit(main(sys.argv[1:]))"
-DAY_S = 86400.0
 
 
 def window(trace: Path, days: float, out: Path) -> Path:
-    """The rows of `trace` arriving in its first `days` days, as a trace file at `out`."""
-    with open(trace, newline="") as f, open(out, "w", newline="") as g:
-        reader, writer = csv.reader(f), csv.writer(g)
-        writer.writerow(next(reader))
-        for row in reader:
-            if row and float(row[0]) < days * DAY_S:
-                writer.writerow(row)
+    """The rows of `trace` arriving in its first `days` days (as `simulate --days` takes them, which
+    the base may not have), as a trace file at `out`."""
+    rows = first_days(read_trace(trace), days)
+    with open(out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(HEADER)
+        for r in rows:
+            writer.writerow([repr(r.arrival_s), r.user, r.kind.value, r.accelerator, r.image, r.region,
+                             repr(r.duration_s), "1" if r.abandon else "0"])
     return out
 
 
