@@ -9,8 +9,9 @@ PYTHONPATH is its own tree. The CPU time is the child's (user plus system, from 
 it counts the whole command: start-up, reading the trace, the replay, the results. The sides
 alternate for `--rounds` rounds and the least CPU of each is kept (others' work on the machine
 only ever adds). `--days N` replays the sessions arriving in the trace's first N days (written
-to a temporary trace, the same file for both sides, so the base needs no `--days` of its own). The JSON figures (all but `wall_s`) must be
-identical, or the benchmark says which differ and exits 1.
+to a temporary trace, the same file for both sides, so the base needs no `--days` of its own).
+The JSON figures (all but the wall time, and the command line and window newer code adds) must
+be identical, or the benchmark says which differ and exits 1.
 """
 
 from __future__ import annotations
@@ -60,11 +61,16 @@ def replay(tree: Path, trace: Path, scale: int) -> tuple[float, dict]:
     return cpu, json.loads(done.stdout)
 
 
+# What describes a run rather than its results: the wall time, and the command line and window
+# that newer code adds to the JSON.
+NOT_FIGURES = ("wall_s", "command", "days")
+
+
 def differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """The keys (dotted) whose values differ, `wall_s` aside."""
+    """The keys (dotted) whose values differ, NOT_FIGURES aside."""
     out = []
     for key in sorted(set(a) | set(b)):
-        if key == "wall_s":
+        if not prefix and key in NOT_FIGURES:
             continue
         x, y = a.get(key), b.get(key)
         if isinstance(x, dict) and isinstance(y, dict):
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if diff:
         print("  results DIFFER:\n    " + "\n    ".join(diff))
         return 1
-    print("  results identical (every JSON figure but wall_s)")
+    print(f"  results identical (every JSON figure but {', '.join(NOT_FIGURES)})")
     return 0
 
 
