@@ -4,9 +4,9 @@ Each command a core issues is answered, as an event naming the command, after th
 physics gives it (Launch: VmCreated after create_s, VmReady after boot_s more, or CommandFailed;
 Pull: PullDone after the bytes at the pull bandwidth; Wipe: WipeDone; Delete: VmDeleted; Stop:
 VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed on a stockout).
-Scheduled work sits in a heap of (time, seq, core, callback, args); each event goes to its core's
-`handle`, and the step it returns is carried out at once. Work due at the same time as a tick
-runs before it. Whether an answer still applies is the core's business, not the engine's.
+Scheduled work, each core's next tick included, sits in one heap of (time, seq, callback, args);
+each event goes to its core's `handle`, and the step it returns is carried out at once. Work due
+at the same time as a tick runs before it (a tick's seq is above every other's). Whether an answer still applies is the core's business, not the engine's.
 
 Subclasses hook in by overriding `changes` (what changed in a step), `carry_out` (commands), the
 delivery of answers (`deliver`) and the duration/outcome methods. The hot path does no logging
