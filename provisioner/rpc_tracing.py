@@ -2,7 +2,7 @@
 
 Any client interceptor puts every call of a grpc.aio channel on grpc's slower intercepted path,
 and OpenTelemetry's server interceptor rebuilds the handler and wraps the context of every call:
-together they cost the front about a third of its GetSession throughput (README: Performance).
+together they cost the front about a third of its GetSession throughput (docs/performance.md).
 Here a channel's multicallables are wrapped instead (one span, the trace context added to the
 call's metadata), and each method's handler is wrapped once, as its service is registered. Spans
 are named and described as OpenTelemetry's gRPC instrumentation does: the full method as the

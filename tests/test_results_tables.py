@@ -68,6 +68,19 @@ def test_the_table_is_made_from_the_runs_json(tmp_path, one_day):
     assert tables.main([str(tmp_path / "a.json"), "--out", str(out), "--check"]) == 1
 
 
+def test_the_standby_table_names_each_policy_and_marks_the_target(one_day):
+    r = json.loads(one_day)
+    assert tables.setting("provisioner simulate --trace t.csv --policy fixed --warm-vms 20") == "fixed 20 warm"
+    assert tables.setting("provisioner simulate --trace t.csv --policy headroom --headroom 0.2") == "headroom 0.2"
+    assert tables.setting("provisioner simulate --trace t.csv --policy predictive") == "predictive + standby"
+    assert tables.setting("provisioner simulate --trace t.csv --policy predictive --no-standby") == \
+        "predictive, `--no-standby`"
+    cells = tables.standby_row({**r, "cost_usd": r["assigned_cost_usd"] * 1.1, "fast_start_ratio": 0.999})
+    assert cells[2] == "**1.100x**" and cells[9] == "yes"
+    cells = tables.standby_row({**r, "cost_usd": r["assigned_cost_usd"] * 1.2, "fast_start_ratio": 0.999})
+    assert cells[2] == "1.200x" and cells[9] == "no"
+
+
 def test_the_shipped_results_table_is_what_its_runs_give():
     runs = sorted((RESULTS / "simulate").glob("*.json"))
     assert runs

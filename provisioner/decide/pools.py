@@ -47,7 +47,7 @@ FORECAST_REFRESH_S = 60.0
 # (about the 94th percentile of the start's lognormal at sigma 0.6); a session that arrives later
 # in a longer start waits for it. Chosen on openb, rollout and genai at --scale 50: at 4 (the
 # start's p99, the deadline's multiple) every trace paid for 99.9% fast starts and openb 1.16x
-# its assigned cost; at 2 rollout's fast starts fell to 99.59% (README: The standby tier, measured).
+# its assigned cost; at 2 rollout's fast starts fell to 99.59% (docs/simulator.md: Results).
 STANDBY_START_COVER = 2.5
 # A pool whose VMs and queue did not change is reconsidered this often (for what only time
 # changes: VMs idle long enough to go, the peak window, the forecast).

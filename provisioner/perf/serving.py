@@ -170,7 +170,7 @@ def _ms(bound: float) -> str:
 
 
 def table(results: dict) -> str:
-    """The results as the README shows them."""
+    """The results as docs/performance.md shows them."""
     cache = f", {results['disk_cache_gb']:g} GB disk cache" if results["disk_cache_gb"] is not None else ""
     head = (f"medians of {results['runs']} interleaved runs x {results['seconds']:g} s; {results['vms']} warm VMs{cache}, "
             f"x{results['time_scale']:g}, traces: {results['traces']}"
