@@ -4,9 +4,12 @@
     python -m provisioner.perf.tables docs/results/simulate/*.json --out docs/results/simulate.md
     python -m provisioner.perf.tables docs/results/simulate/*.json --out docs/results/simulate.md --check
     python -m provisioner.perf.tables --kind standby docs/results/standby/*.json --out docs/results/standby.md
+    python -m provisioner.perf.tables docs/economics/*.json --out docs/economics.md --between-markers
 
 Each row is one run's JSON, with the command that reproduces it (the JSON's `command`). `--check`
 exits 1 when the file differs from what the runs give (the test suite checks the shipped table).
+`--between-markers` puts the table into a page written by hand around it: only the text between
+the BEGIN and END marker lines of --out is replaced (or, with --check, compared).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ HEADER = ("Made by `python -m provisioner.perf.tables` from the `provisioner sim
           "this file; do not edit by hand. `cost vs assigned` is the run's cost over the cost of the VM time "
           "assigned to sessions (which any policy pays), standby disks included; `fast starts` are sessions "
           "running within 60 s of the request (model time).")
+BEGIN = "<!-- results table: made by python -m provisioner.perf.tables, not to be edited by hand -->"
+END = "<!-- end of the results table -->"
 COLUMNS = ("trace", "scale", "days", "policy", "sessions", "VM-hours", "standby VM-hours", "cost vs assigned",
            "fast starts", "wait p99", "never started", "wall", "command")
 
@@ -89,6 +94,15 @@ def _table(header: str, columns: tuple[str, ...], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def between_markers(page: str, table: str) -> str:
+    """`page` with the text between its BEGIN and END lines replaced by `table`."""
+    head, begin, rest = page.partition(BEGIN + "\n")
+    _, end, tail = rest.partition(END)
+    if not begin or not end:
+        raise ValueError(f"no {BEGIN!r} line followed by {END!r} in the page")
+    return head + begin + table + end + tail
+
+
 def load_runs(paths: list[Path]) -> list[dict]:
     """The runs in the files, in the order of their names."""
     return [json.loads(p.read_text()) for p in sorted(paths)]
@@ -101,12 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="only compare: exit 1 if --out differs")
     p.add_argument("--kind", choices=sorted(KINDS), default="simulate",
                    help="simulate: one row per run; standby: the standby tier's table (docs/simulator.md)")
+    p.add_argument("--between-markers", action="store_true",
+                   help="replace only the text between the marker lines of --out, a page written around the table")
     args = p.parse_args(argv)
     try:
         table = KINDS[args.kind](load_runs(args.runs))
     except (OSError, ValueError, KeyError) as e:
         print(f"error: cannot read the runs: {e!r}", file=sys.stderr)
         return 1
+    if args.between_markers:
+        try:
+            table = between_markers(args.out.read_text(), table)
+        except (OSError, ValueError) as e:
+            print(f"error: {args.out}: {e}", file=sys.stderr)
+            return 1
     if args.check:
         if not args.out.is_file() or args.out.read_text() != table:
             print(f"{args.out} is not what the runs give: run without --check to write it", file=sys.stderr)
