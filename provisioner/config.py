@@ -276,6 +276,10 @@ class SecurityConfig(_Model):
     )
     # The name in the front's certificate, which clusters require of their callers.
     front_tls_name: str = Field(default="front.provisioner.internal", min_length=1)
+    # More names the front's certificate carries: the addresses its clients dial, such as an
+    # internal load balancer's DNS name or IP address (clients may instead override the name they
+    # check: --server-name).
+    front_tls_extra_names: tuple[Annotated[str, Field(min_length=1)], ...] = ()
     # The name each cluster's certificate must carry; {cluster} is the cluster's name.
     cluster_tls_name: str = Field(default="{cluster}.cluster.provisioner.internal", pattern=r"\{cluster\}")
     # Open streams (WatchSession) one caller may hold on the front, by its broadest role.

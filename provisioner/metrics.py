@@ -11,6 +11,7 @@ such in their help text (the simulated cloud may run faster than the wall).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,13 +20,15 @@ from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from provisioner.decide.autoscale import desired_vms
 from provisioner.loop_lag import INTERVAL_S, watch_lag
+from provisioner.ratelimit import TokenBuckets
 from provisioner.cloud.base import CloudFailure
 from provisioner.model import Session
+from provisioner.port_holder import PortTaken
 from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
 
 if TYPE_CHECKING:
@@ -47,6 +50,9 @@ LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 # A scrape is made at most this often (wall seconds); scrapes meanwhile get the same text.
 SCRAPE_CACHE_S = 1.0
 MAX_SCRAPERS = 8  # metrics connections answered at a time; more get 503 at once
+# Scrapes answered a second, after a burst (a few Prometheus replicas scrape every 15 s or so);
+# more get 429 at once, before anything is read.
+SCRAPES_PER_S, SCRAPE_BURST = 5.0, 20
 LOOP_LAG = "provisioner_event_loop_lag_seconds"  # read back by the serving benchmark (perf/usage.py)
 _LIVE_SESSION_STATES = [s for s in SessionState if s not in (SessionState.STOPPED, SessionState.FAILED)]
 _BREAKER_STATES = ("closed", "open", "half-open")
@@ -79,6 +85,7 @@ class Metrics:
         self._snapshot: tuple[float, bytes] | None = None  # (when, the text) of the last scrape
         self._making: asyncio.Future | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="metrics")  # writes the scrape's text
+        self._scrape_rate = TokenBuckets(SCRAPES_PER_S, SCRAPE_BURST)
         self.sessions_created = Counter("provisioner_sessions_created", "Sessions made by the cluster.",
                                         ["cluster", "pool", "kind"], registry=r)
         self.session_starts = Counter("provisioner_session_starts", "Sessions that reached running, by how "
@@ -106,6 +113,7 @@ class Metrics:
                                   f"How late the process's event loop ran a timer due every {INTERVAL_S:g} s: how "
                                   "long every call in flight then waited for the loop.", buckets=LAG_BUCKETS,
                                   registry=r)
+        self._clusters: _Merged | None = None
 
     # ---- clusters ------------------------------------------------------------------------
 
@@ -114,7 +122,10 @@ class Metrics:
         runtime.observers.append(_SessionCounter(self, runtime.core.name).changed)
         meter = _VmMeter(runtime)
         runtime.observers.append(meter.changed)
-        self.registry.register(_ClusterCollector(runtime, meter))
+        if self._clusters is None:  # one collector for every cluster of the process (`up` runs three)
+            self._clusters = _Merged()
+            self.registry.register(self._clusters)
+        self._clusters.parts.append(_ClusterCollector(runtime, meter))
 
     def leading(self, cluster: str, leading: bool) -> None:
         self.leader.labels(cluster).set(1 if leading else 0)
@@ -155,9 +166,14 @@ class Metrics:
         the event loop's lag meanwhile. The port needs no credential and shares the serving loop,
         so a scrape costs that loop little whoever sends it: one snapshot a second at most, the
         collectors read on the loop (they read state the loop changes) and the text written in a
-        thread; at most MAX_SCRAPERS connections at a time."""
+        thread; at most MAX_SCRAPERS connections at a time and SCRAPES_PER_S answered."""
         host, _, port = address.rpartition(":")
-        server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
+        try:
+            server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortTaken(address, "metrics") from None
+            raise
         return MetricsServer(server, asyncio.create_task(watch_lag(self.loop_lag.observe)))
 
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -184,6 +200,9 @@ class Metrics:
         path = rest.split(" ", 1)[0].split("?", 1)[0]
         if method != "GET" or path != "/metrics":
             return "404 Not Found", b"only GET /metrics here\n", "text/plain"
+        if self._scrape_rate.wait_s("", now := time.monotonic()):  # wall time: it paces requests from outside
+            return "429 Too Many Requests", b"too many scrapes; Prometheus needs one every 15 s or so\n", "text/plain"
+        self._scrape_rate.take("", now)
         try:
             return "200 OK", await self.scrape(), CONTENT_TYPE_LATEST
         except Exception:
@@ -300,6 +319,24 @@ class _VmMeter:
         if self.at is None or now >= self.at:
             self.at = now
         self.billed = {name: sum(pool.count.get(state, 0) for state in VM_ACTIVE) for name, pool in pools.items()}
+
+
+class _Merged(Collector):
+    """The families of several collectors, one per name: the text format allows a family's HELP
+    and TYPE once per scrape, so the clusters of one process share theirs."""
+
+    def __init__(self) -> None:
+        self.parts: list[Collector] = []
+
+    def collect(self):
+        families: dict[str, Metric] = {}
+        for part in self.parts:
+            for family in part.collect():
+                if (kept := families.get(family.name)) is None:
+                    families[family.name] = family
+                else:
+                    kept.samples.extend(family.samples)
+        yield from families.values()
 
 
 class _ClusterCollector(Collector):

@@ -145,7 +145,7 @@ async def _exit_when_lease_lost(lease: leader.Lease, cluster: str) -> None:
 def tls_leaves(fleet: FleetConfig) -> dict[str, list[str]]:
     """Each process's certificate file name and the names it must carry."""
     sec = fleet.settings.security
-    return {"front": [sec.front_tls_name], **{f"cluster-{c.name}": [sec.cluster_name(c.name)] for c in fleet.clusters}}
+    return {"front": [sec.front_tls_name, *sec.front_tls_extra_names], **{f"cluster-{c.name}": [sec.cluster_name(c.name)] for c in fleet.clusters}}
 
 
 def local_tls(fleet: FleetConfig, data_dir: Path, process: str) -> TlsFiles:

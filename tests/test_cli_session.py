@@ -116,7 +116,7 @@ def test_list_one_page_with_states(run, front):
                        "--page-size", "3")
     assert rc == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "STATE", "CLUSTER", "IMAGE", "START", "AGE/READY-IN", "REASON"]
+    assert lines[0].split() == ["ID", "STATE", "CLUSTER", "IMAGE", "START", "AGE", "READY-IN", "REASON"]
     assert len(lines) == 4
     assert "--page-token 3" in err
     req = front.sessions.requests[0]

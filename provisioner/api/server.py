@@ -17,6 +17,7 @@ from provisioner import telemetry
 from provisioner.api import limits
 from provisioner.api.guard import Guard
 from provisioner.api.wrapping import WrappingServer
+from provisioner.port_holder import PortTaken
 from provisioner.security.tls import check_plaintext
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,23 @@ log = logging.getLogger(__name__)
 # every stream on the connection.)
 ACCEPT_PINGS = [("grpc.http2.min_ping_interval_without_data_ms", 500),
                 ("grpc.keepalive_permit_without_calls", 1)]
+# gRPC sets SO_REUSEPORT by default, so a second process on the same port binds too and the kernel
+# shares the connections between the two: half the calls reach the wrong fleet. Bind exclusively.
+EXCLUSIVE_PORT = [("grpc.so_reuseport", 0)]
+
+
+def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None, what: str) -> int:
+    """Adds the listening port; a port in use raises PortTaken naming the process that holds it."""
+    try:
+        port = (server.add_insecure_port(address) if credentials is None
+                else server.add_secure_port(address, credentials))
+    except RuntimeError:  # grpc's answer to a failed bind
+        port = 0
+    if port == 0:
+        if address.rsplit(":", 1)[-1] not in ("", "0"):
+            raise PortTaken(address, what)
+        raise OSError(f"cannot listen on {address}")
+    return port
 
 
 @dataclass(frozen=True)
@@ -79,7 +97,7 @@ class Server:
         self.on_drain = on_drain
         self.health_port = health_port
         self.guard = guard
-        self.server = grpc.aio.server(options=[*ACCEPT_PINGS, *connections.options(),
+        self.server = grpc.aio.server(options=[*ACCEPT_PINGS, *EXCLUSIVE_PORT, *connections.options(),
                                                ("grpc.max_receive_message_length", limits.MAX_REQUEST_BYTES)])
         # Tracing outermost, so the guard's refusals and the caller's identity land on the span.
         wrappers = [*telemetry.server_wrappers(tracer_provider), guard.wrap]
@@ -90,11 +108,7 @@ class Server:
             [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
         if credentials is None:
             check_plaintext(address, plaintext_anywhere)
-            self.port = self.server.add_insecure_port(address)
-        else:
-            self.port = self.server.add_secure_port(address, credentials)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {address}")
+        self.port = bind(self.server, address, credentials, "the API")
         self.address = f"{address.rsplit(':', 1)[0]}:{self.port}"
 
     async def start(self) -> None:
@@ -133,12 +147,10 @@ class HealthPort:
     LIVENESS = "liveness"
 
     def __init__(self, address: str):
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=EXCLUSIVE_PORT)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(address)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {address}")
+        self.port = bind(self.server, address, None, "health")
         self.address = f"{address.rsplit(':', 1)[0]}:{self.port}"
 
     async def start(self) -> None:

@@ -115,7 +115,8 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preempti
             case ev.Tick():
                 if self._command_due and self._command_due[0][0] <= now:
                     self._expire(now)
-                self._cull(now)
+                if self._cull_due and self._cull_due[0][0] <= now:
+                    self._cull(now)
                 if self._queue_due and self._queue_due[0][0] <= now:
                     self._expire_queue(now)
                 if self._forget_due and self._forget_due[0][0] <= now:

@@ -72,6 +72,7 @@ class ImageCatalog:
         self._layers = {v: tuple(Layer(i, layers[i]) for i in ids) for v, ids in versions.items()}
         self._pairs = {v: tuple((i, layers[i]) for i in ids) for v, ids in versions.items()}
         self._ids = {v: frozenset(ids) for v, ids in versions.items()}
+        self._sizes_of = {v: {i: layers[i] for i in ids} for v, ids in versions.items()}
         self._sizes = {v: sum(layers[i] for i in ids) for v, ids in versions.items()}
         # `name:latest` for each image name: the configured latest for its name, else the newest.
         self._latest_of: dict[str, str] = {}
@@ -155,6 +156,13 @@ class ImageCatalog:
         except KeyError:
             raise self._unknown(version) from None
 
+    def sizes_of(self, version: str) -> Mapping[str, int]:
+        """Layer id -> size of the version's layers (one dict per version, made once: not to be changed)."""
+        try:
+            return self._sizes_of[version]
+        except KeyError:
+            raise self._unknown(version) from None
+
     def size_bytes(self, version: str) -> int:
         try:
             return self._sizes[version]
@@ -183,7 +191,7 @@ class LayerCache:
     lowest layer id, so the same operations always leave the same cache.
     """
 
-    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used", "_images")
+    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used", "_images", "_held")
 
     def __init__(self, capacity_bytes: int):
         if capacity_bytes < 0:
@@ -194,6 +202,9 @@ class LayerCache:
         self._used = 0
         # (catalog, versions wholly on disk), until the set of layers changes: asked every tick.
         self._images: tuple[ImageCatalog, tuple[str, ...]] | None = None
+        # (catalog, version -> wholly on disk), the answers given since the set of layers last
+        # changed: every idle VM is asked about each of its pool's top images whenever they move.
+        self._held: tuple[ImageCatalog, dict[str, bool]] | None = None
 
     @property
     def layer_ids(self) -> KeysView[str]:
@@ -218,8 +229,14 @@ class LayerCache:
         return f"LayerCache({len(self._size)} layers, {self._used}/{self.capacity_bytes} bytes)"
 
     def has_image(self, version: str, catalog: ImageCatalog) -> bool:
-        size = self._size
-        return all(lid in size for lid in catalog.layer_ids(version))
+        held = self._held
+        if held is None or held[0] is not catalog:
+            held = self._held = (catalog, {})
+        answers = held[1]
+        answer = answers.get(version)
+        if answer is None:
+            answer = answers[version] = self._size.keys() >= catalog.layer_ids(version)
+        return answer
 
     def missing(self, version: str, catalog: ImageCatalog) -> list[Layer]:
         size = self._size
@@ -247,7 +264,7 @@ class LayerCache:
             if layer.id not in self._size:
                 self._size[layer.id] = layer.size_bytes
                 self._used += layer.size_bytes
-                self._images = None
+                self._images = self._held = None
             self._used_at[layer.id] = now
             added.add(layer.id)
         evicted: list[str] = []
@@ -259,7 +276,7 @@ class LayerCache:
                 self._used -= self._size.pop(lid)
                 del self._used_at[lid]
                 evicted.append(lid)
-                self._images = None
+                self._images = self._held = None
         return evicted
 
     def touch(self, version: str, catalog: ImageCatalog, now: float) -> None:
@@ -273,7 +290,7 @@ class LayerCache:
         self._size.clear()
         self._used_at.clear()
         self._used = 0
-        self._images = None
+        self._images = self._held = None
 
     def to_dict(self) -> dict:
         return {"capacity_bytes": self.capacity_bytes,

@@ -13,8 +13,8 @@ from provisioner.decide.states import SessionState, VmState
 from provisioner.model import Session, StartKind, Vm
 
 S, V = SessionState, VmState
-_HOW = {StartKind.WARM: "warm VM with the image", StartKind.PARTIAL: "warm VM after a partial pull",
-        StartKind.COLD: "new VM"}
+_HOW = {StartKind.WARM: "a warm VM that held the image",
+        StartKind.PARTIAL: "a warm VM that pulled the layers it lacked", StartKind.COLD: "a new VM"}
 
 
 class NotebookSteps:
@@ -24,7 +24,9 @@ class NotebookSteps:
         """The VM holds the session's image: its notebook starts."""
         self._failed_tries.pop(s.id, None)
         s.estimated_ready_at = now + self.config.sim.notebook_start_s
-        self._set_session(s, S.STARTING, f"starting its notebook on {_HOW[s.start or StartKind.COLD]} {vm.id}", now)
+        how = _HOW[s.start or StartKind.COLD]
+        # The VM's id in parentheses, not run into the sentence ("... the image vm-3f2a").
+        self._set_session(s, S.STARTING, f"starting its notebook on {how} (VM {vm.id})", now)
         self._issue_start(s, vm, now)
 
     def _issue_start(self, s: Session, vm: Vm, now: float) -> None:
@@ -39,7 +41,7 @@ class NotebookSteps:
         s.ready_at = s.last_activity_at = s.estimated_ready_at = now
         s.endpoint = endpoint or vm.endpoint
         self._watch_cull(s)
-        self._set_session(s, S.RUNNING, f"running on {_HOW[s.start or StartKind.COLD]} {vm.id}", now)
+        self._set_session(s, S.RUNNING, f"running on {_HOW[s.start or StartKind.COLD]} (VM {vm.id})", now)
 
     def _notebook_start_failed(self, cmd: StartNotebook, failure: CloudFailure, now: float) -> None:
         """The session fails with the runtime's reason; its VM is wiped (or deleted) as after any session."""

@@ -200,7 +200,7 @@ class Sessions:
             total = sum(layer.size_bytes for layer in missing)
             s.pull_bytes_total, s.pull_bytes_done = total, 0
             s.estimated_ready_at = now + total / self._bandwidth()
-            self._set_session(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on {vm.id}", now)
+            self._set_session(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on VM {vm.id}", now)
             # A prewarm of this very image is already under way: wait for it. Otherwise this pull
             # supersedes whatever prewarm the VM was doing.
             if vm.pulling != s.image:

@@ -32,11 +32,11 @@ from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedRow, EndedSessions
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, AdmissionChanged, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
-from provisioner.front.router import rank, why_none
+from provisioner.front.router import hint_note, rank, why_none
 from provisioner.model import cluster_of, request_key
 from provisioner.store import SqliteStore
 from provisioner.store.front_records import Admission, Made
-from provisioner.validation import priority_class, validate_spec
+from provisioner.validation import pool_named, priority_class, validate_spec
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -96,6 +96,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.clock = clock
         self.placement = Placement(fleet.clients, store, wall)
         self.pools = {p.name for c in config.clusters for p in c.pools}
+        self.pool_accelerators = {p.name: p.accelerator for c in config.clusters for p in c.pools}
         self.regions = {c.region for c in config.clusters}
         self.limits = config.settings
         q = self.limits.quotas
@@ -129,6 +130,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         if owner := guard.current().owner:  # a user creates sessions for itself only
             request.spec.user_id = owner
         self._check_rate(request.spec.user_id, guard.current().caller.identity)
+        request.spec.accelerator = pool_named(request.spec.accelerator, self.pool_accelerators)
         spec = convert.spec_from_pb(request.spec)
         image = validate_spec(spec, self.pools, self.catalog, self.limits.sessions.max_runtime_limit_s)
         priority_class(spec, self.limits.priority)
@@ -155,14 +157,14 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                     return session_pb.CreateSessionResponse(session=checked(cluster_of(known), resp.session))
                 blocks.check(self.store, spec.user_id)  # every session is a GPU session
                 await self._check_quota(spec.user_id, spec.request_id, kind, q, stored)
-                candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
-                                  spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
+                views = [c.view() for c in self.fleet.clients.values()]
+                candidates = rank(views, spec.accelerator, image, spec.region_hint, spec.region_required,
+                                  self.limits.regions.inter_region_penalty_s)
                 for cand in candidates:
                     span.add_event("candidate", {"cluster": cand.cluster, "expected_s": cand.expected_s,
                                                  "how": cand.how, "region_penalty_s": cand.region_penalty_s,
                                                  "load": cand.load})
                 if not candidates:
-                    views = [c.view() for c in self.fleet.clients.values()]
                     raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
                 first = self.fleet.clients[candidates[0].cluster]
                 hold = first.hold(spec.accelerator, image)
@@ -174,7 +176,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                     continue
                 finally:
                     first.settle(hold)
-                return session_pb.CreateSessionResponse(session=session)
+                return session_pb.CreateSessionResponse(
+                    session=session, placement_note=hint_note(views, candidates, spec.region_hint, session.cluster))
             raise Unavailable(f"creates of user {quote(spec.user_id)} keep arriving at other front replicas at "
                               "once; retry", retry_after_s=0.1)
 

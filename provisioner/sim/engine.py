@@ -5,9 +5,10 @@ physics gives it (Launch: VmCreated after create_s, VmReady after boot_s more, o
 Pull: PullDone after the bytes at the pull bandwidth; Wipe: WipeDone; Delete: VmDeleted; Stop:
 VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed on a stockout;
 StartNotebook: NotebookStarted after notebook_start_s; StopNotebook: NotebookStopped).
-Scheduled work sits in a heap of (time, seq, core, callback, args); each event goes to its core's
-`handle`, and the step it returns is carried out at once. Work due at the same time as a tick
-runs before it. Whether an answer still applies is the core's business, not the engine's.
+Scheduled work, each core's next tick included, sits in one heap of (time, seq, callback, args);
+each event goes to its core's `handle`, and the step it returns is carried out at once. Work due
+at the same time as a tick runs before it (a tick's seq is above every other's). Whether an answer
+still applies is the core's business, not the engine's.
 
 A Spot pool's running VMs are preempted at its `spot_preemptions_per_hour` (a Poisson process per
 VM, drawn from a generator of its own so runs without Spot draw exactly as before): the core
@@ -38,6 +39,10 @@ from provisioner.decide.events import (
 from provisioner.decide.states import VmState
 from provisioner.model import Session, Vm
 
+# A tick's place among work due at the same time: after all of it (events are numbered from 0 in
+# the order they are scheduled), and the cores' ticks in the cores' order.
+_TICK_SEQ = 1 << 62
+
 
 class Engine:
     def __init__(self, cores: Iterable[ClusterCore], now: float = 0.0, ticking: bool = True, seed: int = 0):
@@ -47,10 +52,12 @@ class Engine:
         # One physics per core, seeded from its cluster's sim seed and the run's seed.
         self.physics = {c.name: SimPhysics(c.config.sim.model_copy(update={"seed": c.config.sim.seed * 7919 + seed}))
                         for c in self.cores}
-        # [next tick time, period, core], one per core.
-        self._ticks = [[now + c.config.tick_s, c.config.tick_s, c] for c in self.cores]
         self._heap: list = []
         self._seq = itertools.count()
+        if ticking:  # each core's next tick is in the heap, after all other work due at its time
+            for i, c in enumerate(self.cores):
+                self._heap.append((now + c.config.tick_s, _TICK_SEQ + i, self._tick, (c, i)))
+            heapq.heapify(self._heap)
         self.bytes_pulled = 0
         self.events = 0
         self.spot_preemptions = 0  # Spot VMs the simulated cloud took back
@@ -69,31 +76,28 @@ class Engine:
     def _step(self, end: float) -> bool:
         """Runs the next event or tick due by `end`; False when there is none."""
         heap = self._heap
-        t_event = heap[0][0] if heap else math.inf
-        tick = None
-        if self.ticking:
-            tick = min(self._ticks, key=_first) if len(self._ticks) > 1 else self._ticks[0] if self._ticks else None
-        t_tick = tick[0] if tick is not None else math.inf
-        t = t_event if t_event <= t_tick else t_tick
-        if t > end:
+        if not heap or heap[0][0] > end:
             return False
+        t, _, fn, args = heapq.heappop(heap)
         self.now = t
         self.events += 1
-        if t_event <= t_tick:
-            _, _, fn, args = heapq.heappop(heap)
-            fn(*args, t)
-        else:
-            tick[0] += tick[1]
-            self.handle(tick[2], Tick(t))
+        fn(*args, t)
         return True
+
+    def _tick(self, core: ClusterCore, i: int, now: float) -> None:
+        heapq.heappush(self._heap, (now + core.config.tick_s, _TICK_SEQ + i, self._tick, (core, i)))
+        self.handle(core, Tick(now))
 
     def advance(self, seconds: float) -> None:
         self.run_to(self.now + seconds)
 
     def run_to(self, end: float) -> None:
-        step = self._step
-        while step(end):
-            pass
+        heap, pop = self._heap, heapq.heappop
+        while heap and heap[0][0] <= end:  # _step, inline: this loop runs every event of a replay
+            t, _, fn, args = pop(heap)
+            self.now = t
+            self.events += 1
+            fn(*args, t)
         self.now = end
 
     def run_until(self, done: Callable[[], bool], limit_s: float) -> float:
@@ -244,7 +248,3 @@ class Engine:
 
 # Running VMs a preemption can take (a stopped one holds no Spot capacity).
 _PREEMPTIBLE = frozenset({VmState.WARM, VmState.ASSIGNED, VmState.RECYCLING})
-
-
-def _first(item: list) -> float:
-    return item[0]

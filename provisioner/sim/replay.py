@@ -163,6 +163,14 @@ class PoolSample(NamedTuple):
     cost_usd_per_h: float  # what the pool's billed VMs cost now
 
 
+def first_days(rows: list[TraceRow], days: float | None) -> list[TraceRow]:
+    """The sessions that arrive within the trace's first `days` (all of them for None): a quick run."""
+    if days is None or not rows:
+        return rows
+    t0 = min(r.arrival_s for r in rows)
+    return [r for r in rows if r.arrival_s - t0 < days * 86400]
+
+
 def superimpose(rows: list[TraceRow], scale: int, seed: int) -> list[TraceRow]:
     """K copies with distinct users, each shifted by a random offset modulo the trace span."""
     if scale < 1:
