@@ -7,17 +7,14 @@ is a fake (there is none here). The pool has one VM, so the one engine is that V
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import subprocess
-import urllib.error
-import urllib.request
 
 import pytest
 
 from conftest import fleet_config
 from fake_compute import FakeCompute
-from oci import NOTEBOOK_USER, TOKEN_ENV, build_image, push_image, push_versions, require_tools, start_registry
+from oci import TOKEN_ENV, build_image, push_image, push_versions, require_tools, start_registry
 from podman import skip_or_fail, start_podman
 from provisioner.clock import RealClock
 from provisioner.cloud.gce import GceBackend
@@ -28,6 +25,7 @@ from provisioner.model import SessionSpec
 from provisioner.registry.catalog import RegistryCatalog
 from provisioner.registry.client import RegistryClient
 from test_agent_e2e import CLUSTER, POOL, PROJECT, TIME_SCALE, Agents, until
+from test_engine import get
 from test_gce import loopback_only  # noqa: F401 (a fixture)
 
 # A registry, an engine, a VM booting and three image pushes: minutes on a loaded machine.
@@ -80,18 +78,6 @@ async def rig(tmp_path, loopback_only):  # noqa: F811
         fake.stop()
         engine.stop()
         registry.stop()
-
-
-def get(port: int, secret: str | None) -> int:
-    headers = {}
-    if secret is not None:
-        headers["Authorization"] = "Basic " + base64.b64encode(f"{NOTEBOOK_USER}:{secret}".encode()).decode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", headers=headers),
-                                    timeout=5) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
 
 
 def containers(engine, *filters: str) -> list[dict]:
