@@ -72,6 +72,9 @@ class SimCloudConfig(_Model):
     wipe_s: NonNegativeFloat = 20.0
     delete_s: NonNegativeFloat = 30.0
     stop_s: NonNegativeFloat = 15.0  # until a stopped VM is terminated (its disk kept)
+    # A session's notebook container: started until its endpoint answers; stopped (its grace).
+    notebook_start_s: NonNegativeFloat = 3.0
+    notebook_stop_s: NonNegativeFloat = 2.0
     # A stopped VM started, until its agent answers: lognormal with this median and shape (0.6:
     # p90 about 2.2 times the median, p99 about 4 times). The GPU is attached anew on each start.
     start_median_s: PositiveFloat = 45.0
@@ -132,6 +135,10 @@ class PoolConfig(PoolVmSettings):
     # A stopped VM: its disk alone (default: priced from boot_disk_type and disk_cache_gb).
     disk_hourly_price_usd: NonNegativeFloat
     disk_cache_gb: PositiveFloat = 250.0
+    # The notebook container's limits on the VM (0: none, the VM is the session's alone); the
+    # pool's GPUs are always its own.
+    notebook_cpus: NonNegativeFloat = 0.0
+    notebook_memory_gb: NonNegativeFloat = 0.0
     # Keep idle VMs beyond the warm target stopped (their disk, so their image cache, kept) rather
     # than deleted, and start them before creating new ones. Not on the gke backend.
     standby: bool = False

@@ -84,6 +84,13 @@ class FleetHandle:
         resp = await self.sessions.CreateSession(s_pb.CreateSessionRequest(spec=pb.SessionSpec(**spec)), timeout=10)
         return resp.session
 
+    async def running(self, session: pb.Session, timeout: float = 20.0) -> pb.Session:
+        """The session once its notebook has started (it was starting, or already running)."""
+        seen = await self.watch_until(session.id, pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_FAILED,
+                                      pb.SESSION_STATE_STOPPED, timeout=timeout)
+        assert seen[-1].state == pb.SESSION_STATE_RUNNING, seen[-1]
+        return seen[-1]
+
     async def watch_until(self, session_id: str, *states: int, timeout: float = 20.0) -> list[pb.Session]:
         """Every update WatchSession sends until the session reaches one of `states`."""
         seen: list[pb.Session] = []

@@ -71,6 +71,7 @@ class Driver(Engine):
         # pulls and wipes fail, as data, after their usual time:
         self.fail_pulls = False
         self.fail_wipes = False
+        self.fail_notebooks = ""  # a notebook's start fails with this reason (the runtime's)
         # Commands of these kinds raise in their executor (the runtime reports CommandFailed at once):
         self.raising: set[type] = set()
         # Answers of these kinds never arrive (lost on the way, or the executor hung):
@@ -146,6 +147,15 @@ class Driver(Engine):
     def wipe_outcome(self, core: ClusterCore, cmd: Wipe) -> CloudFailure | None:
         return _failure("wipe", cmd.zone) if self.fail_wipes else None
 
+    def notebook_outcome(self, core: ClusterCore, cmd) -> CloudFailure | None:
+        return CloudFailure("failed_precondition", self.fail_notebooks, cmd.zone) if self.fail_notebooks else None
+
+    def notebook_start_delay(self, core: ClusterCore) -> float:
+        return self.sim.notebook_start_s
+
+    def notebook_stop_delay(self, core: ClusterCore) -> float:
+        return self.sim.notebook_stop_s
+
     # ---- requests and reports, at the driver's `now` ------------------------------------
 
     def send(self, *events: ev.Event) -> Step:
@@ -156,6 +166,10 @@ class Driver(Engine):
         spec.setdefault("request_id", f"req-{next(self._requests)}")
         spec.setdefault("accelerator", POOL)
         return self.send(ev.SessionRequested(self.now, SessionSpec(user_id=user, image=image, kind=kind, **spec))).reply
+
+    def started(self, *sessions: Session) -> None:
+        """Runs until the sessions' notebooks have started (each is running)."""
+        self.run_until(lambda: all(s.state is SessionState.RUNNING for s in sessions), 600)
 
     def stop(self, s: Session, reason: str = "") -> Session:
         return self.send(ev.StopRequested(self.now, s.id, reason)).reply

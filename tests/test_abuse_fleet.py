@@ -56,8 +56,7 @@ async def test_a_miner_is_stopped_and_its_user_blocked_at_every_front_until_unbl
         token, ca = fleet.token("local-operator"), local_ca(fleet.data_dir)
         try:
             await second.fleet.wait_until_ready(timeout_s=10.0)
-            s = await fleet.create(user_id="mal")
-            assert s.state == pb.SESSION_STATE_RUNNING
+            s = await fleet.running(await fleet.create(user_id="mal"))
             # What each front replica hears from the session's cluster.
             heard: list[list[str]] = [[], []]
             for front, log in zip((fleet.fleet.front, second), heard):
@@ -126,7 +125,7 @@ async def test_a_dry_run_records_the_flag_and_stops_or_blocks_nobody(tmp_path):
         assert tries[:2] == [[s.id], [s.id]]
         now = (await fleet.sessions.GetSession(_get(s.id))).session
         assert now.state == pb.SESSION_STATE_RUNNING
-        assert (await fleet.create(user_id="mal")).state == pb.SESSION_STATE_RUNNING
+        await fleet.running(await fleet.create(user_id="mal"))
 
 
 async def test_a_training_batch_at_full_gpu_is_left_alone_and_an_unknown_program_is_not(tmp_path):

@@ -12,30 +12,31 @@ import pytest
 from provisioner.abuse import Sample, judge
 from provisioner.agent.agent import Agent, DoneIds
 from provisioner.agent.config import AgentConfig
-from provisioner.agent.fakes import FakeContainers, FakeHost, FakeMetadata, FakeNvml, mine
+from provisioner.agent.fakes import FakeHost, FakeMetadata, FakeNvml, FakeRuntime, mine
 from provisioner.agent.gpu import Gpus
+from provisioner.agent.runtime import Credentials
 from provisioner.agent.usage import Connection, Usage
 from provisioner.clock import RealClock
 from provisioner.config_policy import AbuseConfig
 
-HOME, SCRATCH = "/home/notebook", "/scratch"
+WORKSPACES, SCRATCH = "/var/lib/provisioner-agent/workspaces", "/scratch"
 
 
 class Rig:
     def __init__(self, tmp_path, **cfg):
         self.clock = RealClock(1000.0)
         self.cfg = AgentConfig(state_dir=tmp_path, health_s=10.0, progress_s=1.0, watch_timeout_s=60.0,
-                               kill_grace_s=5.0, user_paths=(HOME, SCRATCH), disk_paths=("/", SCRATCH), **cfg)
+                               kill_grace_s=5.0, workspace_root=WORKSPACES, disk_paths=("/", SCRATCH), **cfg)
         self.metadata = FakeMetadata(self.clock)
         self.host = FakeHost()
-        self.host.d["dirs"].update({HOME: [], SCRATCH: []})
+        self.host.d["dirs"].update({WORKSPACES: [], SCRATCH: []})
         self.host.d["disks"].update({"/": {"free_fraction": 0.6}, SCRATCH: {"free_fraction": 0.9}})
-        self.containers = FakeContainers(self.clock, bytes_per_s=1e9)
+        self.runtime = FakeRuntime(self.clock, self.host, bytes_per_s=1e9)
         self.nvml = FakeNvml(self.host)
         self.task: asyncio.Task | None = None
 
     def agent(self) -> Agent:
-        return Agent(self.cfg, self.metadata, self.containers, Gpus(self.nvml, reset=self.host.reset_gpus),
+        return Agent(self.cfg, self.metadata, self.runtime, Gpus(self.nvml, reset=self.host.reset_gpus),
                      self.host, self.clock, DoneIds(self.cfg.state_dir / "done.json"))
 
     async def start(self) -> Agent:
@@ -76,15 +77,34 @@ async def test_a_pull_runs_once_reports_progress_and_survives_a_restart(tmp_path
     assert progress == sorted(progress, key=lambda p: p[0]) and len(progress) >= 3
     assert any(eta > 0 for _, eta in progress)  # an estimate on the way
     assert not rig.metadata.dropped
-    assert rig.containers.state.data["layers"] == {"os-v100": 3_000_000_000, "app-v101": 500_000_000}
+    assert rig.runtime.state.data["layers"] == {"os-v100": 3_000_000_000, "app-v101": 500_000_000}
     await rig.stop()
 
     # A new agent process (same state dir) sees the same command: it reports, it does not rerun.
-    rig.containers.state.data["layers"].clear()
+    rig.runtime.state.data["layers"].clear()
     del rig.metadata.guest["done-c1"]
     await rig.start()
     assert await rig.done("c1") == "ok"
-    assert rig.containers.state.data["layers"] == {}  # not pulled again
+    assert rig.runtime.state.data["layers"] == {}  # not pulled again
+    await rig.stop()
+
+
+async def test_a_pull_logs_in_with_the_vms_token_or_the_configured_password(tmp_path):
+    image = {"repository": "us-docker.pkg.dev/p/nb/gpu", "digest": "sha256:" + "cd" * 32, "layers": LAYERS[:1]}
+    rig = Rig(tmp_path)  # registry_auth: metadata, the default
+    await rig.start()
+    rig.command("c1", "pull", **image)
+    assert await rig.done("c1") == "ok"
+    assert rig.runtime.logins == [Credentials("oauth2accesstoken", "fake-access-token")]
+    await rig.stop()
+
+    (tmp_path / "password").write_text("s3cret\n")
+    rig = Rig(tmp_path / "basic", registry_auth="basic", registry_username="puller",
+              registry_password_file=tmp_path / "password")
+    await rig.start()
+    rig.command("c1", "pull", **image)
+    assert await rig.done("c1") == "ok"
+    assert rig.runtime.logins == [Credentials("puller", "s3cret")]
     await rig.stop()
 
 
@@ -101,7 +121,7 @@ async def test_it_waits_for_changes_instead_of_polling(tmp_path):
 
 async def test_a_new_command_supersedes_the_running_one(tmp_path):
     rig = Rig(tmp_path)
-    rig.containers.bytes_per_s = 1e7  # 350 model seconds for this pull
+    rig.runtime.bytes_per_s = 1e7  # 350 model seconds for this pull
     await rig.start()
     rig.command("c1", "pull", layers=LAYERS, bytes=3_500_000_000)
     await until(lambda: int(rig.metadata.guest.get("progress-c1", "0").split()[0]) > 0)
@@ -115,12 +135,16 @@ async def test_a_new_command_supersedes_the_running_one(tmp_path):
 
 
 def session_leftovers(rig: Rig) -> None:
-    rig.host.start_process(2001, 1001, "python3", gpu=True)
-    rig.host.start_process(2002, 1001, "jupyter-lab")
-    rig.host.start_process(1, 0, "systemd")  # not the user's
-    rig.host.d["dirs"].update({HOME: ["model.ckpt", ".bashrc"], SCRATCH: ["data"], "/var/cache/images": ["os-v100"]})
+    """A session's container (its processes, one on the GPU), its workspace, and things that are
+    not the session's: the host's own processes, a process of a uid >= 1000 outside any container."""
+    rig.runtime.run("nb-1", "s-1", pid=2001)
+    rig.host.start_process(2001, 1000, "jupyter-lab", ns=2001)
+    rig.host.start_process(2002, 1000, "python3", gpu=True, ns=2001)
+    rig.host.start_process(1, 0, "systemd")
+    rig.host.start_process(3001, 1001, "backup-daemon")  # the VM's own, not the session's
+    rig.host.d["dirs"].update({WORKSPACES: ["s-1"], f"{WORKSPACES}/s-1": ["model.ckpt"],
+                               "/var/cache/images": ["os-v100"]})
     rig.host.state.save()
-    rig.containers.run("nb-1", "provisioner-session=s-1")
 
 
 async def test_a_wipe_ends_everything_of_the_session_keeps_the_cache_and_verifies(tmp_path):
@@ -131,31 +155,58 @@ async def test_a_wipe_ends_everything_of_the_session_keeps_the_cache_and_verifie
     session_leftovers(rig)
     rig.command("c1", "wipe")
     assert await rig.done("c1") == "ok"
-    assert [p.name for p in rig.host.user_processes(0)] == ["systemd"]
-    assert rig.host.entries(HOME) == [] and rig.host.entries(SCRATCH) == []
+    assert sorted(p.name for p in rig.host.user_processes(0)) == ["backup-daemon", "systemd"]  # not signalled
+    assert rig.host.entries(WORKSPACES) == []
     assert rig.host.entries("/var/cache/images") == ["os-v100"]  # the image cache stays
-    assert "os-v100" in rig.containers.state.data["layers"] and rig.containers.state.data["containers"] == {}
-    assert rig.host.d["gpu_resets"] == 1
+    assert "os-v100" in rig.runtime.state.data["layers"] and rig.runtime.state.data["containers"] == {}
+    # Reset once its own NVML handle was let go (the driver refuses a reset while one is open).
+    assert rig.host.d["gpu_resets"] == 1 and rig.host.d["nvml_holders"] == 1
     await rig.stop()
 
 
-async def test_a_wipe_that_cannot_be_verified_fails(tmp_path):
+async def test_a_wipe_that_cannot_be_verified_fails_and_resets_no_gpu_in_use(tmp_path):
     rig = Rig(tmp_path)
     await rig.start()
     session_leftovers(rig)
-    rig.host.start_process(4242, 1001, "miner", gpu=True, stubborn=True)  # survives SIGKILL (stuck in D state)
+    rig.host.start_process(4242, 1000, "miner", gpu=True, stubborn=True, ns=2001)  # survives SIGKILL (D state)
     rig.command("c1", "wipe")
     result = await rig.done("c1")
     assert result.startswith("error: the wipe could not be verified: processes left: miner (4242)")
-    assert "GPU still used by miner" in result
+    assert "GPU reset skipped: still used by miner" in result and rig.host.d["gpu_resets"] == 0
+    assert "backup-daemon" in [p.name for p in rig.host.user_processes(1000)]
     await rig.stop()
 
     rig = Rig(tmp_path / "ro")
     await rig.start()
     session_leftovers(rig)
-    rig.host.d["disks"][SCRATCH]["read_only"] = True
+    rig.host.d["disks"]["/"]["read_only"] = True
     rig.command("c1", "wipe")
     assert (await rig.done("c1")).startswith("error: OSError: [Errno 30] Read-only file system")
+    await rig.stop()
+
+
+async def test_a_session_starts_reports_its_port_and_stops(tmp_path):
+    rig = Rig(tmp_path, publish_port=0)
+    await rig.start()
+    start = {"session_id": "s-7", "user": "ada", "cluster": "us-central1", "repository": "reg/nb",
+             "digest": "sha256:" + "ab" * 32, "secret": "tok", "cpus": 4, "memory_bytes": 1 << 34}
+    rig.command("c1", "start", **start)
+    answer = await rig.done("c1")
+    assert answer.startswith("ok ")
+    port = int(answer.split()[1])
+    [c] = await rig.runtime.session_containers()
+    assert c.session_id == "s-7" and rig.runtime.state.data["containers"][c.id]["port"] == port
+    assert rig.host.entries(WORKSPACES) == ["s-7"]
+    rig.command("c2", "start", **start)  # the same session again: the same container
+    assert await rig.done("c2") == f"ok {port}"
+    assert len(await rig.runtime.session_containers()) == 1
+    rig.command("c3", "stop", session_id="s-7")
+    assert await rig.done("c3") == "ok"
+    assert await rig.runtime.session_containers() == [] and rig.host.alive([c.pid]) == []
+
+    rig.runtime.state.data["fail_start"] = "container exited 1: ModuleNotFoundError: jupyterlab"
+    rig.command("c4", "start", **{**start, "session_id": "s-8"})
+    assert await rig.done("c4") == "error: ContainerError: container exited 1: ModuleNotFoundError: jupyterlab"
     await rig.stop()
 
 

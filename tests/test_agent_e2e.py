@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ import yaml
 from conftest import fleet_config
 from fake_compute import FakeCompute
 from fake_metadata import FakeMetadataServer
-from provisioner.agent.fakes import FakeContainers, FakeHost, State
+from provisioner.agent.fakes import FakeHost, FakeRuntime, State
 from provisioner.clock import RealClock
 from provisioner.cloud.gce import GceBackend
 from provisioner.decide.core import ClusterCore
@@ -32,7 +33,7 @@ from provisioner.model import SessionSpec
 from test_gce import loopback_only  # noqa: F401 (a fixture)
 
 PROJECT, CLUSTER, POOL = "test-proj", "us-central1", "gpu-p100"
-HOME, SCRATCH = "/home/notebook", "/scratch"
+WORKSPACES, SCRATCH = "/var/lib/provisioner-agent/workspaces", "/scratch"
 TIME_SCALE = 60.0  # the cluster's clock: a 6 s guest-attribute read interval is 0.1 s of wall time
 # The agents run on the wall clock while the cluster runs 60 times faster: their write rate too.
 WRITES_PER_MINUTE = 600
@@ -40,10 +41,13 @@ WRITES_PER_MINUTE = 600
 
 class Agents:
     """Starts an agent process (and a metadata server) for every booted instance; stops both
-    when the instance is gone."""
+    when the instance is gone. By default each agent runs on its fakes (`--simulate DIR`);
+    `settings` and `flags(dir)` run it otherwise (e.g. on a real container engine)."""
 
-    def __init__(self, fake: FakeCompute, root: Path):
+    def __init__(self, fake: FakeCompute, root: Path, settings: dict | None = None,
+                 flags: Callable[[Path], list[str]] | None = None):
         self.fake, self.root = fake, root
+        self.settings, self.flags = settings, flags
         self.procs: dict[str, tuple[subprocess.Popen, FakeMetadataServer]] = {}
         self.started: list[str] = []
 
@@ -57,22 +61,25 @@ class Agents:
         for name in set(self.procs) - self.fake.names(PROJECT):
             self._stop(name)
 
+    def _simulated(self, d: Path) -> list[str]:
+        host = FakeHost(State({}, d / "host.json"))
+        host.d["dirs"].update({WORKSPACES: [], SCRATCH: []})
+        host.d["disks"].update({"/": {"free_fraction": 0.5}, SCRATCH: {"free_fraction": 0.9}})
+        host.state.save()
+        return ["--simulate", str(d), "--simulate-bytes-per-s", "5e10"]
+
     def _start(self, name: str) -> None:
         d = self.dir(name)
         d.mkdir(parents=True)
-        host = FakeHost(State({}, d / "host.json"))
-        host.d["dirs"].update({HOME: [], SCRATCH: []})
-        host.d["disks"].update({"/": {"free_fraction": 0.5}, SCRATCH: {"free_fraction": 0.9}})
-        host.state.save()
+        flags = self.flags(d) if self.flags else self._simulated(d)
         (d / "agent.yaml").write_text(yaml.safe_dump({
-            "state_dir": str(d / "state"), "user_paths": [HOME, SCRATCH], "disk_paths": ["/", SCRATCH],
+            "state_dir": str(d / "state"), "workspace_root": WORKSPACES, "disk_paths": ["/", SCRATCH],
             "health_s": 0.2, "progress_s": 0.1, "kill_grace_s": 0.5, "watch_timeout_s": 5,
-            "guest_writes_per_minute": WRITES_PER_MINUTE}))
+            "guest_writes_per_minute": WRITES_PER_MINUTE, **(self.settings or {})}))
         server = FakeMetadataServer(self.fake, PROJECT, name, writes_per_minute=WRITES_PER_MINUTE).start()
         log = open(d / "agent.log", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "provisioner.agent", "--config", str(d / "agent.yaml"),
-                                 "--metadata-url", server.url, "--simulate", str(d),
-                                 "--simulate-bytes-per-s", "5e10"], stdout=log, stderr=subprocess.STDOUT)
+                                 "--metadata-url", server.url, *flags], stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs[name] = (proc, server)
         self.started.append(name)
@@ -147,26 +154,28 @@ async def test_sessions_run_on_real_agents_and_faults_replace_the_vm(loop_parts)
     vm_id = s.vm_id
     ip = fake.instances[(PROJECT, vm_id)].body["networkInterfaces"][0]["networkIP"]
     assert s.endpoint == f"http://{ip}:8888" and s.start.value in ("partial", "cold")
-    layers = FakeContainers(RealClock(), State({}, agents.dir(vm_id) / "containers.json")).state.data["layers"]
+    host = FakeHost(State({}, agents.dir(vm_id) / "host.json"))
+    runtime_of_vm = FakeRuntime(RealClock(), host, State({}, agents.dir(vm_id) / "containers.json"))
+    layers = runtime_of_vm.state.data["layers"]
     assert catalog.layer_ids("gpu:v150") <= set(layers)  # pulled by the agent, layer by layer
     assert any(k.startswith("progress-") for k in fake.instances[(PROJECT, vm_id)].guest)
 
-    # The user leaves things behind: processes (one on the GPU), files, a container.
-    host = FakeHost(State({}, agents.dir(vm_id) / "host.json"))
-    host.start_process(2001, 1001, "python3", gpu=True)
-    host.start_process(2002, 1001, "jupyter-lab")
-    host.d["dirs"].update({HOME: ["model.ckpt"], SCRATCH: ["data.bin"]})
+    # The user leaves things behind: a container, its processes (one on the GPU), files.
+    runtime_of_vm.run("nb-1", s.id, pid=2001)
+    host.start_process(2001, 1000, "jupyter-lab", ns=2001)
+    host.start_process(2002, 1000, "python3", gpu=True, ns=2001)
+    host.start_process(3001, 1001, "backup-daemon")  # the VM's own: the wipe leaves it
+    host.d["dirs"].update({WORKSPACES: [s.id], f"{WORKSPACES}/{s.id}": ["model.ckpt"]})
     host.state.save()
-    FakeContainers(RealClock(), State({}, agents.dir(vm_id) / "containers.json")).run("nb-1", "s")
 
     # Stop: the agent wipes and verifies, the VM is warm again with its image cache.
     runtime.stop(s.id, "done")
     await until(lambda: s.state.value == "stopped", what="the session stopped")
     vm = core.vms[vm_id]
     await until(lambda: vm.state.value == "warm", what="the VM warm again")
-    assert host.user_processes(1000) == [] and host.entries(HOME) == [] and host.entries(SCRATCH) == []
+    assert [p.name for p in host.user_processes(1000)] == ["backup-daemon"] and host.entries(WORKSPACES) == []
     assert host.d["gpu_resets"] >= 1
-    after = FakeContainers(RealClock(), State({}, agents.dir(vm_id) / "containers.json")).state.data
+    after = runtime_of_vm.state.data
     assert after["containers"] == {} and catalog.layer_ids("gpu:v150") <= set(after["layers"])
     done = json.loads((agents.dir(vm_id) / "state" / "done.json").read_text())
     assert "ok" in done.values()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from provisioner.agent.fakes import FakeContainers
+from provisioner.agent.fakes import FakeRuntime
 from test_agent import Rig, until
 
 GB = 1_000_000_000
@@ -14,7 +14,7 @@ GB = 1_000_000_000
 
 async def test_a_long_pull_stays_within_the_write_rate_and_its_done_gets_through(tmp_path):
     rig = Rig(tmp_path)
-    rig.containers = FakeContainers(rig.clock, bytes_per_s=5e7)  # 30 GB: ten model minutes
+    rig.runtime = FakeRuntime(rig.clock, rig.host, bytes_per_s=5e7)  # 30 GB: ten model minutes
     await rig.start()
     rig.command("c1", "pull", layers=[{"id": f"l{i}", "bytes": 3 * GB} for i in range(10)], bytes=30 * GB)
     assert await rig.done("c1") == "ok"

@@ -1,17 +1,17 @@
 """The agent's real implementations where this machine has the real thing: the host (/proc,
-signals, directories, statvfs) and the container runtimes' command-line tools (stand-ins for
-`ctr` and `docker` on the PATH that record how they are called)."""
+directories, statvfs), and the container runtime's pure parts (its request bodies, its reading
+of the engine's pull stream; the engine itself is in test_engine.py)."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 
 import pytest
 
-from provisioner.agent.containers import ContainerError, Containerd, Docker, detect
+from provisioner.agent.runtime import (ContainerError, ImageRef, NotebookSpec, Placement, PullBytes,
+                                       create_body)
 from provisioner.agent.host import LocalHost
 
 UID = 64123  # a user no one else on this machine runs as
@@ -41,7 +41,7 @@ def test_disk_reports_free_space_and_read_only(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starting a process as another user needs root")
-def test_user_processes_are_found_and_ended():
+def test_user_processes_are_found_and_checked_alive():
     proc = subprocess.Popen(["sleep", "60"],
                             preexec_fn=lambda: os.setuid(UID))
     try:
@@ -51,60 +51,49 @@ def test_user_processes_are_found_and_ended():
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert [(p.uid, p.name) for p in host.user_processes(UID) if p.pid == proc.pid] == [(UID, "sleep")]
-        host.signal(proc.pid, signal.SIGTERM)
+        assert [p.name for p in host.alive([proc.pid])] == ["sleep"]
+        assert host.in_namespace(proc.pid) == []  # the host's own pid namespace: no container's
+        proc.kill()
         proc.wait(5)
-        host.signal(proc.pid, signal.SIGKILL)  # gone already: fine
+        assert host.alive([proc.pid]) == []
     finally:
         proc.kill()
 
 
-@pytest.fixture
-def tools(tmp_path, monkeypatch):
-    """`ctr` and `docker` that log their arguments and answer as the real ones would."""
-    log = tmp_path / "calls.log"
-    script = f"""#!/bin/sh
-echo "$(basename "$0") $*" >> {log}
-case "$*" in
-  *"images ls --quiet"*) echo "reg/layers:os-v100" ;;
-  *"containers ls"*) printf 'c1\\nc2\\n' ;;
-  *"images --format"*reg/layers:os-v100*) echo '{{"Repository":"reg/layers","Tag":"os-v100"}}' ;;
-  *"ps --all"*) echo c9 ;;
-  *"pull"*bad*) echo "not found" >&2; exit 1 ;;
-esac
-"""
-    for name in ("ctr", "docker"):
-        (tmp_path / name).write_text(script)
-        (tmp_path / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    return log
+IMAGE = ImageRef("us-docker.pkg.dev/p/notebooks/gpu", "sha256:" + "ab" * 32)
 
 
-async def test_containerd_commands(tools):
-    rt = detect("auto", "reg/layers", "provisioner-session")
-    assert isinstance(rt, Containerd)
-    assert await rt.has_layer("os-v100") and not await rt.has_layer("app-v101")
-    seen = []
-    await rt.pull_layer("app-v101", 500, seen.append)
-    assert seen == [500]
-    assert await rt.session_containers() == ["c1", "c2"]
-    await rt.stop("c1")
-    with pytest.raises(ContainerError, match="exit 1"):
-        await rt.pull_layer("bad", 1, seen.append)
-    calls = tools.read_text().splitlines()
-    assert "ctr --namespace k8s.io images pull reg/layers:app-v101" in calls
-    assert 'ctr --namespace k8s.io containers ls --quiet labels."provisioner-session"' in calls
-    assert "ctr --namespace k8s.io tasks kill --signal SIGKILL c1" in calls
-    assert "ctr --namespace k8s.io containers delete c1" in calls
+def test_the_create_body_asks_for_gpus_only_when_the_pool_has_them():
+    spec = NotebookSpec("s-1", "ada", "us-central1", IMAGE, "tok", cpus=11.5, memory_bytes=85 << 30, gpus=1)
+    body = create_body(spec, Placement("/var/lib/ws/s-1"))
+    host = body["HostConfig"]
+    assert body["Image"] == f"us-docker.pkg.dev/p/notebooks/gpu@sha256:{'ab' * 32}"
+    assert host["DeviceRequests"] == [{"Driver": "nvidia", "Count": 1, "Capabilities": [["gpu"]]}]
+    assert host["NanoCpus"] == 11_500_000_000 and host["Memory"] == 85 << 30
+    assert host["Binds"] == ["/var/lib/ws/s-1:/home/jovyan/work"]
+    assert host["PortBindings"] == {"8888/tcp": [{"HostIp": "0.0.0.0", "HostPort": "8888"}]}
+    assert body["Env"] == ["NOTEBOOK_TOKEN=tok"]
+    assert body["Labels"] == {"provisioner.session": "s-1", "provisioner.user": "ada",
+                              "provisioner.cluster": "us-central1"}
+    named = create_body(NotebookSpec("s-1", "ada", "c", IMAGE, "t", gpu_ids=("GPU-1", "GPU-3")),
+                        Placement("/w", host_port=0))
+    assert named["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == ["GPU-1", "GPU-3"]
+    assert named["HostConfig"]["PortBindings"]["8888/tcp"][0]["HostPort"] == ""  # the engine picks
+    cpu_only = create_body(NotebookSpec("s-2", "bob", "c", IMAGE, "t"), Placement("/w"))["HostConfig"]
+    assert "DeviceRequests" not in cpu_only and "NanoCpus" not in cpu_only and "Memory" not in cpu_only
 
 
-async def test_docker_commands(tools):
-    rt = detect("docker", "reg/layers", "provisioner-session")
-    assert isinstance(rt, Docker)
-    assert await rt.has_layer("os-v100") and not await rt.has_layer("app-v101")
-    await rt.pull_layer("app-v101", 500, lambda n: None)
-    assert await rt.session_containers() == ["c9"]
-    await rt.stop("c9")
-    calls = tools.read_text().splitlines()
-    assert "docker pull --quiet reg/layers:app-v101" in calls
-    assert "docker ps --all --quiet --filter label=provisioner-session" in calls
-    assert "docker rm --force c9" in calls
+def test_pull_bytes_follow_the_stream_per_layer():
+    a, b, c = "sha256:" + "a" * 64, "sha256:" + "b" * 64, "sha256:" + "c" * 64
+    counted = PullBytes({a: 1000, b: 500, c: 300})
+    stream = [
+        {"status": "Already exists", "id": "c" * 12},  # held: nothing downloaded
+        {"status": "Pulling fs layer", "id": "a" * 12, "progressDetail": {}},
+        {"status": "Downloading", "id": "a" * 12, "progressDetail": {"current": 400, "total": 1000}},
+        {"status": "Downloading", "id": "a" * 12, "progressDetail": {"current": 900, "total": 1000}},
+        {"status": "Download complete", "id": "b" * 12, "progressDetail": {}},  # podman says only this
+        {"status": "Pull complete", "id": "a" * 12, "progressDetail": {}},
+    ]
+    assert [counted.feed(m) for m in stream] == [0, 0, 400, 900, 1400, 1500]
+    with pytest.raises(ContainerError, match="unauthorized"):
+        counted.feed({"errorDetail": {"message": "unauthorized: authentication required"}, "error": "x"})

@@ -29,8 +29,7 @@ def seconds(ts) -> float:
 async def test_a_running_session_is_warned_then_stopped_when_the_budget_runs_out(tmp_path):
     # 0.6 GPU hours: a one-GPU session runs out 36 model minutes after it starts (7 s at 300x).
     async with warm_fleet(with_budget(tmp_path, 0.6), tmp_path / "data") as fleet:
-        s = await fleet.create(user_id="spender", accelerator="gpu-p100")
-        assert s.state == pb.SESSION_STATE_RUNNING
+        s = await fleet.running(await fleet.create(user_id="spender", accelerator="gpu-p100"))
         seen = await fleet.watch_until(s.id, pb.SESSION_STATE_STOPPED, pb.SESSION_STATE_FAILED, timeout=30)
         end = seen[-1]
         assert end.state == pb.SESSION_STATE_STOPPED and "weekly GPU budget is used up" in end.reason

@@ -16,7 +16,7 @@ def running() -> tuple[Driver, object]:
     d = Driver(make_core())
     d.add_warm(d.core.catalog.latest)
     s = d.allocate("spender", kind=SessionKind.BATCH)  # no idle cull while nobody touches it
-    assert s.state is S.RUNNING
+    d.started(s)
     return d, s
 
 

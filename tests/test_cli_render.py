@@ -161,6 +161,13 @@ def test_a_sessions_budget_end_and_newest_notice_are_shown():
     assert "budget ends" in detail and "(in 30" in detail and "runs out in 30 minutes" in detail
 
 
+def test_a_starting_session_shows_the_step_and_when_its_notebook_should_answer():
+    s = with_eta(make_session(state=S.SESSION_STATE_STARTING, reason="starting its notebook on warm VM vm-1"), 3)
+    assert render.progress_line(s, NOW) == (
+        "us-central1.s1 starting ready in ~3s: starting its notebook on warm VM vm-1")
+    assert render.session_ready_in(s, NOW) == "3s"
+
+
 UNSAFE = "\x1b[2J\x9b31m\x85\u2028\u202e"
 
 

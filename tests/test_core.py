@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from provisioner.decide.autoscale import SCALE_DOWN_IDLE_S, STABILIZATION_S, STOCKOUT_MEMORY_S, desired_vms
 from provisioner.cloud.base import CloudFailure
-from provisioner.decide.commands import Delete, Launch, Pull, Wipe
+from provisioner.decide.commands import Delete, Launch, Pull, StartNotebook, StopNotebook, Wipe
 from provisioner.decide import events as ev
 from provisioner.decide.events import Restored, SessionForgotten
 from provisioner.errors import FailedPrecondition
@@ -52,17 +52,20 @@ def bandwidth(d: Driver) -> float:
 
 # ---- the three kinds of start -------------------------------------------------------------
 
-def test_warm_hit_runs_at_once_and_pins_latest():
+def test_warm_hit_starts_its_notebook_at_once_and_pins_latest():
     d = driver(min_vms=2)
     # The autoscaler fills the pool and prewarms latest onto the new VMs.
     d.run_until(lambda: len(idle_with(d, LATEST)) == 2, 1200)
     n_commands = len(d.log)
 
     s = d.allocate(image="gpu:latest")
-    assert (s.state, s.start, s.image) == (S.RUNNING, StartKind.WARM, "gpu:v160")
-    assert s.ready_at == s.created_at == d.now and s.endpoint
+    assert (s.state, s.start, s.image) == (S.STARTING, StartKind.WARM, "gpu:v160")
     assert d.core.vms[s.vm_id].state is V.ASSIGNED
-    assert len(d.log) == n_commands  # nothing to launch or pull
+    [(_, start)] = d.log[n_commands:]  # nothing to launch or pull: the notebook starts
+    assert isinstance(start, StartNotebook) and (start.vm_id, start.session_id, start.image) == (
+        s.vm_id, s.id, "gpu:v160")
+    d.started(s)
+    assert s.ready_at == s.created_at + d.core.config.sim.notebook_start_s == d.now and s.endpoint
 
     # "latest" moves on (a new catalog is rolled out): the session keeps the version it got.
     versions = {v: [layer.id for layer in CATALOG.layers(v)] for v in CATALOG.versions()}
@@ -111,8 +114,8 @@ def test_cold_start_launches_boots_pulls_and_runs():
     assert sum(layer.size_bytes for layer in pull.layers) == CATALOG.size_bytes(LATEST)
 
     ready = d.run_until(lambda: s.state is S.RUNNING, 3600)
-    assert ready - booted == pytest.approx(CATALOG.size_bytes(LATEST) / bandwidth(d))
-    assert [h.state for h in s.history] == ["provisioning", "pulling_image", "running"]
+    assert ready - booted == pytest.approx(CATALOG.size_bytes(LATEST) / bandwidth(d) + d.core.config.sim.notebook_start_s)
+    assert [h.state for h in s.history] == ["provisioning", "pulling_image", "starting", "running"]
     assert s.start is StartKind.COLD and states(vm) == ["creating", "booting", "warm", "assigned"]
 
 
@@ -123,7 +126,7 @@ def test_full_pool_queues_fairly_and_hands_over_a_wiped_vm():
     for _ in range(2):
         d.add_warm(LATEST)
     a, b = d.allocate("ua"), d.allocate("ub")
-    assert a.state is b.state is S.RUNNING
+    d.started(a, b)
 
     waiting = {}
     for name, user, kind in [("c", "uc", SessionKind.BATCH), ("d1", "ud", SessionKind.INTERACTIVE),
@@ -138,6 +141,9 @@ def test_full_pool_queues_fairly_and_hands_over_a_wiped_vm():
     vm = d.core.vms[a.vm_id]
     stopped_at = d.now
     d.stop(a)
+    [stop] = d.commands(StopNotebook)  # its notebook ends first, then its VM is wiped
+    assert (stop.vm_id, stop.session_id) == (vm.id, a.id) and vm.state is V.ASSIGNED
+    d.advance(d.core.config.sim.notebook_stop_s)
     assert vm.state is V.RECYCLING and waiting["d1"].state is S.QUEUED  # never handed over unwiped
     d.run_until(lambda: waiting["d1"].state is S.RUNNING, 600)
     assert d.now - stopped_at >= d.core.config.sim.wipe_s
@@ -224,9 +230,9 @@ def test_failed_cold_start_that_gets_a_warm_vm_is_a_warm_hit():
     d.fail_zones[ZONE_C] = "stockout"
     s = d.allocate("ub")
     assert s.state is S.PROVISIONING
-    d.stop(first)  # its VM is wiped (20 s) before the launch fails (30 s)
+    d.stop(first)  # its notebook stops (2 s), its VM is wiped (20 s), before the launch fails (30 s)
     d.run_until(lambda: s.state is not S.PROVISIONING, 60)
-    assert s.state is S.RUNNING and s.vm_id == first.vm_id
+    assert s.state is S.STARTING and s.vm_id == first.vm_id
     assert s.start is StartKind.WARM
 
 
@@ -278,6 +284,7 @@ def test_idle_interactive_session_is_stopped_at_its_idle_timeout():
     d = driver()
     d.add_warm(LATEST)
     s = d.allocate()
+    d.started(s)
     stopped = d.run_until(lambda: s.state is not S.RUNNING, 5000)
     assert s.idle_timeout_s == 3600
     assert s.idle_timeout_s <= stopped - s.ready_at <= s.idle_timeout_s + d.tick_s
@@ -387,7 +394,9 @@ def test_pool_without_recycling_deletes_the_vm_after_the_session():
     d = driver(recycle=False)
     vm = d.add_warm(LATEST)
     s = d.allocate()
+    d.started(s)
     d.stop(s)
+    d.advance(d.core.config.sim.notebook_stop_s)
     assert vm.state is V.DELETING and s.state is S.STOPPING
     assert [c.vm_id for c in d.commands(Delete)] == [vm.id] and not d.commands(Wipe)
     d.run_until(lambda: s.state is S.STOPPED, 120)
@@ -403,7 +412,9 @@ def test_a_failed_delete_after_the_session_still_ends_it():
     d = driver(recycle=False, min_vms=0)
     vm = d.add_warm(LATEST)
     s = d.allocate()
+    d.started(s)
     d.stop(s)
+    d.advance(d.core.config.sim.notebook_stop_s)
     assert vm.state is V.DELETING and s.state is S.STOPPING
     [delete] = d.commands(Delete)
     d.fail(delete, CloudFailure("unavailable", "operation not done in 600s", vm.zone))
@@ -485,7 +496,7 @@ def test_autoscaler_keeps_demand_plus_headroom_within_max(max_vms, expected):
     for _ in range(4):
         d.add_warm(LATEST)
     sessions = [d.allocate(f"u{i}") for i in range(4)]
-    assert all(s.state is S.RUNNING for s in sessions)
+    d.started(*sessions)
     d.advance(1200)  # 4 assigned + ceil(4 * 0.5) warm
     assert len(active(d)) == expected
 
@@ -584,3 +595,55 @@ def test_only_ended_sessions_can_be_forgotten():
     d.run_until(lambda: s.state is S.STOPPED, 600)
     d.send(SessionForgotten(d.now, s.id))
     assert s.id not in d.core.sessions and s.spec.key not in d.core.by_request
+
+
+# ---- the notebook ------------------------------------------------------------------------
+
+def test_a_notebook_that_does_not_start_fails_its_session_with_the_reason_and_its_vm_is_wiped():
+    d = driver(min_vms=0, headroom_fraction=0.0)
+    vm = d.add_warm(LATEST)
+    d.fail_notebooks = "container exited 1: ModuleNotFoundError: No module named 'jupyterlab'"
+    s = d.allocate()
+    assert s.state is S.STARTING
+    d.advance(d.core.config.sim.notebook_start_s)
+    assert s.state is S.FAILED
+    assert s.reason == "the notebook did not start: container exited 1: ModuleNotFoundError: No module named 'jupyterlab'"
+    assert vm.state is V.RECYCLING and [c.vm_id for c in d.commands(Wipe)] == [vm.id]
+    d.fail_notebooks = ""
+    d.advance(d.core.config.sim.wipe_s)
+    assert vm.state is V.WARM  # wiped: the next session may have it
+    assert d.allocate("bob").vm_id == vm.id
+
+
+def test_a_session_stopped_while_its_notebook_starts_ends_the_notebook_then_the_vm_is_wiped():
+    d = driver(min_vms=0, headroom_fraction=0.0)
+    vm = d.add_warm(LATEST)
+    s = d.allocate()
+    [start] = d.commands(StartNotebook)
+    d.stop(s, "changed my mind")
+    [stop] = d.commands(StopNotebook)
+    assert (stop.vm_id, stop.session_id) == (vm.id, s.id) and s.state is S.STOPPING and vm.state is V.ASSIGNED
+    d.advance(d.core.config.sim.notebook_stop_s + d.core.config.sim.wipe_s)
+    assert s.state is S.STOPPED and vm.state is V.WARM
+    assert [h.state for h in s.history] == ["starting", "stopping", "stopped"]
+    assert start.id not in {c.id for c in d.core.in_flight()}  # its late answer applies to nothing
+
+
+def test_a_restart_starts_or_stops_the_notebook_again():
+    d = driver(min_vms=0, headroom_fraction=0.0)
+    d.add_warm(LATEST)
+    d.add_warm(LATEST)
+    stopping = d.allocate("ub")
+    d.started(stopping)
+    d.lost = {ev.NotebookStarted, ev.NotebookStopped}  # the process ends before the answers come
+    starting = d.allocate("ua")
+    d.stop(stopping)
+    d.advance(1)
+    assert (starting.state, stopping.state) == (S.STARTING, S.STOPPING)
+    replay = Driver(make_core(min_vms=0, headroom_fraction=0.0), now=d.now)
+    step = replay.send(ev.Restored(d.now, tuple(d.core.sessions.values()), tuple(d.core.vms.values())))
+    again = {(type(c).__name__, c.session_id) for c in step.commands}
+    assert again == {("StartNotebook", starting.id), ("StopNotebook", stopping.id)}
+    replay.advance(d.core.config.sim.notebook_stop_s + d.core.config.sim.wipe_s)
+    assert replay.core.sessions[starting.id].state is S.RUNNING
+    assert replay.core.sessions[stopping.id].state is S.STOPPED

@@ -18,16 +18,17 @@ from provisioner.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.decide import events as ev
-from provisioner.decide.commands import Delete, Launch, Pull, Start, Stop, Wipe
+from provisioner.decide.commands import Delete, Launch, Pull, Start, StartNotebook, Stop, StopNotebook, Wipe
 from provisioner.decide.states import SessionState as S
 from provisioner.decide.states import VmState as V
 
 CASES = [
     pytest.param({}, id="nothing-injected"),
     *[pytest.param({"raising": {kind}}, id=f"{kind.__name__.lower()}-raises")
-      for kind in (Launch, Pull, Wipe, Delete, Stop, Start)],
+      for kind in (Launch, Pull, Wipe, Delete, Stop, Start, StartNotebook, StopNotebook)],
     *[pytest.param({"lost": {kind}}, id=f"{kind.__name__}-lost")
-      for kind in (ev.VmCreated, ev.VmReady, ev.PullDone, ev.WipeDone, ev.VmDeleted, ev.VmStopped, ev.VmStarted)],
+      for kind in (ev.VmCreated, ev.VmReady, ev.PullDone, ev.WipeDone, ev.VmDeleted, ev.VmStopped, ev.VmStarted,
+                   ev.NotebookStarted, ev.NotebookStopped)],
     pytest.param({"lost": {ev.CommandFailed}, "fail_pulls": True, "fail_wipes": True}, id="failure-reports-lost"),
     pytest.param({"duplicate": True}, id="every-answer-twice"),
 ]
@@ -35,17 +36,19 @@ CASES = [
 
 def limit_of(d: Driver, state, obj) -> float:
     limits = d.core.limits
-    return {V.CREATING: limits.launch_s, V.BOOTING: limits.launch_s, V.RECYCLING: limits.wipe_s,
-            V.DELETING: limits.delete_s, V.STOPPING_STANDBY: limits.stop_s, V.STARTING: limits.start_s,
-            S.PROVISIONING: max(limits.launch_s, limits.start_s),
+    if isinstance(state, V):  # a VM and a session may share a state's name ("starting")
+        return {V.CREATING: limits.launch_s, V.BOOTING: limits.launch_s, V.RECYCLING: limits.wipe_s,
+                V.DELETING: limits.delete_s, V.STOPPING_STANDBY: limits.stop_s, V.STARTING: limits.start_s}[state]
+    return {S.PROVISIONING: max(limits.launch_s, limits.start_s),
             S.PULLING_IMAGE: limits.pull_s(getattr(obj, "pull_bytes_total", 0)),
-            S.STOPPING: limits.wipe_s + limits.delete_s}[state]
+            S.STARTING: limits.notebook_start_s,
+            S.STOPPING: limits.notebook_stop_s + limits.wipe_s + limits.delete_s}[state]
 
 
 def nothing_overdue(d: Driver) -> None:
     for obj in [*d.core.vms.values(), *d.core.sessions.values()]:
         if obj.state in (V.CREATING, V.BOOTING, V.RECYCLING, V.DELETING, V.STOPPING_STANDBY, V.STARTING,
-                         S.PROVISIONING, S.PULLING_IMAGE, S.STOPPING):
+                         S.PROVISIONING, S.PULLING_IMAGE, S.STARTING, S.STOPPING):
             entered = obj.history[-1].time  # a session placed again has a new VM, with its own deadline
             assert d.now - entered <= limit_of(d, obj.state, obj) + d.tick_s, \
                 f"{obj.id} {obj.state} since {entered}, now {d.now}: {obj.history}"
@@ -68,8 +71,8 @@ def test_nothing_stays_in_flight_past_its_deadline(knobs):
     kinds = {type(c) for c in d.commands()}
     assert {Launch, Pull, Wipe, Delete} <= kinds
     if not knobs:
-        assert kinds == {Launch, Pull, Wipe, Delete, Stop, Start}
-    assert not [s.id for s in sessions if s.state in (S.PROVISIONING, S.PULLING_IMAGE, S.STOPPING)]
+        assert kinds == {Launch, Pull, Wipe, Delete, Stop, Start, StartNotebook, StopNotebook}
+    assert not [s.id for s in sessions if s.state in (S.PROVISIONING, S.PULLING_IMAGE, S.STARTING, S.STOPPING)]
     if "duplicate" in knobs:
         assert d.core.dropped > 0 and all(s.state in (S.STOPPED, S.RUNNING, S.QUEUED) for s in sessions)
 

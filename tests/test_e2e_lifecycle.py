@@ -16,9 +16,10 @@ from provisioner.v1 import types_pb2 as pb
 S = pb.SessionState
 
 
-async def test_warm_create_is_running_at_once_and_stop_recycles_the_vm(local_fleet):
-    session = await local_fleet.create(image="gpu:latest", region_hint="us-central1")
-    assert session.state == pb.SESSION_STATE_RUNNING
+async def test_warm_create_starts_its_notebook_at_once_and_stop_recycles_the_vm(local_fleet):
+    created = await local_fleet.create(image="gpu:latest", region_hint="us-central1")
+    assert created.state == pb.SESSION_STATE_STARTING  # a warm VM holds the image: no launch, no pull
+    session = await local_fleet.running(created)
     assert session.start == pb.START_KIND_WARM
     assert session.cluster == "us-central1" and session.id.startswith("us-central1.")
     assert session.image == "gpu:v160" and session.spec.image == "gpu:latest"
@@ -34,6 +35,8 @@ async def test_warm_create_is_running_at_once_and_stop_recycles_the_vm(local_fle
     assert vm.state == pb.VM_STATE_WARM and not vm.session_id
     assert "gpu:v160" in vm.images
     assert [h.state for h in vm.history][-3:] == ["assigned", "recycling", "warm"]
+    ended = (await local_fleet.sessions.GetSession(s_pb.GetSessionRequest(session_id=session.id))).session
+    assert [h.state for h in ended.history] == ["starting", "running", "stopping", "stopped"]
 
 
 async def test_stop_is_idempotent(local_fleet):
@@ -60,12 +63,12 @@ async def test_cold_image_shows_provisioning_and_pulling_before_running(tmp_path
         updates = await fleet.watch_until(session.id, pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_FAILED)
         states = [u.state for u in updates]
         assert states[0] == pb.SESSION_STATE_PROVISIONING
-        assert pb.SESSION_STATE_PULLING_IMAGE in states
+        assert pb.SESSION_STATE_PULLING_IMAGE in states and pb.SESSION_STATE_STARTING in states
         assert states[-1] == pb.SESSION_STATE_RUNNING
         pulls = [u.pull.bytes_done for u in updates if u.state == pb.SESSION_STATE_PULLING_IMAGE]
         assert pulls == sorted(pulls) and len(pulls) > 2  # progress is visible and only grows
         history = [h.state for h in updates[-1].history]
-        assert history == ["provisioning", "pulling_image", "running"]
+        assert history == ["provisioning", "pulling_image", "starting", "running"]
 
         await fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=session.id))
         await fleet.watch_until(session.id, pb.SESSION_STATE_STOPPED)
@@ -157,7 +160,7 @@ async def test_deadline_is_honoured(local_fleet):
 
 
 async def test_drain_keeps_new_sessions_out_and_running_ones_alive(local_fleet):
-    running = await local_fleet.create(region_hint="europe-west4")
+    running = await local_fleet.running(await local_fleet.create(region_hint="europe-west4"))
     assert running.cluster == "europe-west4"
     await local_fleet.admin.DrainCluster(admin_pb.DrainClusterRequest(cluster="europe-west4"))
     moved = await local_fleet.create(region_hint="europe-west4")

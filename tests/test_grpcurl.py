@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.v1 import types_pb2
+
 TIMEOUT_S = 20.0
 
 
@@ -94,8 +96,9 @@ async def test_session_lifecycle_from_json(local_fleet):
     created = json.loads(await call(local_fleet, front, "provisioner.v1.SessionService/CreateSession", data={"spec": spec}))
     session = created["session"]
     assert session["id"]
-    # The fixture's pools are warm with the latest image, so the session runs at once.
-    assert session["state"] == "SESSION_STATE_RUNNING"
+    # The fixture's pools are warm with the latest image, so the session's notebook starts at once.
+    assert session["state"] == "SESSION_STATE_STARTING"
+    await local_fleet.watch_until(session["id"], types_pb2.SESSION_STATE_RUNNING)
     assert session["spec"]["user_id"] == "erin"  # grpcurl keeps the proto field names
 
     got = json.loads(await call(local_fleet, front, "provisioner.v1.SessionService/GetSession",

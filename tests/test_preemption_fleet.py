@@ -45,7 +45,7 @@ async def test_an_interactive_session_within_its_share_preempts_an_over_share_ba
         first = await fleet.create(user_id="ben", kind=pb.SESSION_KIND_BATCH, **REGION)
         await asyncio.sleep(0.2)  # a model minute apart, so which is youngest is plain
         young = await fleet.create(user_id="ben", kind=pb.SESSION_KIND_BATCH, requeue_on_preemption=True, **REGION)
-        assert first.state == young.state == pb.SESSION_STATE_RUNNING  # the pool's two VMs, both ben's
+        first, young = await fleet.running(first), await fleet.running(young)  # the pool's two VMs, both ben's
         watching = asyncio.create_task(fleet.watch_until(young.id, pb.SESSION_STATE_STOPPED, timeout=30))
 
         dee = await fleet.create(user_id="dee", **REGION)

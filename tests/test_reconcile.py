@@ -5,6 +5,7 @@ from __future__ import annotations
 from core_driver import Driver, make_core
 from provisioner.cloud.base import CloudFailure, CloudVm
 from provisioner.decide.events import CommandFailed, EvictRequested, Reconciled, StopRequested, WipeDone
+from provisioner.decide.commands import Wipe
 from provisioner.decide.reconcile import reconcile
 from provisioner.model import Vm
 from provisioner.decide.states import SessionState, VmState
@@ -93,8 +94,9 @@ def test_a_wipe_result_for_a_vm_the_reconciler_removed_is_ignored():
     s = d.allocate(user="ada", image="gpu:latest")
     d.advance(10)
     vm_id = d.core.sessions[s.id].vm_id
-    step = d.core.handle(StopRequested(d.now, s.id, "done"))  # the VM is being wiped...
-    [wipe] = step.commands
+    d.stop(s, "done")
+    d.advance(d.core.config.sim.notebook_stop_s)  # its notebook has ended: the VM is being wiped...
+    [wipe] = [c for c in d.commands(Wipe) if c.vm_id == vm_id]
     assert d.core.vms[vm_id].state is V.RECYCLING
     present = [cloud(v.id) for v in d.core.vms.values() if v.state is not V.DELETED and v.id != vm_id]
     d.reconciled(reconcile(d.core.vms.values(), present, d.now))  # ...when it vanishes

@@ -72,7 +72,7 @@ def test_documented_lifecycles_are_edges():
     vm_path = [None, "creating", "booting", "warm", "assigned", "recycling", "warm", "deleting", "deleted"]
     for old, new in zip(vm_path, vm_path[1:]):
         assert VmState(new) in VM_TRANSITIONS[VmState(old) if old else None]
-    s_path = [None, "queued", "provisioning", "pulling_image", "running", "stopping", "stopped"]
+    s_path = [None, "queued", "provisioning", "pulling_image", "starting", "running", "stopping", "stopped"]
     for old, new in zip(s_path, s_path[1:]):
         assert SessionState(new) in SESSION_TRANSITIONS[SessionState(old) if old else None]
 
@@ -100,7 +100,7 @@ def test_illegal_vm_transition_names_both_states_and_changes_nothing():
 
 def test_illegal_session_transition_names_both_states():
     s = make_session()
-    for state in (SessionState.RUNNING, SessionState.STOPPING, SessionState.STOPPED):
+    for state in (SessionState.STARTING, SessionState.RUNNING, SessionState.STOPPING, SessionState.STOPPED):
         s.to(state, state.value, 1.0)
     with pytest.raises(IllegalTransition, match=r"session c\.s-1: stopped -> running"):
         s.to(SessionState.RUNNING, "again", 2.0)

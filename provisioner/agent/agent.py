@@ -6,16 +6,16 @@ import asyncio
 import json
 import logging
 import os
-import signal
 from pathlib import Path
 
 from provisioner.agent.config import AgentConfig
-from provisioner.agent.containers import Containers
 from provisioner.agent.gpu import Gpus, GpuSample
 from provisioner.agent.guest import GuestWriter
 from provisioner.agent.health import assess
 from provisioner.agent.host import Host
 from provisioner.agent.metadata import Metadata, MetadataError
+from provisioner.agent.notebook import Notebooks
+from provisioner.agent.runtime import Runtime
 from provisioner.agent.usage import Usage, collect
 from provisioner.clock import Clock
 
@@ -53,9 +53,10 @@ class DoneIds:
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig, metadata: Metadata, containers: Containers, gpus: Gpus, host: Host,
+    def __init__(self, cfg: AgentConfig, metadata: Metadata, runtime: Runtime, gpus: Gpus, host: Host,
                  clock: Clock, done: DoneIds):
-        self.cfg, self.metadata, self.containers, self.gpus, self.host = cfg, metadata, containers, gpus, host
+        self.cfg, self.metadata, self.runtime, self.gpus, self.host = cfg, metadata, runtime, gpus, host
+        self.notebooks = Notebooks(cfg, runtime, host, gpus, metadata, clock)
         self.clock, self.done = clock, done
         self._current = ""  # the command being run (or last run)
         self._ask = 0  # how many times the cluster has asked for it again (its answer was lost)
@@ -161,8 +162,14 @@ class Agent:
             log.info("command %s: %s", cid, op)
             if op == "pull":
                 result = await self.pull(cid, command)
+            elif op == "start":
+                # The host port rides in the answer: one write, which the cluster reads whole.
+                result = f"ok {(await self.notebooks.start(command)).host_port}"
+            elif op == "stop":
+                await self.notebooks.stop(str(command["session_id"]))
+                result = "ok"
             elif op == "wipe":
-                result = await self.wipe()
+                result = await self.notebooks.wipe()
             else:
                 result = f"error: unknown op {op!r}"
         except asyncio.CancelledError:
@@ -182,58 +189,17 @@ class Agent:
         self._reported = self._reported[-1:] + [cid]
 
     async def pull(self, cid: str, command: dict) -> str:
-        """Pulls the command's layers one at a time, reporting bytes done and an estimate."""
-        layers = [(str(layer["id"]), int(layer["bytes"])) for layer in command.get("layers", [])]
-        total = sum(size for _, size in layers)
+        """Pulls the command's image, reporting bytes done and an estimate of the time left."""
+        total = int(command.get("bytes") or sum(int(layer["bytes"]) for layer in command.get("layers", [])))
         progress = _Progress(self, cid, total)
         reporter = asyncio.create_task(progress.loop())
         try:
-            done = 0
-            for layer_id, size in layers:
-                if not await self.containers.has_layer(layer_id):
-                    base = done
-                    await self.containers.pull_layer(layer_id, size, lambda n, b=base, s=size: progress.set(b + min(n, s)))
-                done += size
-                progress.set(done)
+            await self.notebooks.pull(command, progress.set)
         finally:
             reporter.cancel()
+        progress.set(total)
         await progress.write()
         return "ok"
-
-    async def wipe(self) -> str:
-        """Ends everything of the last session, keeps the image cache, resets the GPUs, then
-        checks: a wipe that cannot be verified is a failure (the VM is deleted, not reused)."""
-        cfg = self.cfg
-        for container in await self.containers.session_containers():
-            await self.containers.stop(container)
-        await self._end_processes()
-        for path in cfg.user_paths:
-            self.host.clear(path)
-        await self.gpus.reset()
-        problems = []
-        if left := await self.containers.session_containers():
-            problems.append(f"containers left: {', '.join(left)}")
-        if procs := self.host.user_processes(cfg.user_uid_min):
-            problems.append(f"processes left: {', '.join(f'{p.name} ({p.pid})' for p in procs)}")
-        for path in cfg.user_paths:
-            if entries := self.host.entries(path):
-                problems.append(f"{path} not empty ({len(entries)} entries)")
-        if busy := self.gpus.busy():
-            problems.append(f"GPU still used by {', '.join(busy)}")
-        return "ok" if not problems else "error: the wipe could not be verified: " + "; ".join(problems)
-
-    async def _end_processes(self) -> None:
-        """SIGTERM to every user process, SIGKILL to those left after the grace period."""
-        uid_min = self.cfg.user_uid_min
-        for p in self.host.user_processes(uid_min):
-            self.host.signal(p.pid, signal.SIGTERM)
-        deadline = self.clock.now() + self.cfg.kill_grace_s
-        while self.host.user_processes(uid_min) and self.clock.now() < deadline:
-            await self.clock.sleep(0.25)
-        for p in self.host.user_processes(uid_min):
-            self.host.signal(p.pid, signal.SIGKILL)
-        if self.host.user_processes(uid_min):
-            await self.clock.sleep(1.0)  # the kernel reaps them
 
     # ---- health --------------------------------------------------------------------------
 

@@ -16,13 +16,15 @@ def register(sub) -> None:
     p.add_argument("--simulate", type=Path, metavar="DIR",
                    help="fake GPU, container runtime and host, with their state in DIR (no GPU needed)")
     p.add_argument("--simulate-bytes-per-s", type=float, default=1e9, help="with --simulate: pull speed")
+    p.add_argument("--simulate-gpus", type=Path, metavar="DIR",
+                   help="a fake GPU alone (its state in DIR), with the real container engine and host")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from provisioner.agent import config as agent_config
     from provisioner.agent.agent import Agent, DoneIds
-    from provisioner.agent.containers import detect
+    from provisioner.agent.engine import DockerEngine
     from provisioner.agent.gpu import Gpus
     from provisioner.agent.host import LocalHost
     from provisioner.agent.metadata import HttpMetadata
@@ -36,12 +38,15 @@ def run(args: argparse.Namespace) -> int:
     if args.simulate:
         from provisioner.agent.fakes import simulated
 
-        host, containers, nvml = simulated(args.simulate, clock, args.simulate_bytes_per_s)
+        host, runtime, nvml = simulated(args.simulate, clock, args.simulate_bytes_per_s)
         gpus = Gpus(nvml, reset=host.reset_gpus)
     else:
-        host, containers = LocalHost(), detect(cfg.runtime, cfg.layer_repository, cfg.session_label)
-        gpus = Gpus()
-    agent = Agent(cfg, HttpMetadata(cfg.metadata_url), containers, gpus, host, clock,
+        host, runtime, gpus = LocalHost(), DockerEngine(cfg.engine_url), Gpus()
+        if args.simulate_gpus:
+            from provisioner.agent.fakes import fake_gpus
+
+            gpus = fake_gpus(args.simulate_gpus)
+    agent = Agent(cfg, HttpMetadata(cfg.metadata_url), runtime, gpus, host, clock,
                   DoneIds(cfg.state_dir / "done.json"))
     try:
         asyncio.run(agent.run())

@@ -18,15 +18,26 @@ class AgentConfig(BaseModel):
 
     metadata_url: str = METADATA_URL
     state_dir: Path = Path("/var/lib/provisioner-agent")
-    # Where image layers come from: each layer is published as `<layer_repository>:<layer id>`.
-    layer_repository: str = "us-docker.pkg.dev/notebooks/gpu/layers"
-    runtime: str = Field(default="auto", pattern="^(auto|containerd|docker)$")
-    # A session's things: containers with this label, processes of users with uid >= this,
-    # and these directories (emptied, not removed). The image cache is elsewhere and kept.
-    session_label: str = "provisioner-session"
+    # The container engine (Docker Engine API) and how it logs in to the registry: `metadata`,
+    # the VM's service-account token as `oauth2accesstoken` (Artifact Registry); `basic`, a
+    # user and a password read from a file; `none`.
+    engine_url: str = "unix:///var/run/docker.sock"
+    registry_auth: str = Field(default="metadata", pattern="^(metadata|basic|none)$")
+    registry_username: str = ""
+    registry_password_file: Path | None = None
+    # A session's notebook container: its workspace is <workspace_root>/<session id> on the host,
+    # mounted at workspace_mount; its server's port is published on publish_ip:publish_port
+    # (0: a port the engine picks, reported with the start); the secret is in secret_env.
+    workspace_root: Path = Path("/var/lib/provisioner-agent/workspaces")
+    workspace_mount: str = "/home/jovyan/work"
+    notebook_port: int = 8888
+    publish_ip: str = "0.0.0.0"
+    publish_port: int = Field(default=8888, ge=0, lt=65536)
+    secret_env: str = "NOTEBOOK_TOKEN"
+    start_timeout_s: PositiveFloat = 120.0  # for the notebook's server to answer
+    kill_grace_s: PositiveFloat = 10.0  # between a container's SIGTERM and its SIGKILL
+    # The usage report names the processes of users with uid >= this (read, never signalled).
     user_uid_min: int = 1000
-    user_paths: tuple[Path, ...] = (Path("/home/notebook"), Path("/scratch"))
-    kill_grace_s: PositiveFloat = 10.0
     # Health thresholds: crossing one makes the VM unhealthy, with the reason as its detail.
     gpu_temperature_max_c: float = 85.0  # GPUs throttle from about here
     fatal_xids: tuple[int, ...] = FATAL_XIDS

@@ -5,8 +5,8 @@ Their state is a plain dict, kept in memory or in a JSON file under DIR (reread 
 a test in another process can change it: start a user's process, heat a GPU, make a disk
 read-only). Files: `host.json` (processes with uid and name, some using the GPU, some with
 connections; directories
-and their entries; disks; GPU resets), `containers.json` (layers in the store, containers by
-label), `gpu.json` (per GPU temperature, throttle bits, ECC count, utilization, pending XIDs).
+and their entries; disks; GPU resets), `containers.json` (layers in the store, session
+containers), `gpu.json` (per GPU temperature, throttle bits, ECC count, utilization, pending XIDs).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from provisioner.agent.containers import ByteCallback, ContainerError
+from provisioner.agent.runtime import (ByteCallback, ContainerError, Credentials, ImageRef, NotebookSpec,
+                                       Placement, Running, SessionContainer)
 from provisioner.agent.host import Disk, Process
 from provisioner.agent.usage import Connection, Usage
 from provisioner.clock import Clock
@@ -74,10 +75,23 @@ class FakeHost:
         return self.state.data
 
     def start_process(self, pid: int, uid: int, name: str, gpu: bool = False, stubborn: bool = False,
-                      connections: tuple[Connection, ...] = ()) -> None:
+                      connections: tuple[Connection, ...] = (), ns: int = 0) -> None:
+        """`ns`: the pid namespace's first process (a container's), 0 for the host's own."""
         self.d["processes"][str(pid)] = {"uid": uid, "name": name, "gpu": gpu, "stubborn": stubborn,
-                                         "connections": [[c.address, c.port] for c in connections]}
+                                         "connections": [[c.address, c.port] for c in connections], "ns": ns}
         self.state.save()
+
+    def in_namespace(self, pid: int) -> list[int]:
+        if not pid:
+            return []
+        return sorted(int(p) for p, proc in self.d["processes"].items() if proc.get("ns") == pid or int(p) == pid)
+
+    def alive(self, pids: Iterable[int]) -> list[Process]:
+        procs = self.d["processes"]
+        return [Process(pid, procs[str(pid)]["uid"], procs[str(pid)]["name"]) for pid in pids if str(pid) in procs]
+
+    def answers(self, port: int) -> bool:
+        return True  # a fake container's server is up as soon as it starts
 
     def user_processes(self, uid_min: int) -> list[Process]:
         return [Process(int(pid), p["uid"], p["name"]) for pid, p in self.d["processes"].items() if p["uid"] >= uid_min]
@@ -112,58 +126,105 @@ class FakeHost:
     def entries(self, path: Path) -> list[str]:
         return sorted(self.d["dirs"].get(str(path), []))
 
+    def make_dir(self, path: Path) -> None:
+        d = self.d
+        d["dirs"].setdefault(str(path), [])
+        siblings = d["dirs"].setdefault(str(Path(path).parent), [])
+        if Path(path).name not in siblings:
+            siblings.append(Path(path).name)
+        self.state.save()
+
     def disk(self, path: Path) -> Disk | None:
         disk = self._disk_of(path)
         if disk is None:
             return None
         return Disk(float(disk.get("free_fraction", 0.5)), bool(disk.get("read_only", False)))
 
-    def reset_gpus(self, index: int) -> None:
-        """What a GPU reset does here: counts, and ends nothing (processes must be gone first)."""
+    def reset_gpus(self, indices: list[int]) -> None:
+        """A GPU reset as the driver does it: refused while anything holds the GPU (a process on
+        it, or an open NVML handle: `nvml_holders`); otherwise counted, ending nothing."""
         d = self.d
-        d["gpu_resets"] += 1
+        holders = [p["name"] for p in d["processes"].values() if p.get("gpu")]
+        if holders or d.get("nvml_holders", 0):
+            raise OSError(f"GPU reset refused: In use by another client ({', '.join(holders) or 'NVML'})")
+        d["gpu_resets"] += len(indices)
         self.state.save()
 
 
 # ---- container runtime ------------------------------------------------------------------------
 
-class FakeContainers:
-    """Layers in the store (id -> bytes), pulled at `bytes_per_s` on the injected clock, in steps;
-    containers (id -> label). `fail_pulls`: every pull fails, as an unreachable registry would."""
+class FakeRuntime:
+    """The container engine: layers in the store (id -> bytes), pulled at `bytes_per_s` on the
+    injected clock, in steps; session containers (id -> {session, pid, port, exit}), whose
+    processes are the host's processes in their pid namespace (`ns`: the container's pid).
+    `fail_pulls`: every pull fails, as an unreachable registry would; `fail_start`: a start's
+    container exits at once with this reason."""
 
-    def __init__(self, clock: Clock, state: State | None = None, bytes_per_s: float = 1e9, steps: int = 4):
-        self.clock, self.bytes_per_s, self.steps = clock, bytes_per_s, steps
+    def __init__(self, clock: Clock, host: FakeHost, state: State | None = None, bytes_per_s: float = 1e9,
+                 steps: int = 4):
+        self.clock, self.host, self.bytes_per_s, self.steps = clock, host, bytes_per_s, steps
+        self.logins: list[Credentials | None] = []  # what each pull presented to the registry
         self.state = state or State({})
         d = self.state.data  # one read: each read of a file-backed state reloads it
-        d.setdefault("layers", {})
-        d.setdefault("containers", {})
-        d.setdefault("fail_pulls", False)
+        for key, empty in (("layers", {}), ("containers", {}), ("fail_pulls", False), ("fail_start", ""),
+                           ("pulls", [])):
+            d.setdefault(key, empty)
         self.state.save()
 
-    async def has_layer(self, layer_id: str) -> bool:
-        return layer_id in self.state.data["layers"]
-
-    async def pull_layer(self, layer_id: str, size_bytes: int, on_bytes: ByteCallback) -> None:
+    async def pull(self, image: ImageRef, credentials: Credentials | None, on_bytes: ByteCallback) -> None:
         if self.state.data["fail_pulls"]:
-            raise ContainerError(f"pull of {layer_id}: registry unreachable")
-        for k in range(1, self.steps + 1):
-            await self.clock.sleep(size_bytes / self.bytes_per_s / self.steps)
-            on_bytes(size_bytes * k // self.steps)
+            raise ContainerError(f"pull of {image.pinned}: registry unreachable")
+        self.logins.append(credentials)
+        done = 0
+        for layer_id, size in image.layers:
+            if layer_id in self.state.data["layers"]:
+                continue  # the engine skips a layer it holds
+            for k in range(1, self.steps + 1):
+                await self.clock.sleep(size / self.bytes_per_s / self.steps)
+                on_bytes(done + size * k // self.steps)
+            done += size
+            d = self.state.data
+            d["layers"][layer_id] = size
+            d["pulls"].append(layer_id)
+            self.state.save()
+
+    def run(self, container_id: str, session_id: str, pid: int, port: int = 0, exit_reason: str | None = None) -> None:
+        """A container as the engine would hold it (its processes: host processes with ns=pid)."""
+        self.state.data["containers"][container_id] = {"session": session_id, "pid": pid, "port": port,
+                                                       "exit": exit_reason}
+        self.state.save()
+
+    async def start(self, spec: NotebookSpec, placement: Placement) -> Running:
+        cid = f"c-{spec.session_id}"
         d = self.state.data
-        d["layers"][layer_id] = size_bytes
-        self.state.save()
+        if cid not in d["containers"]:
+            pid = 40000 + len(d["containers"])
+            self.run(cid, spec.session_id, pid, placement.host_port or 30000 + pid % 1000,
+                     d["fail_start"] or None)
+            if not d["fail_start"]:
+                self.host.start_process(pid, 1000, "jupyter-lab", ns=pid)
+        c = self.state.data["containers"][cid]
+        if c["exit"]:
+            raise ContainerError(c["exit"])
+        return Running(cid, c["port"])
 
-    def run(self, container_id: str, label: str) -> None:
-        self.state.data["containers"][container_id] = label
-        self.state.save()
+    async def exited(self, container_id: str) -> str | None:
+        c = self.state.data["containers"].get(container_id)
+        return "the container is gone" if c is None else c["exit"]
 
-    async def session_containers(self) -> list[str]:
-        return sorted(self.state.data["containers"])
-
-    async def stop(self, container_id: str) -> None:
+    async def stop(self, container_id: str, grace_s: float) -> None:
+        c = self.state.data["containers"].get(container_id)
+        if c is None:
+            return
+        for p in self.host.in_namespace(c["pid"]):
+            self.host.signal(p, signal.SIGKILL)
         d = self.state.data
         d["containers"].pop(container_id, None)
         self.state.save()
+
+    async def session_containers(self) -> list[SessionContainer]:
+        return [SessionContainer(cid, c["session"], c["pid"] if not c["exit"] else 0)
+                for cid, c in sorted(self.state.data["containers"].items())]
 
 
 # ---- NVML -------------------------------------------------------------------------------------
@@ -234,10 +295,17 @@ class FakeNvml:
 
     def nvmlInit(self) -> None:  # noqa: N802
         self._init += 1
+        self._hold(1)
 
     def nvmlShutdown(self) -> None:  # noqa: N802
         self._check()
         self._init -= 1
+        self._hold(-1)
+
+    def _hold(self, n: int) -> None:
+        """An initialised NVML holds the GPUs open, as the driver sees it."""
+        self.host.d["nvml_holders"] = self.host.d.get("nvml_holders", 0) + n
+        self.host.state.save()
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         self._check()
@@ -278,6 +346,10 @@ class FakeNvml:
     def nvmlEventSetCreate(self):  # noqa: N802
         self._check()
         return ["event-set"]
+
+    def nvmlEventSetFree(self, event_set) -> None:  # noqa: N802
+        self._check()
+        del event_set[1:]
 
     def nvmlDeviceRegisterEvents(self, handle, event_types: int, event_set) -> None:  # noqa: N802
         self._gpu(handle)
@@ -406,10 +478,23 @@ class FakeMetadata:
         if self._lands(key, None):
             self.guest.pop(key, None)
 
+    async def access_token(self) -> str:
+        return "fake-access-token"
 
-def simulated(directory: Path, clock: Clock, bytes_per_s: float) -> tuple[FakeHost, FakeContainers, FakeNvml]:
+
+def fake_gpus(directory: Path):
+    """A fake GPU for an agent whose engine and host are real (`--simulate-gpus DIR`): its
+    processes are those of a fake host in DIR, so none of the real ones ever holds it."""
+    from provisioner.agent.gpu import Gpus
+
+    directory.mkdir(parents=True, exist_ok=True)
+    host = FakeHost(State({}, directory / "host.json"))
+    return Gpus(FakeNvml(host, State({}, directory / "gpu.json")), reset=host.reset_gpus)
+
+
+def simulated(directory: Path, clock: Clock, bytes_per_s: float) -> tuple[FakeHost, FakeRuntime, FakeNvml]:
     """The fakes for `provisioner agent --simulate DIR`, with their state in DIR's JSON files."""
     directory.mkdir(parents=True, exist_ok=True)
     host = FakeHost(State({}, directory / "host.json"))
-    return (host, FakeContainers(clock, State({}, directory / "containers.json"), bytes_per_s),
+    return (host, FakeRuntime(clock, host, State({}, directory / "containers.json"), bytes_per_s),
             FakeNvml(host, State({}, directory / "gpu.json")))

@@ -37,12 +37,24 @@ def real_nvml() -> Any:
     return pynvml
 
 
-def nvidia_smi_reset(index: int) -> None:
-    subprocess.run(["nvidia-smi", "--gpu-reset", "-i", str(index)], check=True, capture_output=True, timeout=120)
+def nvidia_smi_reset(indices: list[int]) -> None:
+    """Resets the GPUs. The driver refuses while any client holds one ("In use by another
+    client"): the caller has released its own NVML handle, and nvidia-persistenced, which holds
+    every GPU open, is stopped for the reset and started again after (where it runs at all)."""
+    persistenced = subprocess.run(["systemctl", "is-active", "--quiet", "nvidia-persistenced"],
+                                  capture_output=True).returncode == 0
+    if persistenced:
+        subprocess.run(["systemctl", "stop", "nvidia-persistenced"], check=True, capture_output=True, timeout=60)
+    try:
+        for i in indices:
+            subprocess.run(["nvidia-smi", "--gpu-reset", "-i", str(i)], check=True, capture_output=True, timeout=120)
+    finally:
+        if persistenced:
+            subprocess.run(["systemctl", "start", "nvidia-persistenced"], capture_output=True, timeout=60)
 
 
 class Gpus:
-    def __init__(self, nvml: Any = None, reset: Callable[[int], None] = nvidia_smi_reset):
+    def __init__(self, nvml: Any = None, reset: Callable[[list[int]], None] = nvidia_smi_reset):
         self._nvml = nvml
         self._reset = reset
         self._events = None
@@ -101,10 +113,28 @@ class Gpus:
         name = _optional(nv, lambda: nv.nvmlSystemGetProcessName(pid), f"pid {pid}")
         return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
 
-    async def reset(self) -> None:
-        """Resets every GPU (clears its memory and state between users)."""
-        for i in range(self.nvml.nvmlDeviceGetCount()):
-            await asyncio.to_thread(self._reset, i)
+    def stop(self) -> None:
+        """Releases the agent's NVML handle (and its event set)."""
+        if self._events is not None:
+            _optional(self.nvml, lambda: self.nvml.nvmlEventSetFree(self._events), None)
+            self._events = None
+        self.nvml.nvmlShutdown()
+
+    async def reset(self) -> str:
+        """Resets every GPU between users (clears its memory and state), only when nothing holds
+        it: with a process still on one it resets none and says so (the driver would refuse).
+        The agent's own NVML handle is released for the reset and taken again after."""
+        if busy := self.busy():
+            return f"GPU reset skipped: still used by {', '.join(busy)}"
+        count = self.nvml.nvmlDeviceGetCount()
+        if not count:
+            return ""
+        self.stop()
+        try:
+            await asyncio.to_thread(self._reset, list(range(count)))
+        finally:
+            self.start()
+        return ""
 
     def busy(self) -> list[str]:
         """Processes still using a GPU (leaves XID events for the next sample)."""

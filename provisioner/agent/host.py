@@ -1,9 +1,10 @@
-"""The machine itself: its users' processes and their connections, its directories and its disks."""
+"""The machine itself: its processes and their connections, its directories and its disks."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
@@ -26,14 +27,24 @@ class Disk:
 
 
 class Host(Protocol):
-    def user_processes(self, uid_min: int) -> list[Process]: ...
+    def user_processes(self, uid_min: int) -> list[Process]:
+        """Processes of users with uid >= uid_min (what a session runs, for its usage report)."""
+        ...
 
     def connections(self, pids: Iterable[int]) -> list[Connection]:
         """The outbound TCP connections of these processes (remote ends)."""
         ...
 
-    def signal(self, pid: int, sig: int) -> None:
-        """Sends a signal; a process already gone is fine."""
+    def in_namespace(self, pid: int) -> list[int]:
+        """The processes sharing `pid`'s pid namespace (a container's, when `pid` is its first)."""
+        ...
+
+    def alive(self, pids: Iterable[int]) -> list[Process]:
+        """Those of `pids` still running."""
+        ...
+
+    def answers(self, port: int) -> bool:
+        """Whether something accepts TCP connections on this host's `port`."""
         ...
 
     def clear(self, path: Path) -> None:
@@ -41,6 +52,10 @@ class Host(Protocol):
         ...
 
     def entries(self, path: Path) -> list[str]: ...
+
+    def make_dir(self, path: Path) -> None:
+        """Creates `path` (and its parents) if missing."""
+        ...
 
     def disk(self, path: Path) -> Disk | None:
         """The file system holding `path`; None if there is no such path."""
@@ -69,11 +84,38 @@ class LocalHost:
     def connections(self, pids: Iterable[int]) -> list[Connection]:
         return procnet.connections(pids, self.proc)
 
-    def signal(self, pid: int, sig: int) -> None:
+    def _pid_ns(self, pid: int | str) -> str | None:
         try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+            return os.readlink(self.proc / str(pid) / "ns" / "pid")
+        except OSError:
+            return None
+
+    def in_namespace(self, pid: int) -> list[int]:
+        ns = self._pid_ns(pid) if pid else None
+        if ns is None or ns == self._pid_ns("self"):  # gone, or the agent's (host's) own: no container's
+            return []
+        return sorted(int(e.name) for e in self.proc.iterdir() if e.name.isdigit() and self._pid_ns(int(e.name)) == ns)
+
+    def alive(self, pids: Iterable[int]) -> list[Process]:
+        out = []
+        for pid in pids:
+            try:
+                name = (self.proc / str(pid) / "comm").read_text().strip()
+                status = (self.proc / str(pid) / "status").read_text()
+            except OSError:
+                continue
+            if "\nState:\tZ" in status:
+                continue  # ended, waiting for its parent to reap it
+            uid = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("Uid:"))
+            out.append(Process(pid, uid, name))
+        return out
+
+    def answers(self, port: int) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return True
+        except OSError:
+            return False
 
     def clear(self, path: Path) -> None:
         if not path.exists():
@@ -83,6 +125,9 @@ class LocalHost:
                 shutil.rmtree(child)
             else:
                 child.unlink()
+
+    def make_dir(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
 
     def entries(self, path: Path) -> list[str]:
         try:

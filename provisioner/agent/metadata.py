@@ -37,6 +37,10 @@ class Metadata(Protocol):
 
     async def delete_guest(self, key: str) -> None: ...
 
+    async def access_token(self) -> str:
+        """The VM's service-account access token (for the registry)."""
+        ...
+
 
 class HttpMetadata:
     def __init__(self, base_url: str):
@@ -74,3 +78,10 @@ class HttpMetadata:
 
     async def delete_guest(self, key: str) -> None:
         await asyncio.to_thread(self._request, "DELETE", f"instance/guest-attributes/{NAMESPACE}/{key}")
+
+    async def access_token(self) -> str:
+        raw, _ = await asyncio.to_thread(self._request, "GET", "instance/service-accounts/default/token")
+        try:
+            return str(json.loads(raw)["access_token"])
+        except (ValueError, KeyError) as err:
+            raise MetadataError(f"no access token in the metadata server's answer: {err}") from err

@@ -33,6 +33,7 @@ class SessionState(_ProtoEnum):
     QUEUED = "queued"
     PROVISIONING = "provisioning"
     PULLING_IMAGE = "pulling_image"
+    STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
@@ -41,7 +42,8 @@ class SessionState(_ProtoEnum):
     @property
     def pending(self) -> bool:
         """Not running yet, but on its way."""
-        return self in (SessionState.QUEUED, SessionState.PROVISIONING, SessionState.PULLING_IMAGE)
+        return self in (SessionState.QUEUED, SessionState.PROVISIONING, SessionState.PULLING_IMAGE,
+                        SessionState.STARTING)
 
     @property
     def ended(self) -> bool:

@@ -71,6 +71,27 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class NotebookRequest:
+    """A session's notebook container, as the VM's agent starts it. `repository` and `digest` pin
+    the image (empty on the simulated cloud, whose catalog is synthetic)."""
+
+    session_id: str
+    user: str
+    cluster: str
+    image: str
+    gpus: int
+    repository: str = ""
+    digest: str = ""
+    secret: str = field(default="", repr=False)  # out of repr, so out of any log line
+    cpus: float = 0.0  # 0: no limit
+    memory_bytes: int = 0
+
+    def agent_command(self) -> dict:
+        """The agent's `start` command (provisioner/agent/notebook.py reads these fields)."""
+        return {"op": "start", **{f: getattr(self, f) for f in self.__dataclass_fields__}}
+
+
+@dataclass(frozen=True, slots=True)
 class CloudVm:
     vm_id: str
     zone: str
@@ -114,13 +135,24 @@ class CloudBackend(Protocol):
         ...
 
     async def pull(
-        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None
+        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None,
+        repository: str = "", digest: str = "",
     ) -> CloudFailure | None:
-        """Pulls image layers onto the VM's disk; on_progress gets cumulative bytes."""
+        """Pulls the image `repository@digest` onto the VM's disk (`layers`: those it lacks, for
+        progress and accounting); on_progress gets cumulative bytes."""
         ...
 
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
         """Erases user data (home, processes, GPU memory) and keeps the image cache."""
+        ...
+
+    async def start_notebook(self, vm_id: str, zone: str, request: NotebookRequest) -> str | CloudFailure:
+        """Starts the session's notebook container on the VM; returns once it answers, with its
+        endpoint ("" for the VM's own). A second start of the same session finds it running."""
+        ...
+
+    async def stop_notebook(self, vm_id: str, zone: str, session_id: str) -> CloudFailure | None:
+        """Ends the session's notebook container (SIGTERM, a grace period, SIGKILL)."""
         ...
 
     async def stop(self, vm_id: str, zone: str) -> CloudFailure | None:

@@ -64,9 +64,9 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 from provisioner.agent.usage import parse as parse_usage
 from provisioner.clock import Clock
 from provisioner.cloud.base import (LABEL_CLUSTER, PREEMPTED, CloudFailure, CloudVm, HealthReport,
-                                     LaunchSpec, ProgressCallback, maintenance)
+                                     LaunchSpec, NotebookRequest, ProgressCallback, maintenance)
 from provisioner.cloud.gce_errors import failure_of, operation_failure, retryable, transport_errors
-from provisioner.cloud.gce_instance import GUEST_ATTRIBUTES_KEY, instance_for, vm_of
+from provisioner.cloud.gce_instance import GUEST_ATTRIBUTES_KEY, instance_for, notebook_endpoint, vm_of
 from provisioner.config import BackendConfig, ClusterConfig
 from provisioner.decide.images import Layer
 
@@ -269,9 +269,15 @@ class GceBackend:
 
     async def _command(self, vm_id: str, zone: str, command: dict, on_progress: ProgressCallback | None,
                        ) -> CloudFailure | None:
-        """Hands the agent a command through metadata and follows its guest attributes. An agent
-        silent for `command_silence_s` is asked again (its answer may have been dropped: guest
-        attributes written beyond the VM's rate may be), and given up after ASKS askings."""
+        answer = await self._answer(vm_id, zone, command, on_progress)
+        return answer if isinstance(answer, CloudFailure) else None
+
+    async def _answer(self, vm_id: str, zone: str, command: dict, on_progress: ProgressCallback | None,
+                      ) -> CloudFailure | str:
+        """Hands the agent a command through metadata and follows its guest attributes; on
+        success, the agent's answer (`ok`, or `ok <detail>`). An agent silent for
+        `command_silence_s` is asked again (its answer may have been dropped: guest attributes
+        written beyond the VM's rate may be), and given up after ASKS askings."""
         cid = uuid.uuid4().hex[:12]
         command = {"id": cid, **command}
         deadline = self.clock.now() + self.config.command_timeout_s
@@ -293,7 +299,7 @@ class GceBackend:
                     on_progress(progress)
                 changed, reported = progress != reported, progress
                 if done is not None:
-                    return None if done == "ok" else CloudFailure("internal", f"agent: {done}", zone)
+                    return done if done.split(" ")[0] == "ok" else CloudFailure("internal", f"agent: {done}", zone)
             if changed:
                 heard_at = self.clock.now()
             elif self.clock.now() - heard_at >= self.config.command_silence_s:
@@ -334,14 +340,24 @@ class GceBackend:
                 return failure
             await self.clock.sleep(self.config.poll_s)
 
-    async def pull(self, vm_id: str, zone: str, layers: Sequence[Layer],
-                   on_progress: ProgressCallback | None = None) -> CloudFailure | None:
+    async def pull(self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None,
+                   repository: str = "", digest: str = "") -> CloudFailure | None:
         total = sum(layer.size_bytes for layer in layers)
-        return await self._command(vm_id, zone, {"op": "pull", "bytes": total, "layers": [
-            {"id": layer.id, "bytes": layer.size_bytes} for layer in layers]}, on_progress)
+        return await self._command(vm_id, zone, {
+            "op": "pull", "repository": repository, "digest": digest, "bytes": total,
+            "layers": [{"id": layer.id, "bytes": layer.size_bytes} for layer in layers]}, on_progress)
 
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
         return await self._command(vm_id, zone, {"op": "wipe"}, None)
+
+    async def start_notebook(self, vm_id: str, zone: str, request: NotebookRequest) -> str | CloudFailure:
+        """The agent answers once the container serves, with the host port it is published on."""
+        answer = await self._answer(vm_id, zone, request.agent_command(), None)
+        vm = answer if isinstance(answer, CloudFailure) else await self._get(vm_id, zone)
+        return vm if isinstance(vm, CloudFailure) else notebook_endpoint(vm.endpoint, answer)
+
+    async def stop_notebook(self, vm_id: str, zone: str, session_id: str) -> CloudFailure | None:
+        return await self._command(vm_id, zone, {"op": "stop", "session_id": session_id}, None)
 
     async def delete(self, vm_id: str, zone: str) -> CloudFailure | None:
         # One request id per delete, kept by its retries: a later delete must not get this one's answer.

@@ -72,6 +72,12 @@ def instance_for(spec: LaunchSpec, pool: PoolConfig, config: BackendConfig, labe
     return instance
 
 
+def notebook_endpoint(vm_endpoint: str, answer: str) -> str:
+    """The VM's endpoint with the host port the agent's start answered (`ok <host port>`)."""
+    port = answer.removeprefix("ok").strip() or str(NOTEBOOK_PORT)
+    return f"{vm_endpoint.rsplit(':', 1)[0]}:{port}" if vm_endpoint else ""
+
+
 def endpoint_of(inst: compute_v1.Instance) -> str:
     """Where the notebook on the VM is reached: its internal address, once it has one."""
     ip = inst.network_interfaces[0].network_i_p if inst.network_interfaces else ""

@@ -10,6 +10,8 @@
   what is left, so the pool's declared size stays the truth;
 - everything a node does as a VM (boot, the agent's pulls and wipes, health, listing by label)
   goes through Compute Engine as in the gce backend: a GKE node is a Compute Engine instance.
+- a session's notebook container: not started (a node's runtime is containerd, not the Docker
+  Engine API the agent drives); the session runs once its node holds the image, as before.
 - stop and start: refused (an `invalid` failure, never retried). A node pool has no stopped
   nodes: GKE's auto-repair would recreate a node stopped under it, and its autoscaler and
   upgrades count on every node running. The standby tier (stopped VMs) needs backend gce.
@@ -35,7 +37,7 @@ from google.cloud.container_v1 import ClusterManagerAsyncClient, types
 from google.cloud.container_v1.services.cluster_manager.transports import ClusterManagerGrpcAsyncIOTransport
 
 from provisioner.clock import Clock
-from provisioner.cloud.base import LABEL_REQUEST, CloudFailure, CloudVm, LaunchSpec
+from provisioner.cloud.base import LABEL_REQUEST, CloudFailure, CloudVm, LaunchSpec, NotebookRequest
 from provisioner.cloud.gce import GceBackend, gce_labels
 from provisioner.cloud.gce_errors import failure_of
 from provisioner.cloud.gce_instance import vm_of
@@ -217,6 +219,14 @@ class GkeBackend(GceBackend):
 
     async def start(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
         return CloudFailure("invalid", NO_STANDBY, zone)
+
+    async def start_notebook(self, vm_id: str, zone: str, request: NotebookRequest) -> str | CloudFailure:
+        """A node's runtime is containerd, which the agent's engine (the Docker Engine API) cannot
+        drive: no container is started here, and the session's endpoint is the node's."""
+        return ""
+
+    async def stop_notebook(self, vm_id: str, zone: str, session_id: str) -> CloudFailure | None:
+        return None
 
     async def list_vms(self, cluster: str) -> list[CloudVm]:
         """Our labelled nodes, plus every unlabelled node of our node pools: a create that died

@@ -36,6 +36,7 @@ from provisioner.cloud.base import (
     CloudVm,
     HealthReport,
     LaunchSpec,
+    NotebookRequest,
     ProgressCallback,
 )
 from provisioner.errors import (
@@ -50,7 +51,8 @@ from provisioner.decide.images import Layer
 
 _tracer = trace.get_tracer(__name__)
 
-OPS = frozenset({"create", "wait_ready", "pull", "wipe", "stop", "start", "delete", "list_vms"})
+OPS = frozenset({"create", "wait_ready", "pull", "wipe", "stop", "start", "delete", "list_vms", "start_notebook",
+                 "stop_notebook"})
 _CODES = frozenset({"stockout", "quota", "rate_limited", "unavailable", "not_found", "invalid", "internal"})
 _SPAN_NAMES = {op: f"sim.{op}" for op in OPS | {"health"}}
 
@@ -71,6 +73,8 @@ class SimConfigLike(Protocol):
     wipe_s: float
     delete_s: float
     stop_s: float
+    notebook_start_s: float
+    notebook_stop_s: float
     start_median_s: float
     start_sigma: float
     pool_start_median_s: dict[str, float]
@@ -109,6 +113,12 @@ class SimPhysics:
 
     def stop_s(self) -> float:
         return self.config.stop_s
+
+    def notebook_start_s(self) -> float:
+        return self.config.notebook_start_s
+
+    def notebook_stop_s(self) -> float:
+        return self.config.notebook_stop_s
 
     def start_s(self, pool: str) -> float:
         """A stopped VM of `pool` started, until its agent answers: lognormal, a long tail."""
@@ -332,7 +342,8 @@ class SimCloud:
             return self._end(span, await self._wait_ready(vm_id, zone))
 
     async def pull(
-        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None
+        self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None = None,
+        repository: str = "", digest: str = "",  # the synthetic catalog's layers are what it pulls
     ) -> CloudFailure | None:
         with self._enter("pull", vm_id, zone) as span:
             return self._end(span, await self._pull(vm_id, zone, layers, on_progress, span))
@@ -340,6 +351,35 @@ class SimCloud:
     async def wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
         with self._enter("wipe", vm_id, zone) as span:
             return self._end(span, await self._wipe(vm_id, zone))
+
+    async def start_notebook(self, vm_id: str, zone: str, request: NotebookRequest) -> str | CloudFailure:
+        with self._enter("start_notebook", vm_id, zone) as span:
+            return self._end(span, await self._notebook(vm_id, zone, "start_notebook", self.physics.notebook_start_s()))
+
+    async def stop_notebook(self, vm_id: str, zone: str, session_id: str) -> CloudFailure | None:
+        with self._enter("stop_notebook", vm_id, zone) as span:
+            failure = await self._notebook(vm_id, zone, "stop_notebook", self.physics.notebook_stop_s())
+            return self._end(span, failure or None)
+
+    def _running_vm(self, op: str, vm_id: str, zone: str) -> _Vm | CloudFailure:
+        """The VM an operation on a running VM (`op`) works on, or why it cannot."""
+        fault = self._fault(op, zone)
+        if fault is not None:
+            return fault
+        vm = self._find(vm_id, zone)
+        if vm is None:
+            return _not_found(vm_id, zone)
+        return _stopped(vm) or vm
+
+    async def _notebook(self, vm_id: str, zone: str, what: str, duration: float) -> str | CloudFailure:
+        """A notebook container's start or stop on the VM: its time, then the VM's own endpoint."""
+        vm = self._running_vm(what, vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return vm
+        await self.clock.sleep(duration)
+        if self._vms.get(vm_id) is not vm:
+            return _not_found(vm_id, zone, f"during the notebook's {what.split('_')[0]}")
+        return ""
 
     async def stop(self, vm_id: str, zone: str) -> CloudFailure | None:
         with self._enter("stop", vm_id, zone) as span:
@@ -427,14 +467,9 @@ class SimCloud:
         return vm.snapshot()
 
     async def _wait_ready(self, vm_id: str, zone: str) -> CloudVm | CloudFailure:
-        fault = self._fault("wait_ready", zone)
-        if fault is not None:
-            return fault
-        vm = self._find(vm_id, zone)
-        if vm is None:
-            return _not_found(vm_id, zone)
-        if (stopped := _stopped(vm)) is not None:
-            return stopped
+        vm = self._running_vm("wait_ready", vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return vm
         wait = vm.ready_at - self.clock.now()
         if wait > 0:
             await self.clock.sleep(wait)
@@ -450,14 +485,9 @@ class SimCloud:
     async def _pull(
         self, vm_id: str, zone: str, layers: Sequence[Layer], on_progress: ProgressCallback | None, span: Any
     ) -> CloudFailure | None:
-        fault = self._fault("pull", zone)
-        if fault is not None:
-            return fault
-        vm = self._find(vm_id, zone)
-        if vm is None:
-            return _not_found(vm_id, zone)
-        if (stopped := _stopped(vm)) is not None:
-            return stopped
+        vm = self._running_vm("pull", vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return vm
         total = sum(layer.size_bytes for layer in layers)
         if span is not None:
             span.set_attribute("provisioner.pull_bytes", total)
@@ -481,14 +511,9 @@ class SimCloud:
         return None
 
     async def _wipe(self, vm_id: str, zone: str) -> CloudFailure | None:
-        fault = self._fault("wipe", zone)
-        if fault is not None:
-            return fault
-        vm = self._find(vm_id, zone)
-        if vm is None:
-            return _not_found(vm_id, zone)
-        if (stopped := _stopped(vm)) is not None:
-            return stopped
+        vm = self._running_vm("wipe", vm_id, zone)
+        if isinstance(vm, CloudFailure):
+            return vm
         await self.clock.sleep(self.physics.wipe_s())
         if self._vms.get(vm_id) is not vm:
             return _not_found(vm_id, zone, "during the wipe")

@@ -32,10 +32,12 @@ from provisioner.cloud.base import (
     CloudBackend,
     CloudFailure,
     LaunchSpec,
+    NotebookRequest,
 )
 from provisioner.config import PoolConfig
 from provisioner.decide import events as ev
-from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
+from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop,
+                                         StopNotebook, Wipe)
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.pools import PoolState
 from provisioner.decide.policy import FIELDS, merge_policy
@@ -549,6 +551,11 @@ class ClusterRuntime:
                         self._answered(cmd, await self.backend.stop(cmd.vm_id, cmd.zone), ev.VmStopped)
                     case Start():
                         await self._start(cmd)
+                    case StartNotebook():
+                        await self._start_notebook(cmd)
+                    case StopNotebook():
+                        self._answered(cmd, await self.backend.stop_notebook(cmd.vm_id, cmd.zone, cmd.session_id),
+                                       ev.NotebookStopped)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -580,6 +587,20 @@ class ClusterRuntime:
         else:
             self.handle(ev.VmReady(self.clock.now(), cmd.id, ready.endpoint))
 
+    async def _start_notebook(self, cmd: StartNotebook) -> None:
+        vm, s = self.core.vms.get(cmd.vm_id), self.core.sessions.get(cmd.session_id)
+        pool = self.core.pools[vm.pool].config if vm is not None else None
+        # The secret is read here, not carried in the command (commands are logged).
+        request = NotebookRequest(cmd.session_id, cmd.user, self.core.name, cmd.image,
+                                  pool.accelerator_count if pool else 0, cmd.repository, cmd.digest,
+                                  s.access_token if s is not None else "", pool.notebook_cpus if pool else 0.0,
+                                  int(pool.notebook_memory_gb * 2**30) if pool else 0)
+        started = await self.backend.start_notebook(cmd.vm_id, cmd.zone, request)
+        if isinstance(started, CloudFailure):
+            self.handle(ev.CommandFailed(self.clock.now(), cmd.id, started))
+        else:
+            self.handle(ev.NotebookStarted(self.clock.now(), cmd.id, started))
+
     async def _start(self, cmd: Start) -> None:
         started = await self.backend.start(cmd.vm_id, cmd.zone)
         if not isinstance(started, CloudFailure):
@@ -593,7 +614,8 @@ class ClusterRuntime:
         def progress(done: int) -> None:
             self.handle(ev.PullProgress(self.clock.now(), cmd.id, done))
 
-        self._answered(cmd, await self.backend.pull(cmd.vm_id, cmd.zone, cmd.layers, progress), ev.PullDone)
+        self._answered(cmd, await self.backend.pull(cmd.vm_id, cmd.zone, cmd.layers, progress, cmd.repository,
+                                                    cmd.digest), ev.PullDone)
 
     def vms(self) -> list[Vm]:
         return list(self.core.vms.values())

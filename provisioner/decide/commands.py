@@ -75,7 +75,33 @@ class Start:
     session_id: str = ""
 
 
-Command = Launch | Pull | Wipe | Delete | Stop | Start
+@dataclass(frozen=True, slots=True)
+class StartNotebook:
+    """Runs the session's notebook container on its VM, once the VM holds the image: answered
+    when its endpoint answers (NotebookStarted, with the endpoint) or with the runtime's reason."""
+
+    id: int
+    vm_id: str
+    zone: str
+    session_id: str
+    user: str
+    image: str
+    digest: str = ""  # `repository@digest`: the digest the session was pinned to at creation
+    repository: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StopNotebook:
+    """Ends the session's notebook container (SIGTERM, a grace period, SIGKILL) before the VM
+    is wiped or deleted."""
+
+    id: int
+    vm_id: str
+    zone: str
+    session_id: str
+
+
+Command = Launch | Pull | Wipe | Delete | Stop | Start | StartNotebook | StopNotebook
 
 
 @dataclass(slots=True)

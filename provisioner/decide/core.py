@@ -21,11 +21,13 @@ from provisioner.config_policy import AbuseConfig, PriorityConfig
 from provisioner.decide import events as ev
 from provisioner.decide.abuse import AbuseWatch, Watched
 from provisioner.decide.budgets import Budgets
-from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
+from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop,
+                                         StopNotebook, Wipe)
 from provisioner.decide.deadlines import Limits
 from provisioner.decide.eventlog import EventLog
 from provisioner.decide.ids import IdSource
 from provisioner.decide.images import ImageCatalog
+from provisioner.decide.notebooks import NotebookSteps
 from provisioner.decide.pools import Pools, PoolState
 from provisioner.decide.preemption import Preemption
 from provisioner.decide.sessions import Sessions
@@ -38,7 +40,7 @@ S, V = SessionState, VmState
 _GONE = frozenset({V.DELETING, V.FAILED, V.DELETED})
 
 
-class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch):
+class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preemption, AbuseWatch):
     def __init__(self, cluster: ClusterConfig, catalog: ImageCatalog, sessions: SessionsConfig,
                  ids: IdSource | None = None, event_log: EventLog | None = None,
                  priority: PriorityConfig | None = None, abuse: AbuseConfig | None = None):
@@ -125,7 +127,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
                     self._enforce_preemptions(now)
                 self._tick_pools(now)
             case ev.VmCreated() | ev.VmReady() | ev.PullProgress() | ev.PullDone() | ev.WipeDone() \
-                    | ev.VmDeleted() | ev.VmStopped() | ev.VmStarted() | ev.CommandFailed():
+                    | ev.VmDeleted() | ev.VmStopped() | ev.VmStarted() | ev.NotebookStarted() \
+                    | ev.NotebookStopped() | ev.CommandFailed():
                 self._answer(event)
             case ev.SessionRequested():
                 return self._allocate(event.spec, now, event.trace_context)
@@ -188,6 +191,10 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
                 self._vm_stopped(cmd, now)
             case ev.VmStarted():
                 self._vm_started(cmd, event.endpoint, now)
+            case ev.NotebookStarted():
+                self._notebook_started(cmd, event.endpoint, now)
+            case ev.NotebookStopped():
+                self._notebook_stopped(cmd, now)
             case ev.CommandFailed():
                 self._failed(cmd, event.failure, now)
 
@@ -270,6 +277,10 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
                 return self.limits.stop_s
             case Start():
                 return self.limits.start_s
+            case StartNotebook():
+                return self.limits.notebook_start_s
+            case StopNotebook():
+                return self.limits.notebook_stop_s
         raise TypeError(cmd)
 
     def _settle(self, cmd: Command) -> None:

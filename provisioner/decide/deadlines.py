@@ -5,7 +5,8 @@ launch's VM fails and is deleted, its session placed again; a pull's VM is delet
 placed again; a wipe's or a stop's VM is deleted; a start's VM is deleted, its session placed
 again; a delete's VM fails and the reconciler retries. So no VM or session stays in creating,
 booting, pulling, recycling, deleting, stopping or starting for ever because an answer was lost
-or its executor died.
+or its executor died. A notebook's start that never answers fails its session (its VM is
+wiped); a notebook's stop that never answers goes on to the wipe, which ends the container too.
 
 A limit is several times the expected duration (the simulated cloud's physics, which are also
 the core's estimates), plus a floor for small ones. A real cloud backend gives up by its own
@@ -35,6 +36,8 @@ class Limits:
         self.wipe_s = _limit(sim.wipe_s)
         self.delete_s = _limit(sim.delete_s)
         self.stop_s = _limit(sim.stop_s)
+        self.notebook_start_s = _limit(sim.notebook_start_s)
+        self.notebook_stop_s = _limit(sim.notebook_stop_s)
         # A start's time has a long tail: the limit covers the slowest pool's median many times.
         self.start_s = _limit(max([sim.start_median_s, *sim.pool_start_median_s.values()]) * START_TAIL)
         self.pull_floor_s = FLOOR_S
@@ -44,6 +47,8 @@ class Limits:
             self.wipe_s = max(self.wipe_s, calls + backend.command_timeout_s)
             self.delete_s = max(self.delete_s, calls + backend.operation_timeout_s)
             self.stop_s = max(self.stop_s, calls + backend.operation_timeout_s)
+            self.notebook_start_s = max(self.notebook_start_s, calls + backend.command_timeout_s)
+            self.notebook_stop_s = max(self.notebook_stop_s, calls + backend.command_timeout_s)
             self.start_s = max(self.start_s, calls + backend.operation_timeout_s + backend.boot_timeout_s)
             self.pull_floor_s = max(self.pull_floor_s, calls + backend.command_timeout_s)
 

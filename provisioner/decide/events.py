@@ -204,6 +204,21 @@ class VmStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class NotebookStarted:
+    """A StartNotebook is done: the container runs and answers at `endpoint`."""
+
+    at: float
+    answering: int
+    endpoint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NotebookStopped:
+    at: float
+    answering: int
+
+
+@dataclass(frozen=True, slots=True)
 class CommandFailed:
     """The cloud refused or failed the command, or its executor raised."""
 
@@ -216,5 +231,5 @@ Request = (SessionRequested | SessionTouched | StopRequested | DiscardRequested 
            | PolicySet | PrewarmRequested | EvictRequested | BudgetSet)
 Report = Restored | Tick | HealthReported | Reconciled | CatalogChanged
 Answer = (VmCreated | VmReady | PullProgress | PullDone | WipeDone | VmDeleted | VmStopped | VmStarted
-          | CommandFailed)
+          | NotebookStarted | NotebookStopped | CommandFailed)
 Event = Request | Report | Answer

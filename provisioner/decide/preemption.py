@@ -23,7 +23,7 @@ from provisioner.model import Notice, Session
 PREEMPTION = "preemption"  # the kind of the notices a preempted session's watchers get
 _THEN = "; it stops in "  # a preemption's notice is its stop reason, then when
 # Sessions that hold (or have coming) a VM of their pool, so its GPUs.
-_HOLDING = frozenset({S.PROVISIONING, S.PULLING_IMAGE, S.RUNNING})
+_HOLDING = frozenset({S.PROVISIONING, S.PULLING_IMAGE, S.STARTING, S.RUNNING})
 # And those whose VM is still theirs: a stopping session's until it is wiped.
 _OCCUPYING = _HOLDING | {S.STOPPING}
 

@@ -108,8 +108,12 @@ class Sessions:
             s.vm_id = ""
             self._end(s, S.STOPPED, reason, now)
         else:
+            vm, notebook = self.vms[s.vm_id], s.state in (S.STARTING, S.RUNNING)
             self._set_session(s, S.STOPPING, reason, now)
-            self._release(self.vms[s.vm_id], now)
+            if notebook:  # its container ends first, then the VM is wiped
+                self._stop_notebook(s, vm, now)
+            else:
+                self._release(vm, now)
         return s
 
     def _forget(self, session_id: str) -> None:
@@ -204,17 +208,7 @@ class Sessions:
                 self._pull(now, vm, s.image, missing, s.id)
         else:
             vm.cache.touch(s.image, self.catalog, now)
-            self._running(s, vm, now)
-
-    def _running(self, s: Session, vm: Vm, now: float) -> None:
-        self._failed_tries.pop(s.id, None)
-        s.ready_at = s.last_activity_at = s.estimated_ready_at = now
-        s.endpoint = vm.endpoint
-        self._watch_cull(s)
-        how = {StartKind.WARM: "a warm VM that held the image", StartKind.PARTIAL: "a warm VM that pulled the "
-               "layers it lacked", StartKind.COLD: "a new VM"}[s.start or StartKind.COLD]
-        # The VM's id in parentheses, not run into the sentence ("... the image vm-3f2a").
-        self._set_session(s, S.RUNNING, f"running on {how} (VM {vm.id})", now)
+            self._start_notebook(s, vm, now)
 
     def _replace(self, s: Session, why: str, now: float, failure: str = "") -> None:
         """The session's VM will not serve it (its create, boot or pull failed): another, or the

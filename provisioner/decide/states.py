@@ -32,6 +32,7 @@ class SessionState(StrEnum):
     QUEUED = "queued"
     PROVISIONING = "provisioning"
     PULLING_IMAGE = "pulling_image"
+    STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
@@ -100,30 +101,35 @@ SESSION_TRANSITIONS: dict[SessionState | None, dict[SessionState, str]] = {
         S.QUEUED: "nothing fits now: the pool is at its maximum or stocked out",
         S.PROVISIONING: "a new VM is being created, or a standby VM started, for the session",
         S.PULLING_IMAGE: "a warm VM lacking some layers was assigned (partial hit)",
-        S.RUNNING: "a warm VM holding the exact image was assigned (warm hit)",
+        S.STARTING: "a warm VM holding the exact image was assigned (warm hit): its notebook starts",
     },
     S.QUEUED: {
         S.PROVISIONING: "capacity came back and a VM is being created",
         S.PULLING_IMAGE: "a VM freed up and lacks some layers",
-        S.RUNNING: "a VM with the exact image freed up",
+        S.STARTING: "a VM with the exact image freed up: its notebook starts",
         S.STOPPED: "stopped before it got a VM",
         S.FAILED: "waited longer than the queue allows (sessions.queue_timeout_s)",
     },
     S.PROVISIONING: {
         S.PROVISIONING: "the VM could not be created or started; another is (e.g. in another zone)",
         S.PULLING_IMAGE: "the VM booted and pulls the image (or its launch failed and a warm VM was free)",
-        S.RUNNING: "a started standby VM held the image, or its launch failed and a warm VM holding it was free",
+        S.STARTING: "a started standby VM held the image, or its launch failed and a warm VM holding it was free",
         S.QUEUED: "the VM could not be created; wait for capacity",
         S.STOPPED: "stopped before the VM was ready; the VM joins the pool",
         S.FAILED: "its VMs failed too many times (decide.sessions.PLACEMENT_ATTEMPTS)",
     },
     S.PULLING_IMAGE: {
-        S.RUNNING: "every layer is on disk",
+        S.STARTING: "every layer is on disk: its notebook starts",
         S.PULLING_IMAGE: "the pull failed; another warm VM pulls the image instead",
         S.PROVISIONING: "the pull failed and no warm VM is left: a new VM is being created",
         S.QUEUED: "the pull failed and nothing is free or can be launched: wait for capacity",
         S.STOPPING: "stopped during the pull",
         S.FAILED: "its VMs failed too many times, or the VM died or was evicted mid-pull",
+    },
+    S.STARTING: {
+        S.RUNNING: "its notebook container runs and its endpoint answers",
+        S.STOPPING: "stopped while its notebook started",
+        S.FAILED: "its notebook did not start (the runtime's reason), or the VM died, turned unhealthy or was evicted",
     },
     S.RUNNING: {
         S.STOPPING: "stopped by the user, idle timeout or max runtime",
@@ -142,7 +148,7 @@ VM_ACTIVE = frozenset({V.CREATING, V.BOOTING, V.STARTING, V.WARM, V.ASSIGNED, V.
 VM_STANDBY = frozenset({V.STOPPING_STANDBY, V.STANDBY})
 SESSION_TERMINAL = frozenset({S.STOPPED, S.FAILED})
 # States in which a session holds (or is about to hold) a VM of its pool.
-SESSION_HOLDS_VM = frozenset({S.PROVISIONING, S.PULLING_IMAGE, S.RUNNING, S.STOPPING})
+SESSION_HOLDS_VM = frozenset({S.PROVISIONING, S.PULLING_IMAGE, S.STARTING, S.RUNNING, S.STOPPING})
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
 from provisioner.decide.autoscale import pick_zone, zones_available
-from provisioner.decide.commands import Delete, Launch, Pull, Start, Stop, Wipe
+from provisioner.decide.commands import Delete, Launch, Pull, Start, StartNotebook, Stop, StopNotebook, Wipe
 from provisioner.decide.images import LayerCache
 from provisioner.decide.pools import PoolState
 from provisioner.decide.reconcile import Plan
@@ -90,9 +90,11 @@ class VmLifecycle:
             self._issue(Stop, now, vm.id, vm.zone)
         elif vm.state is V.STARTING:
             self._issue(Start, now, vm.id, vm.pool, vm.zone, vm.reserved_for)
-        elif vm.pulling:
-            missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
-            self._pull(now, vm, vm.pulling, missing, vm.session_id)
+        else:
+            self._reissue_notebook(vm, now)
+            if vm.pulling:
+                missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
+                self._pull(now, vm, vm.pulling, missing, vm.session_id)
 
     # ---- answers -------------------------------------------------------------------------
 
@@ -198,7 +200,7 @@ class VmLifecycle:
         if (vm.state is V.ASSIGNED and s is not None and s.state is S.PULLING_IMAGE
                 and vm.cache.has_image(s.image, self.catalog)):
             s.pull_bytes_done = s.pull_bytes_total
-            self._running(s, vm, now)
+            self._start_notebook(s, vm, now)
         elif vm.state is V.WARM and not vm.pulling:
             self._after_vm_freed(vm, now)
 
@@ -264,6 +266,10 @@ class VmLifecycle:
                 self._stop_failed(cmd, failure, now)
             case Start():
                 self._start_failed(cmd, failure, now, expired)
+            case StartNotebook():
+                self._notebook_start_failed(cmd, failure, now)
+            case StopNotebook():
+                self._notebook_stopped(cmd, now)
 
     # ---- reports -------------------------------------------------------------------------
 
@@ -312,10 +318,10 @@ class VmLifecycle:
         elif vm.state is V.ASSIGNED:
             # The cloud taking the VM (Spot preemption, host maintenance) is the reason itself.
             s = self.sessions[vm.session_id]
-            if report.cause:
+            if report.cause and s.state is not S.STOPPING:
                 self._taken(s, report.detail, report.cause == "preempted", now)
             else:
-                self._end(s, S.FAILED, f"the VM became unhealthy: {report.detail}", now)
+                self._vm_lost_under(s, f"the VM became unhealthy: {report.detail}", now)
             self._delete(vm, f"unhealthy: {report.detail}", now)
 
     def _taken(self, s: Session, reason: str, preempted: bool, now: float) -> None:
@@ -341,9 +347,7 @@ class VmLifecycle:
             raise NotFound(f"VM {quote(vm_id)} not found in cluster {self.name}", field="vm_id")
         reason = reason or "evicted by an operator"
         if vm.state is V.ASSIGNED:
-            s = self.sessions[vm.session_id]
-            if not s.terminal:
-                self._end(s, S.FAILED, f"VM evicted: {reason}", now)
+            self._vm_lost_under(self.sessions[vm.session_id], f"VM evicted: {reason}", now)
             self._delete(vm, f"evicted: {reason}", now)
         elif vm.state in (V.WARM, V.STANDBY, V.FAILED):
             self._delete(vm, f"evicted: {reason}", now)

@@ -3,10 +3,12 @@
 Each command a core issues is answered, as an event naming the command, after the delay the
 physics gives it (Launch: VmCreated after create_s, VmReady after boot_s more, or CommandFailed;
 Pull: PullDone after the bytes at the pull bandwidth; Wipe: WipeDone; Delete: VmDeleted; Stop:
-VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed on a stockout).
+VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed on a stockout;
+StartNotebook: NotebookStarted after notebook_start_s; StopNotebook: NotebookStopped).
 Scheduled work, each core's next tick included, sits in one heap of (time, seq, callback, args);
 each event goes to its core's `handle`, and the step it returns is carried out at once. Work due
-at the same time as a tick runs before it (a tick's seq is above every other's). Whether an answer still applies is the core's business, not the engine's.
+at the same time as a tick runs before it (a tick's seq is above every other's). Whether an
+answer still applies is the core's business, not the engine's.
 
 A Spot pool's running VMs are preempted at its `spot_preemptions_per_hour` (a Poisson process per
 VM, drawn from a generator of its own so runs without Spot draw exactly as before): the core
@@ -27,11 +29,12 @@ from typing import Callable, Iterable
 
 from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
 from provisioner.cloud.sim import SimPhysics
-from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
+from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop, StopNotebook,
+                                         Wipe)
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.events import (
-    CommandFailed, Event, HealthReported, PullDone, Tick, VmCreated, VmDeleted, VmReady, VmStarted, VmStopped,
-    WipeDone,
+    CommandFailed, Event, HealthReported, NotebookStarted, NotebookStopped, PullDone, Tick, VmCreated, VmDeleted,
+    VmReady, VmStarted, VmStopped, WipeDone,
 )
 from provisioner.decide.states import VmState
 from provisioner.model import Session, Vm
@@ -167,6 +170,13 @@ class Engine:
                         up = now + self.start_delay(core, cmd.pool)
                         answer(core, VmStarted(up, cmd.id, f"sim://{cmd.vm_id}"))
                         self._spot_run_from(core, cmd.vm_id, cmd.pool, up)
+                case StartNotebook():
+                    failure = self.notebook_outcome(core, cmd)
+                    delay = self.notebook_start_delay(core)
+                    answer(core, NotebookStarted(now + delay, cmd.id) if failure is None
+                           else CommandFailed(now + delay, cmd.id, failure))
+                case StopNotebook():
+                    answer(core, NotebookStopped(now + self.notebook_stop_delay(core), cmd.id))
 
     def _created(self, core: ClusterCore, cmd: Launch, now: float) -> None:
         """The cloud has the VM: it says so, and the boot starts (its time drawn only now)."""
@@ -214,6 +224,12 @@ class Engine:
     def start_delay(self, core: ClusterCore, pool: str) -> float:
         return self.physics[core.name].start_s(pool)
 
+    def notebook_start_delay(self, core: ClusterCore) -> float:
+        return self.physics[core.name].notebook_start_s()
+
+    def notebook_stop_delay(self, core: ClusterCore) -> float:
+        return self.physics[core.name].notebook_stop_s()
+
     def launch_outcome(self, core: ClusterCore, cmd: Launch) -> CloudFailure | None:
         return self.physics[core.name].launch_outcome(cmd.zone)
 
@@ -224,6 +240,9 @@ class Engine:
         return None
 
     def wipe_outcome(self, core: ClusterCore, cmd: Wipe) -> CloudFailure | None:
+        return None
+
+    def notebook_outcome(self, core: ClusterCore, cmd: StartNotebook) -> CloudFailure | None:
         return None
 
 

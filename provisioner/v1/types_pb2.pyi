@@ -27,6 +27,7 @@ class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_STATE_STOPPING: _ClassVar[SessionState]
     SESSION_STATE_STOPPED: _ClassVar[SessionState]
     SESSION_STATE_FAILED: _ClassVar[SessionState]
+    SESSION_STATE_STARTING: _ClassVar[SessionState]
 
 class StartKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -60,6 +61,7 @@ SESSION_STATE_RUNNING: SessionState
 SESSION_STATE_STOPPING: SessionState
 SESSION_STATE_STOPPED: SessionState
 SESSION_STATE_FAILED: SessionState
+SESSION_STATE_STARTING: SessionState
 START_KIND_UNSPECIFIED: StartKind
 START_KIND_WARM: StartKind
 START_KIND_PARTIAL: StartKind
