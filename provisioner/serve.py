@@ -273,10 +273,12 @@ class LocalFleet:
 
 async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, front_address: str | None = None,
                             cluster_port_base: int | None = None, tracer_provider=None,
-                            database_url: str | None = None, metrics: Metrics | None = None) -> LocalFleet:
+                            database_url: str | None = None, metrics: Metrics | None = None,
+                            link_interceptors: Sequence = ()) -> LocalFleet:
     """Every cluster of the fleet plus the front, in this process, on loopback.
 
-    `cluster_port_base` overrides the configured cluster addresses (0: any free ports).
+    `cluster_port_base` overrides the configured cluster addresses (0: any free ports);
+    `link_interceptors` as for start_front.
     """
     clusters = []
     for i, c in enumerate(fleet_cfg.clusters):
@@ -287,6 +289,7 @@ async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path
                                             metrics=metrics))
     front = await start_front(fleet_cfg, clock, data_dir, address=front_address,
                               cluster_addresses={p.config.name: p.address for p in clusters},
-                              tracer_provider=tracer_provider, database_url=database_url, metrics=metrics)
+                              tracer_provider=tracer_provider, database_url=database_url, metrics=metrics,
+                              link_interceptors=link_interceptors)
     await front.fleet.wait_until_ready(timeout_s=10.0)
     return LocalFleet(front, clusters)
