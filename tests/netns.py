@@ -1,6 +1,7 @@
 """A network namespace joined to this one by a veth pair, for partitions between real processes:
 a process started with `prefix` listens at `address`, reachable from here until `cut()`, and
-again after `mend()`. Needs root (the tests run as root in CI); skipped otherwise."""
+again after `mend()`. Needs root and iproute2; skipped without them, unless
+PROVISIONER_REQUIRE_NETNS is set (CI sets it, and installs iproute2), in which case it fails."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ class Netns:
 
 def make_netns() -> Netns:
     if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("network namespaces need root and iproute2")
+        if os.environ.get("PROVISIONER_REQUIRE_NETNS"):  # CI sets it
+            pytest.fail("network namespaces are required here: run as root, with iproute2 installed")
+        pytest.skip("NO NETWORK NAMESPACES: they need root and iproute2")
     tag = uuid.uuid4().hex[:6]
     subnet = int(tag, 16) % 250 + 1  # 10.231.<subnet>.0/30, unlikely to meet another test's
     ns = Netns(f"prov-{tag}", f"prov-h-{tag}", f"10.231.{subnet}.1", f"10.231.{subnet}.2")
