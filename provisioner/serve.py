@@ -7,7 +7,6 @@ builds cloud backends.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 import os
@@ -210,6 +209,7 @@ class FrontProcess:
         self.resolver.cancel()
         self.budgets.cancel()
         await asyncio.gather(self.resolver, self.budgets, return_exceptions=True)
+        await self.fleet.block_pusher.close()
         await self.sessions.flush()
         for client in self.fleet.clients.values():
             await client.close()
@@ -235,11 +235,16 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     wall = RealClock()
     store = open_store(database_url, Path(data_dir) / "front.db")
     store.writer.start()  # the front's durable writes are all group-committed
+    async def on_flags(decisions) -> None:
+        if await blocks.apply_all(store, decisions):
+            fleet.block_pusher.soon()
+
     clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
                              credentials=link, server_name=security.cluster_name(c.name), clock=wall,
-                             on_flags=functools.partial(blocks.apply_all, store))
+                             on_flags=on_flags, on_connect=lambda: fleet.block_pusher.soon())
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
+    fleet.block_pusher = blocks.Pusher(store, fleet.clients)
     for c in clients:
         c.start()
     if metrics is not None:

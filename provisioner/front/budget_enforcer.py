@@ -92,7 +92,10 @@ class BudgetEnforcer:
             await self.svc.clock.sleep(ENFORCE_EVERY_S)
 
     async def sweep(self) -> int:
-        """Sends each running session whose budget end moved its new end; returns how many."""
+        """Sends each running session whose budget end moved its new end; returns how many. And
+        has the clusters told the blocked users again (front/blocks.py)."""
+        if (pusher := self.svc.fleet.block_pusher) is not None:
+            pusher.soon()
         lists = await self._list_all()
         basis: dict[str, _Basis] = {}
         sent = 0

@@ -65,6 +65,7 @@ class Fleet:
         # By cluster: the quota checks that counted a user's sessions there from the front's
         # store, the cluster not listing them (front/admission.py, unlisted).
         self.counted_last_known: Counter[str] = Counter()
+        self.block_pusher: blocks.Pusher | None = None  # tells the clusters the blocked users
 
     def get(self, name: str, field: str = "cluster") -> ClusterClient:
         if name not in self.clients:
