@@ -218,6 +218,14 @@ async def test_a_create_routed_to_a_frozen_cluster_succeeds_elsewhere_within_a_s
             resp = await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=deadline_s)
             return resp.session.id, time.monotonic() - started
 
+        admin = admin_grpc.AdminServiceStub(channel)
+        warm_by = time.monotonic() + 30
+        while True:  # a warm VM there, so that a create goes there first
+            pools = (await admin.ListPools(admin_pb.ListPoolsRequest(cluster=VICTIM), timeout=5)).pools
+            if next(p for p in pools if p.name == "gpu-p100").capacity.warm >= 1:
+                break
+            assert time.monotonic() < warm_by, "the cluster never warmed up"
+            await asyncio.sleep(0.1)
         proc.send_signal(signal.SIGSTOP)
         try:
             answers = await asyncio.gather(*(create(i) for i in range(3)))
@@ -225,6 +233,7 @@ async def test_a_create_routed_to_a_frozen_cluster_succeeds_elsewhere_within_a_s
             proc.send_signal(signal.SIGCONT)
         print("answered in " + ", ".join(f"{took:.2f} s" for _, took in answers))
         assert all(not sid.startswith(VICTIM + ".") for sid, _ in answers)
+        assert max(took for _, took in answers) > 1.0, "no create was routed to the frozen cluster"
         await fleet.wait_routable(timeout=10)
         # The attempts left open at the frozen cluster are settled by the resolver (commit_by has
         # passed); none may keep a second session.
