@@ -23,6 +23,8 @@ MAX_ROLES = 16
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 OK, DENIED = "ok", "denied"
+DEFAULT_RETENTION_S = 90 * 86400.0
+PRUNE_EVERY_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class AuditRecord:
     target: str  # what it acted on, e.g. "cluster=europe-west4 pool=gpu-p100"
     outcome: str  # ok, denied, or a gRPC status code name
     detail: str
+    peer: str = ""  # the caller's address, as gRPC gives it (ipv4:10.0.0.5:41234)
 
 
 def clean(text: str) -> str:
@@ -45,28 +48,46 @@ def clean(text: str) -> str:
 
 class AuditLog:
     """One process's audit log. `source` names it when several processes share one database (a
-    cluster's name; empty for the front): each lists only its own records."""
+    cluster's name; empty for the front): each lists only its own records. Records older than
+    `retention_s` are dropped, at most once every PRUNE_EVERY_S, by the next record written."""
 
-    def __init__(self, store: Store, clock: Clock, source: str = ""):
+    def __init__(self, store: Store, clock: Clock, source: str = "", retention_s: float = DEFAULT_RETENTION_S):
         self.store = store
         self.clock = clock
         self.source = source
+        self.retention_s = retention_s
+        self._pruned_at = -math.inf
 
-    def append(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str = "") -> None:
+    def append(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str = "",
+               peer: str = "") -> None:
         """Writes one record, durably, before returning (in its own transaction, on this thread)."""
-        self.store.append_audit(*self._row(identity, roles, rpc, target, outcome, detail))
+        self.store.append_audit(*self._row(identity, roles, rpc, target, outcome, detail, peer))
+        if (before := self._prune_due()) is not None:
+            self.store.prune_audit(self.source, before)
 
-    async def record(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str = "") -> None:
+    async def record(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str = "",
+                     peer: str = "") -> None:
         """`append` through the store's group commit: returns once the record is durable, without
         blocking the event loop meanwhile (other calls' writes share its transaction)."""
-        await self.store.commit(self.store.append_audit, *self._row(identity, roles, rpc, target, outcome, detail))
+        await self.store.commit(self.store.append_audit, *self._row(identity, roles, rpc, target, outcome, detail,
+                                                                     peer))
+        if (before := self._prune_due()) is not None:
+            await self.store.commit(self.store.prune_audit, self.source, before)
 
-    def _row(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str) -> tuple:
+    def _prune_due(self) -> float | None:
+        """The time before which records go, when a prune is due now."""
+        now = self.clock.now()
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return None
+        self._pruned_at = now
+        return now - self.retention_s
+
+    def _row(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str, peer: str) -> tuple:
         """The record's columns, cleaned, timed now (not when the writer gets to it)."""
         rpc = clean(rpc)
         return (uuid.uuid4().hex, self.source, self.clock.now(), clean(identity),
                 json.dumps([clean(r) for r in tuple(roles)[:MAX_ROLES]]), rpc, rpc.rsplit("/", 1)[-1],
-                clean(target), clean(outcome), clean(detail))
+                clean(target), clean(outcome), clean(detail), clean(peer))
 
     def list(self, *, identity: str | None = None, rpc: str | None = None, outcome: str | None = None,
              since: float | None = None, until: float | None = None, page_size: int = DEFAULT_PAGE_SIZE,
@@ -88,8 +109,8 @@ class AuditLog:
             before=before, limit=size + 1)
         more = len(rows) > size
         rows = rows[:size]
-        records = [AuditRecord(at, who, tuple(json.loads(roles)), name, target, out, detail)
-                   for _, at, who, roles, name, target, out, detail in rows]
+        records = [AuditRecord(at, who, tuple(json.loads(roles)), name, target, out, detail, peer)
+                   for _, at, who, roles, name, target, out, detail, peer in rows]
         token = _encode_token(rows[-1][1], rows[-1][0]) if more else ""
         return records, token
 

@@ -269,6 +269,8 @@ class SecurityConfig(_Model):
     cluster_tls_name: str = Field(default="{cluster}.cluster.provisioner.internal", pattern=r"\{cluster\}")
     # Open streams (WatchSession) one caller may hold on the front, by its broadest role.
     max_streams: dict[Role, Annotated[int, Field(ge=1)]] = {"user": 8, "service": 5000, "admin": 64}
+    # How long the audit log keeps a record (operator actions, refused calls of known callers).
+    audit_retention_s: Annotated[float, Field(gt=0)] = 90 * 86400.0
 
     def cluster_name(self, cluster: str) -> str:
         return self.cluster_tls_name.replace("{cluster}", cluster)

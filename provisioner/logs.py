@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 
 from opentelemetry import trace
 
+from provisioner.safe_text import printable
+
 FORMATS = ("text", "json")
 FIELDS = ("session_id", "vm_id", "cluster", "pool", "request_id")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -40,10 +42,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """One line per record (a traceback aside): the message's arguments come from users and
+    clusters, so what is not printable in it is escaped, and no value can start a line of its own."""
+
+    def __init__(self):
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
 def setup(level: str = "INFO", fmt: str = "text") -> None:
-    """Logs of this process to stderr, in `fmt` (text or json)."""
+    """Logs of this process to stderr, in `fmt` (text or json: JSON escapes every control
+    character itself)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 

@@ -28,6 +28,7 @@ from provisioner.model import Session
 from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
 
 if TYPE_CHECKING:
+    from provisioner.api.guard import Guard
     from provisioner.cluster.runtime import ClusterRuntime
     from provisioner.front.placement import Placement
     from provisioner.front.service import Fleet
@@ -68,6 +69,7 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._guards: dict[str, Guard] = {}
         self.sessions_created = Counter("provisioner_sessions_created", "Sessions made by the cluster.",
                                         ["cluster", "pool", "kind"], registry=r)
         self.session_starts = Counter("provisioner_session_starts", "Sessions that reached running, by how "
@@ -119,6 +121,13 @@ class Metrics:
         self.registry.register(_FrontCollector(fleet, placement))
 
     # ---- both ----------------------------------------------------------------------------
+
+    def watch_guard(self, guard: Guard, server: str) -> None:
+        """Counts the calls `guard` refuses, by `server` ("front" or a cluster's name). One
+        collector for every guard of the process, so that each family is written once."""
+        if not self._guards:
+            self.registry.register(_GuardCollector(self._guards))
+        self._guards[server] = guard
 
     def time_store(self, store: Store, process: str) -> Store:
         """Times every transaction and read of `store` (the same object, its two doors wrapped)."""
@@ -351,6 +360,20 @@ class _FrontCollector(Collector):
         for cluster, n in sorted(self.fleet.counted_last_known.items()):
             last_known.add_metric([cluster], n)
         yield from (healthy, routable, breaker, attempts, placements, last_known)
+
+
+class _GuardCollector(Collector):
+    def __init__(self, guards: dict[str, Guard]):
+        self.guards = guards
+
+    def collect(self):
+        refused = CounterMetricFamily("provisioner_refused_calls", "Calls refused at the server's edge, by method "
+                                      "and status code (UNAUTHENTICATED ones are counted here, not audited).",
+                                      labels=["server", "method", "code"])
+        for server, guard in sorted(self.guards.items()):
+            for (method, code), n in sorted(guard.refusals.items()):
+                refused.add_metric([server, method, code], n)
+        yield refused
 
 
 class MeteredBackend:

@@ -179,7 +179,9 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
     await runtime.start()
     files = tls_files or local_tls(fleet, data_dir, name)
     guard = Guard(CLUSTER_POLICY, certificate_identity({fleet.settings.security.front_tls_name: frozenset({auth.FRONT})}),
-                  AuditLog(store, clock, source=name))
+                  AuditLog(store, clock, source=name, retention_s=fleet.settings.security.audit_retention_s))
+    if metrics is not None:
+        metrics.watch_guard(guard, name)
     server = Server(address or cfg.address,
                     lambda s: cluster_service.register(s, runtime, address or cfg.address), tracer_provider,
                     on_drain=runtime.end_streams, guard=guard,
@@ -235,13 +237,16 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     wall = RealClock()
     store = open_store(database_url, Path(data_dir) / "front.db")
     store.writer.start()  # the front's durable writes are all group-committed
-    async def on_flags(decisions) -> None:
-        if await blocks.apply_all(store, decisions):
-            fleet.block_pusher.soon()
+    def on_flags(cluster: str):
+        async def apply(decisions) -> None:
+            if await blocks.apply_all(store, cluster, decisions):  # a new block: the clusters hear of it
+                fleet.block_pusher.soon()
+        return apply
 
     clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
                              credentials=link, server_name=security.cluster_name(c.name), clock=wall,
-                             on_flags=on_flags, on_connect=lambda: fleet.block_pusher.soon())
+                             on_flags=on_flags(c.name), on_connect=lambda: fleet.block_pusher.soon(),
+                             ceilings={p.name: p.vm_ceiling for p in c.pools})
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
     fleet.block_pusher = blocks.Pusher(store, fleet.clients)
@@ -253,8 +258,10 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock, wall)
     if metrics is not None:
         metrics.watch_front(fleet, sessions.placement)
-    guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock),
+    guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock, retention_s=security.audit_retention_s),
                   stream_caps(dict(security.max_streams)))
+    if metrics is not None:
+        metrics.watch_guard(guard, "front")
     server = Server(address, lambda s: front_service.register(s, sessions), tracer_provider,
                     on_drain=sessions.end_streams, guard=guard,
                     credentials=None if plaintext else tls.server_credentials(files, require_client_cert=False),

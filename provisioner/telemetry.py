@@ -38,6 +38,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from provisioner import rpc_tracing
+from provisioner.private_files import open_private
 
 # Span attribute keys for the domain.
 ATTR_SESSION_ID = "session.id"
@@ -97,12 +98,12 @@ class JsonLinesSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         data = "".join(_ENCODER.encode(span_to_dict(s)) + "\n" for s in spans).encode()
         try:
-            with self._lock, open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            with self._lock, open_private(self.path.with_name(self.path.name + ".lock"), "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 size = self.path.stat().st_size if self.path.exists() else 0
                 if size and size + len(data) > self.max_bytes:
                     self._rotate()
-                with self.path.open("ab") as f:
+                with open_private(self.path, "ab") as f:
                     f.write(data)
         except OSError:
             return SpanExportResult.FAILURE

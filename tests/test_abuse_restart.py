@@ -17,8 +17,10 @@ from provisioner.client.credentials import local_ca
 from provisioner.clock import ManualClock, RealClock
 from provisioner.cloud.sim import Inventory, SimCloud
 from provisioner.config import load_fleet
+from provisioner.model import request_key
 from provisioner.security.client import dev_token
 from provisioner.serve import start_front
+from provisioner.store import SqliteStore
 from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
 from provisioner.v1 import types_pb2 as pb
@@ -62,6 +64,11 @@ async def test_a_cluster_killed_after_flagging_sends_the_flag_again_once_restart
                 if resp.session.state == pb.SESSION_STATE_RUNNING:
                     s = resp.session
                     break
+        # Made as a front places it: the fronts' store knows whose session it is (a flag for a
+        # session no front made blocks nobody: front/cluster_reports.py).
+        store = SqliteStore(data_dir / "front.db")
+        store.remember_request(request_key("mal", "r1"), s.id, CLUSTER, 0.0)
+        store.close()
         # The simulated cloud persists in a file, as a real one does; a process reads it at start,
         # so the miner is marked while the cluster is down and seen once it is back.
         await cluster.kill()

@@ -18,6 +18,7 @@ from provisioner.clock import ManualClock
 from provisioner.errors import InvalidArgument
 from provisioner.store import open_store
 from provisioner.v1 import admin_service_pb2 as admin_pb
+from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 
 DRAIN = "/provisioner.v1.AdminService/DrainCluster"
 POLICY = "/provisioner.v1.AdminService/SetPoolPolicy"
@@ -232,3 +233,38 @@ async def test_cli_admin_audit_against_a_running_fleet(local_fleet, capsys, monk
     assert rc == 2 and "ISO 8601" in err
     rc, _, err = await run("--limit", "0")
     assert rc == 2
+
+
+async def test_records_older_than_the_retention_go_with_a_later_record(store, clock):
+    log = AuditLog(store, clock, retention_s=86400.0)
+    log.append("ops@example.com", ("admin",), DRAIN, "cluster=europe-west4", "ok", "old")
+    await clock.advance(2 * 86400.0)
+    log.append("ops@example.com", ("admin",), DRAIN, "cluster=europe-west4", "ok", "new")
+    assert [r.detail for r in log.list()[0]] == ["new"]
+
+
+async def test_unauthenticated_refusals_are_counted_not_written_and_known_callers_leave_their_address(local_fleet):
+    """Anyone on the network can send calls without a valid token as fast as they like: those are
+    counted (and sampled into the log) but never written one row each. A known caller's refusal is
+    on record with the address it came from."""
+    from conftest import front_channel
+    from provisioner.v1 import session_service_pb2 as s_pb
+    from provisioner.v1 import session_service_pb2_grpc as s_grpc
+
+    guard = local_fleet.fleet.front.server.guard
+    before = sum(n for (_, code), n in guard.refusals.items() if code == "UNAUTHENTICATED")
+    get = s_pb.GetSessionRequest(session_id="us-central1.s-00aa11")
+    async with front_channel(local_fleet.data_dir, local_fleet.front_address, token="not-a-token") as ch:
+        stub = s_grpc.SessionServiceStub(ch)
+        for _ in range(300):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetSession(get, timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert sum(n for (_, code), n in guard.refusals.items() if code == "UNAUTHENTICATED") - before == 300
+    async with front_channel(local_fleet.data_dir, local_fleet.front_address, token=local_fleet.token("mallory")) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await admin_grpc.AdminServiceStub(ch).DrainCluster(admin_pb.DrainClusterRequest(cluster="europe-west4"))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    records = (await local_fleet.admin.ListAuditRecords(admin_pb.ListAuditRecordsRequest(page_size=500))).records
+    assert [r.identity for r in records] == ["mallory"]
+    assert records[0].outcome == "denied" and records[0].peer.startswith("ipv4:127.0.0.1:")

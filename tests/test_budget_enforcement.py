@@ -151,13 +151,35 @@ async def test_an_unreachable_cluster_does_not_stop_the_sweep_for_the_others(tmp
         reached = await fleet.create(user_id="b-second", region_hint="us-central1", region_required=True)
         for s in (cut_off, reached):
             await fleet.watch_until(s.id, pb.SESSION_STATE_RUNNING)
-        stub = c_grpc.ClusterServiceStub(fleet.cluster_channel("us-central1"))
         told = pb.Session()
-        for _ in range(100):  # the front sweeps every 60 model seconds: 0.2 s of wall time here
-            told = (await stub.Get(c_pb.GetRequest(session_id=reached.id), timeout=5)).session
-            if told.HasField("budget_end_time") and unreachable.refused >= 2:
-                break
-            await asyncio.sleep(0.1)
+        async with fleet.cluster_channel("us-central1") as ch:
+            stub = c_grpc.ClusterServiceStub(ch)
+            for _ in range(100):  # the front sweeps every 60 model seconds: 0.2 s of wall time here
+                told = (await stub.Get(c_pb.GetRequest(session_id=reached.id), timeout=5)).session
+                if told.HasField("budget_end_time") and unreachable.refused >= 2:
+                    break
+                await asyncio.sleep(0.1)
         assert unreachable.refused >= 2, "the session on the unreachable cluster was not tried again"
         assert told.HasField("budget_end_time"), "the sweep stopped at the unreachable cluster"
         assert abs(seconds(told.budget_end_time) - (seconds(told.ready_time) + 100 * 3600)) <= 60
+
+
+async def test_a_cluster_refuses_a_budget_end_no_weekly_budget_could_reach(tmp_path):
+    """The front's certificate cannot let a session run for ever: a cluster takes budget ends up to
+    two weeks ahead (a week's budget after the next reset, at most), not year 9999."""
+    from provisioner.v1 import cluster_service_pb2 as cluster_pb
+    from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
+
+    async with warm_fleet(with_budget(tmp_path, 30.0), tmp_path / "data") as fleet:
+        s = await fleet.create(user_id="ada", accelerator="gpu-p100")
+        async with fleet.cluster_channel(s.cluster) as ch:
+            stub = cluster_grpc.ClusterServiceStub(ch)
+            far = cluster_pb.SetBudgetEndRequest(session_id=s.id)
+            far.end_time.FromSeconds(253_402_300_000)  # 9999-12-31
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.SetBudgetEnd(far, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "end_time" in err.value.details()
+            near = cluster_pb.SetBudgetEndRequest(session_id=s.id)
+            near.end_time.FromSeconds(int(seconds(s.create_time)) + 86_400)
+            resp = await stub.SetBudgetEnd(near, timeout=5)
+            assert seconds(resp.session.budget_end_time) == seconds(near.end_time)

@@ -8,6 +8,7 @@ import pytest
 
 from cli_front import NOW, S, make_cluster, make_pool, make_session, make_vm, with_eta
 from provisioner.cli import render, render_admin
+from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import types_pb2
 
 
@@ -157,3 +158,19 @@ def test_a_sessions_budget_end_and_newest_notice_are_shown():
     assert out["notices"][0]["kind"] == "gpu_budget" and out["budget_end_time"]
     detail = render.session_detail(s, 1_000)
     assert "budget ends" in detail and "(in 30" in detail and "runs out in 30 minutes" in detail
+
+
+UNSAFE = "\x1b[2J\x9b31m\x85\u2028\u202e"
+
+
+def test_what_a_server_stored_is_shown_escaped_never_acted_on():
+    """A stop reason, a user id or a notice holding escape sequences, C1 controls, a line separator
+    or a bidi override (an old row, a compromised cluster) reaches the terminal escaped, one line."""
+    s = make_session("us-central1.s-1", S.SESSION_STATE_STOPPED, reason=f"stopped{UNSAFE}")
+    s.spec.user_id = f"mal{UNSAFE}"
+    outputs = [render.session_detail(s, NOW), render.session_table([s], NOW), render.progress_line(s, NOW),
+               render_admin.blocked_users_table([admin_pb.UserBlock(user_id=f"mal{UNSAFE}", reason=UNSAFE)])]
+    for text in outputs:
+        assert not any(c in text for c in UNSAFE if not c.isprintable()), text
+        assert "\\x1b[2J\\x9b31m\\x85\\u2028\\u202e" in text
+    assert len(render.progress_line(s, NOW).splitlines()) == 1

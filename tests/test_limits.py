@@ -101,6 +101,10 @@ BAD = [
     (session_pb.WatchSessionRequest(session_id="us-central1.s-00ff00ff00", after_revision=-3), "after_revision"),
     (session_pb.StopSessionRequest(session_id="us-central1.s-00ff00ff00", reason="r" * 513), "reason"),
     (session_pb.StopSessionRequest(session_id="us-central1.s-00ff00ff00", reason="line\nbreak"), "reason"),
+    # What a terminal or a line splitter acts on: CSI and NEL (C1), ESC, a line separator, a bidi override.
+    *[(session_pb.StopSessionRequest(session_id="us-central1.s-00ff00ff00", reason=f"done{c}2J"), "reason")
+      for c in ("\x9b", "\x85", "\x1b[", "\u2028", "\u202e")],
+    (admin_pb.BlockUserRequest(user_id="mal", reason="mining\u2029forged line"), "reason"),
     (admin_pb.SetPoolPolicyRequest(cluster="us-central1", pool="gpu-p100",
                                    policy=pb.PoolPolicy(headroom_fraction=math.inf)), "policy.headroom_fraction"),
     (admin_pb.SetPoolPolicyRequest(cluster="us-central1", pool="gpu-p100",

@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from provisioner.logs import JsonFormatter, SessionLog
+from provisioner.logs import JsonFormatter, SessionLog, TextFormatter
 from provisioner.model import Session, SessionSpec
 from provisioner.decide.states import SessionState
 from provisioner.telemetry import JsonLinesSpanExporter, rotated
@@ -94,3 +94,21 @@ def test_the_span_file_rotates_by_size_and_reads_back_in_order(tmp_path):
     kept = int(names[0].removeprefix("span-"))
     assert names == [f"span-{i}" for i in range(kept, 200)]  # the newest, in order, none lost between
     assert kept > 0  # the oldest were dropped
+
+
+def test_a_text_log_line_stays_one_line_whatever_its_arguments_hold():
+    """A reason or an id a cluster or an old row held, with C1 controls, a line separator or an
+    escape sequence, is written escaped: `splitlines()` finds no forged line, a terminal no command."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger("test.text")
+    logger.handlers, logger.propagate = [handler], False
+    try:
+        logger.warning("session %s stopped: %s", "us-central1.s-1\x1b[2J", "done\u2028ERROR forged\x85NEL\u202eevil")
+    finally:
+        logger.handlers, logger.propagate = [], True
+    text = out.getvalue()
+    assert len(text.splitlines()) == 1
+    assert all(c not in text for c in "\x1b\u2028\x85\u202e")
+    assert "\\x1b[2J" in text and "\\u2028ERROR forged" in text

@@ -146,4 +146,4 @@ def abuse_flag_from_pb(f: cluster_pb.AbuseFlag) -> Decision:
 
 def audit_record_to_pb(r: AuditRecord) -> admin_pb.AuditRecord:
     return admin_pb.AuditRecord(time=timestamp(r.time), identity=r.identity, roles=list(r.roles), rpc=r.rpc,
-                                target=r.target, outcome=r.outcome, detail=r.detail)
+                                target=r.target, outcome=r.outcome, detail=r.detail, peer=r.peer)

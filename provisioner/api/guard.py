@@ -5,13 +5,17 @@ One guard per server, wrapped around each method's handler, turns credentials (a
 at the front, the peer's certificate at a cluster) into a typed `Caller`, decodes the request
 itself (so undecodable bytes are INVALID_ARGUMENT, not a traceback), checks its limits, asks the
 pure `authorize`, and hands the servicer the caller and the user it may act for (`current()`).
-Admin actions and refused calls go to the audit log. Health and reflection stay anonymous.
+Admin actions and the refused calls of known callers go to the audit log (with the caller's
+address); calls refused for want of a credential are counted and sampled into the log instead. Health and reflection stay anonymous.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
+from collections import Counter
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -28,6 +32,9 @@ from provisioner.security.auth import ADMIN_SERVICE, ANONYMOUS, ANONYMOUS_SERVIC
 from provisioner.security.tokens import TokenVerifier
 
 log = logging.getLogger(__name__)
+
+# At most one log line this often (wall seconds) about calls refused for want of a credential.
+UNAUTHENTICATED_LOG_S = 10.0
 
 ATTR_CALLER, ATTR_ROLES = "provisioner.caller", "provisioner.caller.roles"
 # Callers remembered by the names in their certificates (a cluster's peers: fronts, operators).
@@ -108,12 +115,19 @@ class Guard:
     """Wraps each of a server's method handlers (`wrap`, see api/wrapping.py)."""
 
     def __init__(self, policy: dict[str, Rule], identify: Identify, audit: AuditLog | None = None,
-                 max_streams: Callable[[Caller], int] | None = None):
+                 max_streams: Callable[[Caller], int] | None = None, wall: Callable[[], float] = time.monotonic):
+        """`wall` paces the log lines of unauthenticated refusals: wall time on purpose, since a
+        log's rate is read by people."""
         self.policy = policy
         self.identify = identify
         self.audit = audit
         self.max_streams = max_streams
         self._streams: dict[str, int] = {}  # open streams by caller identity
+        # Refused calls by (method, code), for the metrics; unauthenticated ones are kept only here.
+        self.refusals: Counter[tuple[str, str]] = Counter()
+        self.wall = wall
+        self._unheard = 0  # unauthenticated refusals since the last log line about them
+        self._logged_at = -math.inf
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler | None:
         if method.split("/")[1] in ANONYMOUS_SERVICES:
@@ -142,7 +156,7 @@ class Guard:
             finally:
                 _ACCESS.reset(token)
                 if self.audit is not None and is_admin_action(method):
-                    await self._audit(access.caller, method, request, outcome)
+                    await self._audit(access.caller, method, request, outcome, context=context)
 
         return behavior
 
@@ -197,19 +211,37 @@ class Guard:
         return decision
 
     async def _refuse(self, context, caller: Caller, method: str, err: ProvisionerError, request=None):
-        if self.audit is not None and not isinstance(err, QuotaExceeded):
+        self.refusals[method.rsplit("/", 1)[-1], err.grpc_code] += 1
+        if caller is ANONYMOUS or isinstance(err, Unauthenticated):
+            # No credential that checks out: anyone on the network can send these as fast as they
+            # like, so they are counted and sampled into the log, never one durable row each.
+            self._note_unauthenticated(context, method, err)
+        elif self.audit is not None and not isinstance(err, QuotaExceeded):
             # Durable before the refusal is answered, as an action's record is before its answer:
             # a caller told no has its try on record even if this process dies right after. The
             # wait is a group commit's, off the event loop, so a flood of refusals shares batches.
-            await self._audit(caller, method, request, DENIED, err.message)
+            await self._audit(caller, method, request, DENIED, err.message, context=context)
         trace.get_current_span().add_event("refused", {"code": err.grpc_code, "reason": err.message})
         await abort(context, err)
 
-    async def _audit(self, caller: Caller, method: str, request, outcome: str, detail: str = "") -> None:
+    def _note_unauthenticated(self, context, method: str, err: ProvisionerError) -> None:
+        """One log line per UNAUTHENTICATED_LOG_S at most, with this caller's address and how many
+        such refusals the lines before it left out."""
+        self._unheard += 1
+        now = self.wall()
+        if now - self._logged_at < UNAUTHENTICATED_LOG_S:
+            return
+        log.warning("refused an unauthenticated call to %s from %s: %s (%d such refusals since the last line)",
+                    method, context.peer(), err.message, self._unheard)
+        self._logged_at, self._unheard = now, 0
+
+    async def _audit(self, caller: Caller, method: str, request, outcome: str, detail: str = "", *,
+                     context=None) -> None:
         try:
             # Shielded: a call its client cancelled still leaves its record.
+            peer = context.peer() if context is not None else ""
             await asyncio.shield(self.audit.record(caller.identity, sorted(caller.roles), method, _target(request),
-                                                   outcome, detail))
+                                                   outcome, detail, peer))
         except Exception:
             # The action itself is done (or refused); a failed audit write must not change its answer.
             log.exception("audit record for %s by %s could not be written", method, caller.identity)

@@ -18,8 +18,9 @@ from typing import Callable, Iterator
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from provisioner.errors import InvalidArgument, quote
 from provisioner.decide.images import parse_ref
+from provisioner.errors import InvalidArgument, quote
+from provisioner.safe_text import is_printable
 from provisioner.v1 import admin_service_pb2, cluster_service_pb2, session_service_pb2
 
 SERVICES = tuple(
@@ -130,8 +131,9 @@ VM_ID = Text(63, "a VM id of lower-case letters, digits and dashes", re.compile(
 IDENTITY = Text(256, "1-256 printable ASCII characters without spaces", re.compile(r"[!-~]{1,256}"))
 # What cluster.service.page() issues: the offset of the next page.
 PAGE_TOKEN = Text(10, "a page token from an earlier response", re.compile(r"[0-9]{1,10}"))
-# Free text kept in a session's or VM's history: bounded, no control characters.
-REASON = Text(512, "text without control characters", re.compile(r"[^\x00-\x1f\x7f]*"))
+# Free text kept in a session's or VM's history: bounded and printable (safe_text: no control,
+# format or separator characters, so no escape sequence, line break or bidi override).
+REASON = Text(512, "printable text (no control, format or line-separator characters)", valid=is_printable)
 AUTOSCALER = Text(16, "fixed, headroom or predictive", re.compile(r"fixed|headroom|predictive"))
 PAGE_SIZE = Int(0, 2**31 - 1)  # larger than the maximum means the maximum
 REVISION = Int(0, 2**62)

@@ -39,6 +39,7 @@ class Server:
         """`health_port`, if any, mirrors this server's serving status."""
         self.on_drain = on_drain
         self.health_port = health_port
+        self.guard = guard
         self.server = grpc.aio.server(options=[*ACCEPT_PINGS, ("grpc.max_receive_message_length",
                                                                limits.MAX_REQUEST_BYTES)])
         # Tracing outermost, so the guard's refusals and the caller's identity land on the span.

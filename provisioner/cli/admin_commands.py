@@ -151,7 +151,7 @@ def admin_audit(c: Client, args) -> int:
         req.page_token = resp.next_page_token
     more = bool(resp.next_page_token)
     c.show({"records": [render_admin.audit_record_to_json(r) for r in records], "more": more},
-           render_admin.audit_table(records))
+           render_admin.audit_table(records, c.wide))
     if more:
         c.note(f"showing the newest {len(records)}; more with a higher --limit or a later --since")
     return 0

@@ -22,6 +22,7 @@ import grpc
 from provisioner import client as api
 from provisioner.client import _base, credentials as api_credentials
 from provisioner.cli import render
+from provisioner.safe_text import printable
 
 DEFAULT_FRONT = _base.DEFAULT_FRONT
 DEFAULT_TIMEOUT_S = _base.DEFAULT_TIMEOUT_S
@@ -39,7 +40,7 @@ class CliError(Exception):
 def describe_error(err: api.ProvisionerError, front: str) -> str:
     """One line: `error: CODE: message (field ...; retry in ...)`, with a hint when the front
     cannot be reached at all."""
-    line = f"error: {err}"
+    line = f"error: {printable(str(err))}"  # the message may echo what a server was sent
     if isinstance(err, api.Unavailable) and err.unreachable:
         line += (f"\nhint: nothing answers at {front}: start the local fleet with `provisioner up`, "
                  "or point --front (or PROVISIONER_FRONT) at the front")
@@ -85,7 +86,7 @@ def client_flags() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="machine-readable JSON on stdout")
     common.add_argument("--wide", action="store_true", default=argparse.SUPPRESS,
-                        help="every image of a VM or pool instead of a summary")
+                        help="every image of a VM or pool instead of a summary; the caller's address in the audit log")
     common.add_argument("--timeout", type=positive_float, default=argparse.SUPPRESS, metavar="SECONDS",
                         help=f"deadline of each call (default {DEFAULT_TIMEOUT_S:g}; not for watches)")
     common.add_argument("--token", default=argparse.SUPPRESS,

@@ -13,6 +13,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from provisioner.safe_text import printable
 from provisioner.v1 import types_pb2
 
 # --- enums ---------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def quota_to_json(q: types_pb2.Quota) -> dict[str, Any]:
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> str:
     """Left-aligned columns, two spaces apart, no trailing blanks."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    cells = [[str(h) for h in headers]] + [["" if c is None else printable(str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells
@@ -189,7 +190,7 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> str:
 
 def kv(pairs: Iterable[tuple[str, Any]]) -> str:
     """`key: value` lines with values aligned; empty values are left out."""
-    kept = [(k, str(v)) for k, v in pairs if v not in (None, "")]
+    kept = [(k, printable(str(v))) for k, v in pairs if v not in (None, "")]
     width = max((len(k) for k, _ in kept), default=0) + 1
     return "\n".join(f"{(k + ':').ljust(width)} {v}" for k, v in kept)
 
@@ -342,7 +343,7 @@ def progress_line(s: types_pb2.Session, now: float) -> str:
     line = f"{line}: {s.reason}" if s.reason else line
     if s.notices and s.state == types_pb2.SESSION_STATE_RUNNING:  # the newest warning, until it acts
         line += f" [notice: {s.notices[-1].message}]"
-    return line
+    return printable(line)
 
 
 def quota_detail(q: types_pb2.Quota, now: float) -> str:

@@ -226,18 +226,20 @@ def user_quota_detail(override, q: types_pb2.Quota, now: float) -> str:
 
 def audit_record_to_json(r) -> dict[str, Any]:
     return {"time": ts(r, "time"), "identity": r.identity, "roles": list(r.roles), "rpc": r.rpc,
-            "target": r.target, "outcome": r.outcome, "detail": r.detail}
+            "target": r.target, "outcome": r.outcome, "detail": r.detail, "peer": r.peer}
 
 
-def audit_table(records: Iterable) -> str:
+def audit_table(records: Iterable, wide: bool = False) -> str:
+    """`wide` adds the caller's address."""
     rows = [
         (
             ts(r, "time") or "-", r.identity or "-", ",".join(r.roles) or "-",
-            r.rpc.removeprefix("/provisioner.v1.") or "-", r.target or "-", r.outcome or "-", r.detail,
+            r.rpc.removeprefix("/provisioner.v1.") or "-", r.target or "-", r.outcome or "-",
+            *((r.peer or "-",) if wide else ()), r.detail,
         )
         for r in records
     ]
-    return table(rows, ("TIME", "IDENTITY", "ROLES", "RPC", "TARGET", "OUTCOME", "DETAIL"))
+    return table(rows, ("TIME", "IDENTITY", "ROLES", "RPC", "TARGET", "OUTCOME", *(("PEER",) if wide else ()), "DETAIL"))
 
 
 def user_block_to_json(b) -> dict[str, Any]:

@@ -160,6 +160,7 @@ def _setup(args, service: str):
     from provisioner import telemetry
     from provisioner.clock import RealClock, shared_origin
     from provisioner.config import ConfigError, load_fleet
+    from provisioner.private_files import private_dir
 
     from provisioner import logs
 
@@ -168,8 +169,9 @@ def _setup(args, service: str):
         fleet = load_fleet(args.clusters)
     except ConfigError as e:
         raise SystemExit(f"error: bad fleet config:\n{e}") from None
-    data_dir = Path(args.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    # Everything the process writes is its owner's alone (the audit log, sessions, spans, keys).
+    os.umask(0o077)
+    data_dir = private_dir(args.data_dir)
     exporter = getattr(args, "traces", None) or os.environ.get("PROVISIONER_TRACES") or "file"
     try:
         ratio = telemetry.sample_ratio_from(args.trace_sample, os.environ.get(telemetry.ENV_SAMPLE)

@@ -21,6 +21,7 @@ from provisioner.decide.pools import PoolState
 from provisioner.decide.states import SESSION_TERMINAL
 from provisioner.errors import Aborted, InvalidArgument, NotFound, quote
 from provisioner.model import Session, request_key
+from provisioner.quota import WEEK_S
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -36,6 +37,8 @@ MAX_LISTINGS_KEPT = 16
 # Sessions a List converts, and filters, between two turns of the event loop (a few milliseconds).
 CONVERT_AT_ONCE = 256
 FILTER_AT_ONCE = 2000
+# The latest budget end a front may set (model seconds ahead): see SetBudgetEnd.
+MAX_BUDGET_AHEAD_S = 2 * WEEK_S
 
 
 def filter_sessions(sessions, user_id: str, states: list[int], ended_after: float | None = None) -> list[Session]:
@@ -191,6 +194,11 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         if not request.session_id:
             raise InvalidArgument("session_id must not be empty", field="session_id")
         ends_at = request.end_time.ToNanoseconds() / 1e9 if request.HasField("end_time") else 0.0
+        # The front's certificate is not a licence to run forever: a budget runs out at the latest
+        # one fresh week's budget after the next reset (quota.exhaustion_time), so within two weeks.
+        if ends_at > self.rt.clock.now() + MAX_BUDGET_AHEAD_S:
+            raise InvalidArgument(f"end_time is more than {MAX_BUDGET_AHEAD_S / 86400:g} days ahead; no weekly "
+                                  "GPU budget lasts that long", field="end_time")
         session = self.rt.set_budget_end(request.session_id, ends_at)
         response = cluster_pb.SetBudgetEndResponse()
         self._protos.fill(response.session, session, self.rt.clock.now())

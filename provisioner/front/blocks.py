@@ -16,6 +16,7 @@ right within a sweep).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -23,6 +24,7 @@ from datetime import datetime, timezone
 from provisioner.abuse_record import MAX_EVIDENCE_CHARS, Decision
 from provisioner.api.status import RemoteError
 from provisioner.errors import PermissionDenied, quote
+from provisioner.front import cluster_reports
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.retry import call
 from provisioner.store import Store
@@ -70,9 +72,24 @@ async def apply(store: Store, d: Decision) -> bool:
                               d.reason, d.evidence, not d.dry_run, DETECTOR)
 
 
-async def apply_all(store: Store, decisions: list[Decision]) -> int:
-    """Applies the flags a cluster sent (in one transaction, when they arrive together); how
-    many were new. Each is logged by the one front replica that recorded it."""
+async def apply_all(store: Store, cluster: str, decisions: list[Decision]) -> int:
+    """Applies the flags `cluster` sent (in one transaction, when they arrive together); how many
+    were new. Each is logged by the one front replica that recorded it. A flag that fails the
+    front's checks (cluster_reports.flag_problem) is dropped and logged; one for a session no
+    front made (a cluster's requeue, or an invented id) is recorded but blocks nobody."""
+    checked = []
+    for d in decisions:
+        owner = await store.read(store.owner_of_session, d.session_id)
+        if problem := cluster_reports.flag_problem(cluster, d, owner):
+            log.warning("dropped an abuse flag from cluster %s: %s (session %s, user %s)", cluster, problem,
+                        d.session_id, d.user_id)
+            continue
+        if owner is None and not d.dry_run:
+            log.warning("abuse flag from cluster %s for session %s, which no front made: recorded, user %s "
+                        "not blocked", cluster, d.session_id, d.user_id)
+            d = dataclasses.replace(d, dry_run=True)
+        checked.append(d)
+    decisions = checked
     new = await asyncio.gather(*(apply(store, d) for d in decisions))
     for d, fresh in zip(decisions, new):
         if fresh:

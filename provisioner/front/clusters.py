@@ -16,6 +16,7 @@ from provisioner.abuse_record import Decision
 from provisioner.api import convert
 from provisioner.clock import Clock
 from provisioner.front.breaker import CircuitBreaker
+from provisioner.front.cluster_reports import ReportRefused, capacity_problem
 from provisioner.front.router import ClusterView, PoolView
 from provisioner.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -49,15 +50,18 @@ class ClusterClient:
                  interceptors: Sequence[grpc.aio.ClientInterceptor] = (), *,
                  credentials: grpc.ChannelCredentials, server_name: str, clock: Clock,
                  on_flags: Callable[[list[Decision]], Awaitable[object]] | None = None,
-                 on_connect: Callable[[], object] | None = None):
+                 on_connect: Callable[[], object] | None = None, ceilings: Mapping[str, int] | None = None):
         """Mutual TLS: `credentials` carry the front's certificate, and the cluster must prove it
         is `server_name` (whatever address it is reached at). `clock` runs at wall speed: the
         breaker's waits and reconnects are network time. `on_flags` is given the abuse flags
         each push carries (blocks.apply_all), before the push's capacity is taken; `on_connect`
-        is called at the first push of each capacity stream (the cluster may have restarted)."""
+        is called at the first push of each capacity stream (the cluster may have restarted).
+        `ceilings`: the cluster's pools and the most VMs each may hold by the fleet's config; a push
+        beyond them (cluster_reports.capacity_problem) is not taken and ends the stream (None: not checked)."""
         self.name, self.region, self.address = name, region, address
         self.clock = clock
         self.on_flags, self.on_connect = on_flags, on_connect
+        self.ceilings = ceilings
         self.channel = grpc.aio.secure_channel(
             address, credentials, options=[*KEEPALIVE, *RECEIVE_BUFFER, ("grpc.ssl_target_name_override", server_name)],
             interceptors=list(interceptors) or None)  # none in production: see rpc_tracing
@@ -90,6 +94,9 @@ class ClusterClient:
         while True:
             try:
                 async for resp in self.sessions.WatchCapacity(cluster_pb.WatchCapacityRequest()):
+                    if self.ceilings is not None and \
+                            (problem := capacity_problem(self.name, resp.capacity, self.ceilings)):
+                        raise ReportRefused(f"capacity push refused: {problem}")
                     # A flag that fails to apply ends the stream: the next one sends every flag again.
                     if resp.abuse_flags and self.on_flags is not None:
                         await self.on_flags([convert.abuse_flag_from_pb(f) for f in resp.abuse_flags])
@@ -107,6 +114,9 @@ class ClusterClient:
             except grpc.aio.AioRpcError as err:
                 if self.healthy:
                     log.warning("lost capacity stream of cluster %s: %s", self.name, err.code().name)
+            except ReportRefused as e:
+                log.warning("cluster %s: %s; unroutable until it sends capacity within its pools' bounds", self.name,
+                            e.message, extra={"cluster": self.name})
             except Exception:
                 log.exception("capacity stream of cluster %s failed", self.name)
             self.healthy = False

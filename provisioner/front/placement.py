@@ -24,6 +24,7 @@ from provisioner import telemetry
 from provisioner.api.status import RemoteError
 from provisioner.clock import Clock
 from provisioner.errors import Unavailable
+from provisioner.front import cluster_reports
 from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, Allocated, Ask, Discard, Discarded, Done, FetchWinner,
                                         Fetched, Found, GiveUp, Invalid, Leave, NoReply, NotFound, PlacementRun,
                                         Record, Recorded, Refused, Remember, Remembered, ResolveRun, Send, Settle,
@@ -119,7 +120,7 @@ class Placement:
                                              telemetry.ATTR_CLUSTER: run.cluster,
                                              telemetry.ATTR_START: pb.StartKind.Name(session.start)
                                              .removeprefix("START_KIND_").lower()})
-                    return session
+                    return cluster_reports.checked(run.cluster, session)
                 case GiveUp(outcome="held"):
                     self.outcomes["held"] += 1
                     raise Unavailable("this request's first placement may still make its session; retry",

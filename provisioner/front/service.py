@@ -27,6 +27,7 @@ from provisioner.config import FleetConfig
 from provisioner.config_policy import QuotaConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
 from provisioner.front import admission, blocks
+from provisioner.front.cluster_reports import checked
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedRow, EndedSessions
@@ -153,7 +154,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                 if known := stored.answer:
                     span.add_event("duplicate request", {"session.id": known})
                     resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
-                    return session_pb.CreateSessionResponse(session=resp.session)
+                    return session_pb.CreateSessionResponse(session=checked(cluster_of(known), resp.session))
                 blocks.check(self.store, spec.user_id)  # every session is a GPU session
                 await self._check_quota(spec.user_id, spec.request_id, kind, q, stored)
                 candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
@@ -340,7 +341,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     async def GetSession(self, request, context):
         resp = await call(self.fleet.for_session(request.session_id).sessions.Get,
                           cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner))
-        return session_pb.GetSessionResponse(session=resp.session)
+        return session_pb.GetSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
     async def _user_sessions(self, user_id: str, states, cluster: str = "", lenient: bool = False,
                              brief: bool = False) -> list[pb.Session]:
@@ -351,7 +352,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         timeout = ATTEMPT_TIMEOUT_S if lenient else None
 
         async def one(c: ClusterClient) -> list[pb.Session]:
-            return await listed(c, cluster_pb.ListRequest(user_id=user_id, states=states, brief=brief), timeout)
+            listing = await listed(c, cluster_pb.ListRequest(user_id=user_id, states=states, brief=brief), timeout)
+            return [checked(c.name, s) for s in listing]
 
         live = [c for name, c in self.fleet.clients.items() if c.healthy and cluster in ("", name)]
         sessions = await _from_each(live, one, user_id, lenient)
@@ -380,7 +382,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             async for resp in call:
                 if not owner:  # the first answer names the session's owner
                     owner = self._count_watch(resp.session.spec.user_id)
-                yield session_pb.WatchSessionResponse(session=resp.session)
+                yield session_pb.WatchSessionResponse(session=checked(client.name, resp.session))
         except asyncio.CancelledError:
             if not self.draining:
                 raise
@@ -416,14 +418,14 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     async def TouchSession(self, request, context):
         resp = await call(self.fleet.for_session(request.session_id).sessions.Touch,
                           cluster_pb.TouchRequest(session_id=request.session_id, user_id=guard.current().owner))
-        return session_pb.TouchSessionResponse(session=resp.session)
+        return session_pb.TouchSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
     @unary
     async def StopSession(self, request, context):
         resp = await call(self.fleet.for_session(request.session_id).sessions.Stop,
                           cluster_pb.StopRequest(session_id=request.session_id, reason=request.reason,
                                                  user_id=guard.current().owner))
-        return session_pb.StopSessionResponse(session=resp.session)
+        return session_pb.StopSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
     @unary
     async def GetQuota(self, request, context):

@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from provisioner.private_files import open_private
+
 CA_CERT, CA_KEY = "ca.pem", "ca-key.pem"
 CA_DAYS, LEAF_DAYS = 365, 90
 RENEW_BEFORE = datetime.timedelta(days=7)  # a leaf this close to expiry is reissued at start
@@ -65,7 +67,7 @@ def ensure_local_pki(directory: Path, leaves: dict[str, list[str]]) -> None:
 
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
+    with open_private(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -7,18 +7,23 @@ class AuditRecords:
     # ---- the audit log ----------------------------------------------------------------------
 
     def append_audit(self, record_id: str, source: str, at: float, identity: str, roles: str, rpc: str,
-                     method: str, target: str, outcome: str, detail: str) -> None:
+                     method: str, target: str, outcome: str, detail: str, peer: str = "") -> None:
         """One record; `method` is the RPC's last part (DrainCluster), for filtering by it."""
         with self.transaction() as cur:
             cur.execute(self._sql(
-                "INSERT INTO audit_log (id, source, at, identity, roles, rpc, method, target, outcome, detail) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-                (record_id, source, at, identity, roles, rpc, method, target, outcome, detail))
+                "INSERT INTO audit_log (id, source, at, identity, roles, rpc, method, target, outcome, detail, peer) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                (record_id, source, at, identity, roles, rpc, method, target, outcome, detail, peer))
+
+    def prune_audit(self, source: str, before: float) -> None:
+        """Drops one source's records older than `before` (a range of its index)."""
+        with self.transaction() as cur:
+            cur.execute(self._sql("DELETE FROM audit_log WHERE source = ? AND at < ?"), (source, before))
 
     def audit_records(self, source: str, *, identity: str | None = None, rpc: str | None = None,
                       method: str | None = None, outcome: str | None = None, since: float | None = None, until: float | None = None,
                       before: tuple[float, str] | None = None, limit: int = 50) -> list[tuple]:
-        """(id, at, identity, roles, rpc, target, outcome, detail) of one source's records, newest
+        """(id, at, identity, roles, rpc, target, outcome, detail, peer) of one source's records, newest
         first: at >= since, at < until, and strictly older than `before` (at, id) when given."""
         where, args = ["source = ?"], [source]
         for column, value in (("identity", identity), ("rpc", rpc), ("method", method), ("outcome", outcome)):
@@ -35,5 +40,5 @@ class AuditRecords:
             where.append("(at < ? OR (at = ? AND id < ?))")
             args += [before[0], before[0], before[1]]
         return [tuple(r) for r in self._rows(
-            "SELECT id, at, identity, roles, rpc, target, outcome, detail FROM audit_log "
+            "SELECT id, at, identity, roles, rpc, target, outcome, detail, peer FROM audit_log "
             f"WHERE {' AND '.join(where)} ORDER BY at DESC, id DESC LIMIT ?", (*args, limit))]

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from provisioner.private_files import DIR_MODE, create_private
 from provisioner.store.audit_records import AuditRecords
 from provisioner.store.base import StoreBase, StoreError, T
 from provisioner.store.outage import StoreUnavailable, connection_lost, ride_out
@@ -29,7 +30,8 @@ class SqliteStore(Store):
         super().__init__()
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.path).parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            create_private(self.path)
         self._db = self._connect()
         self._writer_db: sqlite3.Connection | None = None
         self._migrate()

@@ -43,6 +43,11 @@ class FrontRecords:
         rows = self._rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
         return rows[0][0] if rows else None
 
+    def owner_of_session(self, session_id: str) -> str | None:
+        """The user a front made `session_id` for; None for a session no front made (a requeue)."""
+        rows = self._rows("SELECT user_id FROM front_requests WHERE session_id = ?", (session_id,))
+        return rows[0][0] if rows else None
+
     def note_attempt(self, request_id: str, cluster: str, commit_by: float, admitted: int | None = None) -> Noted | None:
         """The SENT edge: the attempt is pending, with the later commit_by of this one and any earlier
         one there. A made one stays made. Returns the state after, and whether this is the

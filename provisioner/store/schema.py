@@ -215,6 +215,15 @@ MIGRATIONS: list[str | dict[str, list[str]]] = [
     CREATE INDEX sessions_user_ended ON sessions (cluster, user_id, ended_at);
     DROP INDEX sessions_user;
     """,
+    # An abuse flag names a session: the front checks that it made that session for that user
+    # (front/cluster_reports.py), so a cluster cannot block someone else's user.
+    """
+    CREATE INDEX front_requests_session ON front_requests (session_id);
+    """,
+    # Who was on the other end of an audited call (the peer's address), for the record.
+    """
+    ALTER TABLE audit_log ADD COLUMN peer TEXT NOT NULL DEFAULT '';
+    """,
 ]
 
 # Python run after a migration's SQL, by the version it brings the schema to.

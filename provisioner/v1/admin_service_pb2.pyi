@@ -151,7 +151,7 @@ class ListAuditRecordsResponse(_message.Message):
     def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
-    __slots__ = ("time", "identity", "roles", "rpc", "target", "outcome", "detail")
+    __slots__ = ("time", "identity", "roles", "rpc", "target", "outcome", "detail", "peer")
     TIME_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,7 @@ class AuditRecord(_message.Message):
     TARGET_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
     time: _timestamp_pb2.Timestamp
     identity: str
     roles: _containers.RepeatedScalarFieldContainer[str]
@@ -166,7 +167,8 @@ class AuditRecord(_message.Message):
     target: str
     outcome: str
     detail: str
-    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., identity: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., rpc: _Optional[str] = ..., target: _Optional[str] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    peer: str
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., identity: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., rpc: _Optional[str] = ..., target: _Optional[str] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
 
 class SetUserQuotaRequest(_message.Message):
     __slots__ = ("user_id", "gpu_hours_per_week", "max_active_sessions", "max_active_batch_sessions", "clear")
