@@ -144,8 +144,8 @@ class Pusher:
     async def _run(self) -> None:
         while True:
             self._again = False
-            try:
-                await push(self.store, list(self.clients.values()))
+            try:  # a cluster not reachable now is told when its capacity stream starts again
+                await push(self.store, [c for c in self.clients.values() if c.healthy])
             except Exception:  # noqa: BLE001 - the store away: the next push tries again
                 log.exception("could not push the blocked users to the clusters")
             if not self._again:
