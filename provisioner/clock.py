@@ -7,10 +7,13 @@ the wall (time_scale=60: a 90 s boot takes 1.5 s), so a demo does not wait ten r
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import heapq
 import itertools
+import json
 import os
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -22,42 +25,82 @@ class Clock(Protocol):
 
 
 class RealClock:
-    """Wall time, optionally sped up by `time_scale` from `origin` (a wall time; default: now).
+    """Wall time, optionally sped up by `time_scale`: at the wall time `origin` (default: now) the
+    model time is `origin_model` (default: `origin`), and it runs `time_scale` times as fast.
 
-    Processes that share an origin share one model time, so a sped-up fleet's timestamps stay
-    consistent across its processes and their restarts (see `shared_origin`)."""
+    Processes that share an anchor share one model time, so a sped-up fleet's timestamps stay
+    consistent across its processes and their restarts (see `fleet_anchor`)."""
 
-    def __init__(self, time_scale: float = 1.0, origin: float | None = None):
+    def __init__(self, time_scale: float = 1.0, origin: float | None = None, origin_model: float | None = None):
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.time_scale = time_scale
         wall, mono = time.time(), time.monotonic()
         self._origin_wall = wall if origin is None else origin
-        # The model time now, from the origin, then carried on the monotonic clock.
+        self._origin_model = self._origin_wall if origin_model is None else origin_model
+        # The wall time since the origin, then carried on the monotonic clock.
         self._origin_mono = mono - (wall - self._origin_wall)
 
     def now(self) -> float:
-        return self._origin_wall + (time.monotonic() - self._origin_mono) * self.time_scale
+        return self._origin_model + (time.monotonic() - self._origin_mono) * self.time_scale
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) / self.time_scale)
 
 
-def shared_origin(data_dir: Path) -> float:
-    """The wall time the fleet using `data_dir` first started, written there on first use."""
-    path = Path(data_dir) / "clock-origin"
-    if not path.exists():
-        # Written whole, then linked into place: the first of several processes starting at once
-        # wins, and nobody reads a half-written file.
-        tmp = path.with_name(f"clock-origin.{os.getpid()}")
-        tmp.write_text(repr(time.time()))
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    return float(path.read_text())
+@dataclass(frozen=True)
+class Anchor:
+    """The model time `model` at the wall time `wall`, from which it runs `scale` times as fast."""
+
+    wall: float
+    model: float
+    scale: float
+
+    def model_at(self, wall: float) -> float:
+        return self.model + (wall - self.wall) * self.scale
+
+
+def next_anchor(previous: Anchor | None, scale: float, wall: float) -> Anchor:
+    """The anchor a process starting at `wall` with `scale` runs from. The same scale keeps the
+    fleet's anchor (processes of one fleet agree); another scale starts a new one from the model
+    time the old one has reached, so the fleet's model clock never runs backwards across restarts
+    at different speeds. The first start's model time is the wall time."""
+    if previous is None:
+        return Anchor(wall, wall, scale)
+    if previous.scale == scale:
+        return previous
+    return Anchor(wall, previous.model_at(wall), scale)
+
+
+ANCHOR_FILE = "clock.json"
+LEGACY_ORIGIN_FILE = "clock-origin"  # a wall time, from before the anchor recorded its scale
+
+
+def fleet_anchor(data_dir: Path, scale: float, wall: float | None = None) -> Anchor:
+    """The model clock's anchor for a process of the fleet using `data_dir`, kept in the data dir."""
+    data_dir = Path(data_dir)
+    wall = time.time() if wall is None else wall
+    path = data_dir / ANCHOR_FILE
+    with open(data_dir / "clock.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # processes starting at once agree on one anchor
+        previous = None
+        if path.exists():
+            previous = Anchor(**json.loads(path.read_text()))
+        elif (legacy := data_dir / LEGACY_ORIGIN_FILE).exists():
+            origin = float(legacy.read_text())
+            previous = Anchor(origin, origin, scale)
+        anchor = next_anchor(previous, scale, wall)
+        if anchor != previous or not path.exists():
+            tmp = path.with_name(f"{ANCHOR_FILE}.{os.getpid()}")
+            tmp.write_text(json.dumps(asdict(anchor)))
+            os.replace(tmp, path)
+    return anchor
+
+
+def fleet_clock(data_dir: Path, scale: float) -> RealClock:
+    """The clock of a process of the fleet using `data_dir`, running `scale` times the wall."""
+    anchor = fleet_anchor(data_dir, scale)
+    return RealClock(scale, anchor.wall, anchor.model)
 
 
 class ManualClock:

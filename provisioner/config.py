@@ -2,7 +2,8 @@
 
 clusters/fleet.yaml    FleetSettings: front address, session limits, quotas, routing, abuse detection,
                        priority and preemption (the policy sections' models are in config_policy.py)
-clusters/images.yaml   ImageCatalogConfig: layers and versions (oldest first)
+clusters/images.yaml   ImageCatalogConfig: layers and versions (oldest first), or a `registry:`
+                       section whose tags are the versions (provisioner/registry/source.py)
 clusters/<name>.yaml   ClusterConfig: one regional cluster, its cloud backend and pools
 """
 
@@ -18,9 +19,11 @@ from pydantic import (AfterValidator, ConfigDict, Field, NonNegativeFloat, NonNe
                       model_validator)
 
 from provisioner.config_base import Name, _At, _Model
+from provisioner.config_gce import GceSettings, PoolVmSettings
 from provisioner.config_policy import AbuseConfig, PriorityConfig, QuotaConfig, RateLimitConfig
 from provisioner.decide.images import LATEST, ImageCatalog, parse_ref
 from provisioner.decide.policy import MAX_HEADROOM_FRACTION
+from provisioner.registry.source import RegistryImagesConfig
 
 FLEET_FILE = "fleet.yaml"
 IMAGES_FILE = "images.yaml"
@@ -79,7 +82,7 @@ class SimCloudConfig(_Model):
     seed: int = 0
 
 
-class BackendConfig(_Model):
+class BackendConfig(GceSettings):
     kind: Literal["sim", "gce", "gke"] = "sim"
     project: str | None = None
     # API endpoint override, for emulators and fake servers: no credentials are sent to it.
@@ -88,10 +91,7 @@ class BackendConfig(_Model):
     gke_cluster: str | None = None  # gke: the GKE cluster whose GPU node pools are the pools
     gke_location: str | None = None  # gke: its region or zone (default: the cluster's region)
     gke_endpoint: str | None = None  # gke: HOST:PORT of a ClusterManager emulator (plain gRPC)
-    # gce: the boot disk image (VMs also get each pool's disk_cache_gb) or an instance template.
-    boot_image: str = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
-    instance_template: str | None = None
-    network: str = "global/networks/default"
+    # gce: the VMs' image, network, service account and agent: see config_gce.GceSettings.
     retry_attempts: int = Field(default=5, ge=1)  # per call, on 429 and 5xx
     retry_total_s: PositiveFloat = 60.0  # per call, all attempts together
     max_concurrent_calls: int = Field(default=16, ge=1)
@@ -105,12 +105,15 @@ class BackendConfig(_Model):
     def _check(self) -> BackendConfig:
         if self.kind != "sim" and not self.project:
             raise _At("project", f"backend {self.kind} needs the Google Cloud project")
+        if self.kind == "gce" and not self.agent_package:
+            raise _At("agent_package", "backend gce needs the agent its VMs install (a wheel's gs:// path or URL, "
+                                       "or `preinstalled`: see docs/google-cloud.md)")
         if self.kind == "gke" and not self.gke_cluster:
             raise _At("gke_cluster", "backend gke needs the GKE cluster name")
         return self
 
 
-class PoolConfig(_Model):
+class PoolConfig(PoolVmSettings):
     name: Name
     accelerator: str = Field(min_length=1)  # GCE accelerator type, e.g. nvidia-tesla-t4
     accelerator_count: int = Field(ge=1)
@@ -126,7 +129,8 @@ class PoolConfig(_Model):
     wait_probability: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.02  # predictive: target share of requests that wait
     recycle: bool = True  # after a session: wipe and return warm (true) or delete (false)
     hourly_price_usd: NonNegativeFloat  # a running VM, its disk included
-    disk_hourly_price_usd: NonNegativeFloat = 0.03  # a stopped VM: its disk alone (250 GB pd-balanced)
+    # A stopped VM: its disk alone (default: priced from boot_disk_type and disk_cache_gb).
+    disk_hourly_price_usd: NonNegativeFloat
     disk_cache_gb: PositiveFloat = 250.0
     # Keep idle VMs beyond the warm target stopped (their disk, so their image cache, kept) rather
     # than deleted, and start them before creating new ones. Not on the gke backend.
@@ -265,6 +269,10 @@ class SecurityConfig(_Model):
     )
     # The name in the front's certificate, which clusters require of their callers.
     front_tls_name: str = Field(default="front.provisioner.internal", min_length=1)
+    # More names the front's certificate carries: the addresses its clients dial, such as an
+    # internal load balancer's DNS name or IP address (clients may instead override the name they
+    # check: --server-name).
+    front_tls_extra_names: tuple[Annotated[str, Field(min_length=1)], ...] = ()
     # The name each cluster's certificate must carry; {cluster} is the cluster's name.
     cluster_tls_name: str = Field(default="{cluster}.cluster.provisioner.internal", pattern=r"\{cluster\}")
     # Open streams (WatchSession) one caller may hold on the front, by its broadest role.
@@ -333,6 +341,10 @@ class ImageCatalogConfig(_Model):
         return ImageCatalog({k: layer.size_bytes for k, layer in self.layers.items()}, self.versions, self.latest)
 
 
+class RegistryImagesFile(_Model):
+    registry: RegistryImagesConfig
+
+
 # ---- the whole fleet ---------------------------------------------------------------------
 
 class FleetConfig(_Model):
@@ -340,13 +352,19 @@ class FleetConfig(_Model):
 
     clusters: tuple[ClusterConfig, ...] = Field(min_length=1)
     settings: FleetSettings = FleetSettings()
-    catalog: ImageCatalog
+    # The synthetic catalog of images.yaml; with `registry` instead, the process reads the
+    # registry's when it starts (provisioner/registry/source.py: open_feed).
+    catalog: ImageCatalog | None = None
+    registry: RegistryImagesConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> FleetConfig:
+        if (self.catalog is None) == (self.registry is None):
+            raise _At("catalog", "give either a synthetic catalog or a registry to read it from")
         names: set[str] = set()
         addresses = {self.settings.front.address: "settings.front.address"}
-        biggest = max(self.catalog.size_bytes(v) for v in self.catalog.versions())
+        # Known only once read from a registry: a disk too small shows then as pulls on every start.
+        biggest = max(self.catalog.size_bytes(v) for v in self.catalog.versions()) if self.catalog else 0
         for i, c in enumerate(self.clusters):
             if c.name in names:
                 raise _At(f"clusters[{i}].name", f"duplicate cluster name {c.name!r}")
@@ -509,13 +527,18 @@ def load_fleet(directory: str | Path | None = None) -> FleetConfig:
     if not directory.is_dir():
         raise ConfigError(directory, "<directory>", "not a directory (or missing)")
     settings = load_settings(directory / FLEET_FILE)
-    catalog = load_catalog(directory / IMAGES_FILE)
+    images = _read_yaml(directory / IMAGES_FILE)
+    if "registry" in images:
+        catalog = None
+        registry = _validate(RegistryImagesFile, images, directory / IMAGES_FILE).registry.resolved(directory)
+    else:
+        catalog, registry = _validate(ImageCatalogConfig, images, directory / IMAGES_FILE).catalog(), None
     files = sorted(p for p in directory.glob("*.yaml") if p.name not in (FLEET_FILE, IMAGES_FILE))
     if not files:
         raise ConfigError(directory, "<directory>", "no cluster files (*.yaml besides fleet.yaml and images.yaml)")
     clusters = tuple(load_cluster(p) for p in files)
     try:
-        return FleetConfig(clusters=clusters, settings=settings, catalog=catalog)
+        return FleetConfig(clusters=clusters, settings=settings, catalog=catalog, registry=registry)
     except ValidationError as e:
         # Cross-file problems: point at the file the offending part came from.
         (field, reason), *_ = _problems(e)

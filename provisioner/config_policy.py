@@ -41,13 +41,18 @@ class QuotaConfig(_Model):
 
 
 class RateLimitConfig(_Model):
-    """Token buckets on CreateSession at each front (wall time): per user, and per calling
-    identity (a service creating for many users is one caller)."""
+    """Token buckets at each front (wall time), per user and per calling identity (a service
+    acting for many users is one caller): on CreateSession, and on the reads that ask every
+    cluster (ListSessions, GetQuota), whose cost one caller must not make everyone's."""
 
     creates_per_user_per_s: PositiveFloat = 5.0
     create_burst_per_user: Annotated[int, Field(ge=1)] = 20
     creates_per_caller_per_s: PositiveFloat = 1000.0
     create_burst_per_caller: Annotated[int, Field(ge=1)] = 2000
+    reads_per_user_per_s: PositiveFloat = 10.0
+    read_burst_per_user: Annotated[int, Field(ge=1)] = 50
+    reads_per_caller_per_s: PositiveFloat = 500.0
+    read_burst_per_caller: Annotated[int, Field(ge=1)] = 1000
 
 
 # Process names of GPU miners, as their binaries ship (`gminer` ships as `miner`, too common to list).

@@ -11,20 +11,24 @@ such in their help text (the simulated cloud may run faster than the wall).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from provisioner.decide.autoscale import desired_vms
 from provisioner.loop_lag import INTERVAL_S, watch_lag
+from provisioner.ratelimit import TokenBuckets
 from provisioner.cloud.base import CloudFailure
 from provisioner.model import Session
+from provisioner.port_holder import PortTaken
 from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
 
 if TYPE_CHECKING:
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from provisioner.front.placement import Placement
     from provisioner.front.service import Fleet
     from provisioner.store import Store
+    from provisioner.registry.catalog import CatalogFeed
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,12 @@ TIME_TO_RUNNING_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1200, 1
 CLOUD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# A scrape is made at most this often (wall seconds); scrapes meanwhile get the same text.
+SCRAPE_CACHE_S = 1.0
+MAX_SCRAPERS = 8  # metrics connections answered at a time; more get 503 at once
+# Scrapes answered a second, after a burst (a few Prometheus replicas scrape every 15 s or so);
+# more get 429 at once, before anything is read.
+SCRAPES_PER_S, SCRAPE_BURST = 5.0, 20
 LOOP_LAG = "provisioner_event_loop_lag_seconds"  # read back by the serving benchmark (perf/usage.py)
 _LIVE_SESSION_STATES = [s for s in SessionState if s not in (SessionState.STOPPED, SessionState.FAILED)]
 _BREAKER_STATES = ("closed", "open", "half-open")
@@ -70,6 +81,11 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self._guards: dict[str, Guard] = {}
+        self._scrapers = 0  # metrics connections being answered
+        self._snapshot: tuple[float, bytes] | None = None  # (when, the text) of the last scrape
+        self._making: asyncio.Future | None = None
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="metrics")  # writes the scrape's text
+        self._scrape_rate = TokenBuckets(SCRAPES_PER_S, SCRAPE_BURST)
         self.sessions_created = Counter("provisioner_sessions_created", "Sessions made by the cluster.",
                                         ["cluster", "pool", "kind"], registry=r)
         self.session_starts = Counter("provisioner_session_starts", "Sessions that reached running, by how "
@@ -97,6 +113,7 @@ class Metrics:
                                   f"How late the process's event loop ran a timer due every {INTERVAL_S:g} s: how "
                                   "long every call in flight then waited for the loop.", buckets=LAG_BUCKETS,
                                   registry=r)
+        self._clusters: _Merged | None = None
 
     # ---- clusters ------------------------------------------------------------------------
 
@@ -105,7 +122,10 @@ class Metrics:
         runtime.observers.append(_SessionCounter(self, runtime.core.name).changed)
         meter = _VmMeter(runtime)
         runtime.observers.append(meter.changed)
-        self.registry.register(_ClusterCollector(runtime, meter))
+        if self._clusters is None:  # one collector for every cluster of the process (`up` runs three)
+            self._clusters = _Merged()
+            self.registry.register(self._clusters)
+        self._clusters.parts.append(_ClusterCollector(runtime, meter))
 
     def leading(self, cluster: str, leading: bool) -> None:
         self.leader.labels(cluster).set(1 if leading else 0)
@@ -122,12 +142,17 @@ class Metrics:
 
     # ---- both ----------------------------------------------------------------------------
 
-    def watch_guard(self, guard: Guard, server: str) -> None:
-        """Counts the calls `guard` refuses, by `server` ("front" or a cluster's name). One
-        collector for every guard of the process, so that each family is written once."""
+    def watch_guard(self, guard: Guard, process: str) -> None:
+        """Counts the calls `guard` refuses, by `process` ("front" or a cluster's name) and status
+        code (as `outcome`). One collector for every guard of the process, so that each family is
+        written once."""
         if not self._guards:
             self.registry.register(_GuardCollector(self._guards))
-        self._guards[server] = guard
+        self._guards[process] = guard
+
+    def watch_catalog(self, feed: CatalogFeed) -> None:
+        """The image catalog's refreshes by outcome (changed, unchanged, failed) and its size."""
+        self.registry.register(_CatalogCollector(feed))
 
     def time_store(self, store: Store, process: str) -> Store:
         """Times every transaction and read of `store` (the same object, its two doors wrapped)."""
@@ -138,25 +163,29 @@ class Metrics:
 
     async def serve(self, address: str) -> MetricsServer:
         """Serves GET /metrics over HTTP at `address` (host:port; port 0 picks one), and measures
-        the event loop's lag meanwhile. On the event loop, not a thread: the collectors read state
-        the loop changes."""
+        the event loop's lag meanwhile. The port needs no credential and shares the serving loop,
+        so a scrape costs that loop little whoever sends it: one snapshot a second at most, the
+        collectors read on the loop (they read state the loop changes) and the text written in a
+        thread; at most MAX_SCRAPERS connections at a time and SCRAPES_PER_S answered."""
         host, _, port = address.rpartition(":")
-        server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
+        try:
+            server = await asyncio.start_server(self._http, host.strip("[]") or None, int(port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortTaken(address, "metrics") from None
+            raise
         return MetricsServer(server, asyncio.create_task(watch_lag(self.loop_lag.observe)))
 
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
-            path = rest.split(" ", 1)[0].split("?", 1)[0]
-            if method == "GET" and path == "/metrics":
-                try:
-                    status, body, kind = "200 OK", generate_latest(self.registry), CONTENT_TYPE_LATEST
-                except Exception:
-                    log.exception("collecting metrics failed")
-                    status, body, kind = "500 Internal Server Error", b"collecting metrics failed\n", "text/plain"
+            if self._scrapers >= MAX_SCRAPERS:
+                status, body, kind = "503 Service Unavailable", b"too many scrapes at once\n", "text/plain"
             else:
-                status, body, kind = "404 Not Found", b"only GET /metrics here\n", "text/plain"
+                self._scrapers += 1
+                try:
+                    status, body, kind = await self._answer(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10))
+                finally:
+                    self._scrapers -= 1
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
                          "Connection: close\r\n\r\n".encode() + body)
             await writer.drain()
@@ -165,6 +194,49 @@ class Metrics:
             pass
         finally:
             writer.close()
+
+    async def _answer(self, head: bytes) -> tuple[str, bytes, str]:
+        method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+        path = rest.split(" ", 1)[0].split("?", 1)[0]
+        if method != "GET" or path != "/metrics":
+            return "404 Not Found", b"only GET /metrics here\n", "text/plain"
+        if self._scrape_rate.wait_s("", now := time.monotonic()):  # wall time: it paces requests from outside
+            return "429 Too Many Requests", b"too many scrapes; Prometheus needs one every 15 s or so\n", "text/plain"
+        self._scrape_rate.take("", now)
+        try:
+            return "200 OK", await self.scrape(), CONTENT_TYPE_LATEST
+        except Exception:
+            log.exception("collecting metrics failed")
+            return "500 Internal Server Error", b"collecting metrics failed\n", "text/plain"
+
+    async def scrape(self) -> bytes:
+        """The exposition text, made at most once every SCRAPE_CACHE_S (wall time, on purpose:
+        it paces requests from outside); scrapes meanwhile share it, or the one being made."""
+        if self._snapshot is not None and time.monotonic() - self._snapshot[0] < SCRAPE_CACHE_S:
+            return self._snapshot[1]
+        if self._making is None:
+            self._making = asyncio.ensure_future(self._make_snapshot())
+        return await asyncio.shield(self._making)
+
+    async def _make_snapshot(self) -> bytes:
+        try:
+            families = list(self.registry.collect())
+            # A thread of its own: the loop's default executor may be busy with anything.
+            body = await asyncio.get_running_loop().run_in_executor(self._writer, generate_latest, _Collected(families))
+            self._snapshot = (time.monotonic(), body)
+            return body
+        finally:
+            self._making = None
+
+
+class _Collected:
+    """Metric families already collected, as generate_latest takes a registry."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return self.families
 
 
 class MetricsServer:
@@ -243,10 +315,28 @@ class _VmMeter:
             dt = now - self.at
             for name, n in self.billed.items():
                 self.vm_seconds[name] += n * dt
-                self.cost[name] += n * pools[name].config.hourly_price_usd * dt / 3600.0
+                self.cost[name] += n * pools[name].config.running_usd_per_h * dt / 3600.0
         if self.at is None or now >= self.at:
             self.at = now
         self.billed = {name: sum(pool.count.get(state, 0) for state in VM_ACTIVE) for name, pool in pools.items()}
+
+
+class _Merged(Collector):
+    """The families of several collectors, one per name: the text format allows a family's HELP
+    and TYPE once per scrape, so the clusters of one process share theirs."""
+
+    def __init__(self) -> None:
+        self.parts: list[Collector] = []
+
+    def collect(self):
+        families: dict[str, Metric] = {}
+        for part in self.parts:
+            for family in part.collect():
+                if (kept := families.get(family.name)) is None:
+                    families[family.name] = family
+                else:
+                    kept.samples.extend(family.samples)
+        yield from families.values()
 
 
 class _ClusterCollector(Collector):
@@ -316,11 +406,26 @@ class _ClusterCollector(Collector):
                 by_image.add_metric([c, name, image], n)
             desired.add_metric([c, name], desired_vms(core.snapshot(pool)))
             actual.add_metric([c, name], len(pool.vms) - pool.count.get(VmState.DELETING, 0))
-            cost.add_metric([c, name], self.meter.billed[name] * pool.config.hourly_price_usd)
+            cost.add_metric([c, name], self.meter.billed[name] * pool.config.running_usd_per_h)
             for zone in pool.config.zones:
                 stocked.add_metric([c, name, zone], 1 if pool.stocked_out_until.get(zone, 0) > now else 0)
         yield from (sessions, queue, oldest, vms, unhealthy, by_image, desired, actual, cost, stocked, draining,
                     vm_seconds, spent)
+
+
+class _CatalogCollector(Collector):
+    def __init__(self, feed: CatalogFeed):
+        self.feed = feed
+
+    def collect(self):
+        refreshes = CounterMetricFamily("provisioner_image_catalog_refreshes",
+                                        "Reads of the image catalog from its registry, by outcome (a failed one "
+                                        "keeps the last good catalog).", labels=["outcome"])
+        for outcome, n in self.feed.refreshes.items():
+            refreshes.add_metric([outcome], n)
+        versions = GaugeMetricFamily("provisioner_image_catalog_versions", "Image versions in the catalog.")
+        versions.add_metric([], len(self.feed.current))
+        return [refreshes, versions]
 
 
 class _FrontCollector(Collector):
@@ -369,10 +474,10 @@ class _GuardCollector(Collector):
     def collect(self):
         refused = CounterMetricFamily("provisioner_refused_calls", "Calls refused at the server's edge, by method "
                                       "and status code (UNAUTHENTICATED ones are counted here, not audited).",
-                                      labels=["server", "method", "code"])
-        for server, guard in sorted(self.guards.items()):
+                                      labels=["process", "method", "outcome"])
+        for process, guard in sorted(self.guards.items()):
             for (method, code), n in sorted(guard.refusals.items()):
-                refused.add_metric([server, method, code], n)
+                refused.add_metric([process, method, code], n)
         yield refused
 
 

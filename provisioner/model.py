@@ -83,7 +83,7 @@ class Session:
     spec: SessionSpec
     cluster: str
     pool: str
-    image: str  # the resolved, pinned version
+    image: str  # the resolved version (a tag)
     created_at: float
     idle_timeout_s: float
     max_runtime_s: float
@@ -117,6 +117,12 @@ class Session:
     requeued_from: str = ""
     # Abuse detection flagged it (provisioner/decide/abuse.py): the record every front applies.
     abuse: Decision | None = None
+    # The manifest digest `image` named at creation: what the session runs for its whole life,
+    # whatever the tag names later.
+    image_digest: str = ""
+    # The session's secret: its notebook server admits only requests presenting it. Shown to
+    # its owner, service and admin callers by GetSession alone (api/convert.py).
+    access_token: str = field(default="", repr=False)  # out of repr, so out of any log line
 
     def to(self, state: SessionState, reason: str, now: float) -> None:
         check_transition(SESSION_TRANSITIONS, "session", self.id, self.state, state)

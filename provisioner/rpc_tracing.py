@@ -29,9 +29,12 @@ def _attributes(method: str) -> dict[str, str]:
     return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc}
 
 
-def _finish(span: trace.Span, code: grpc.StatusCode, details: str | None) -> None:
+def _finish(span: trace.Span, code: grpc.StatusCode, details: str | None, hung_up: bool = False) -> None:
+    """Ends the span with the call's status. A call cancelled because its caller hung up (`hung_up`:
+    a watch no longer needed, the normal end of `session create --wait`, and the front's call to
+    the cluster that it then cancels) is recorded as CANCELLED but not as an error."""
     span.set_attribute(ATTR_STATUS, code.value[0])
-    if code != grpc.StatusCode.OK:
+    if code != grpc.StatusCode.OK and not (hung_up and code == grpc.StatusCode.CANCELLED):
         span.set_status(Status(StatusCode.ERROR, f"{code.name}: {details or ''}"))
     span.end()
 
@@ -118,7 +121,7 @@ async def _end_streaming(span: trace.Span, call) -> None:
         code, details = await call.code(), await call.details()
     except BaseException:  # noqa: BLE001 - the span must end whatever the call says
         code, details = grpc.StatusCode.UNKNOWN, None
-    _finish(span, code, details)
+    _finish(span, code, details, hung_up=call.cancelled())  # cancelled here: its reader went away
 
 
 # ---- server ----------------------------------------------------------------------------------
@@ -141,15 +144,17 @@ class ServerTracing:
             span = tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
             return span, otel_context.attach(trace.set_span_in_context(span))
 
-        def end(span: trace.Span, token, context, failed: bool) -> None:
+        def end(span: trace.Span, token, context, failed: bool, cancelled: bool = False) -> None:
             """Ended with the status the handler left."""
             otel_context.detach(token)
             code = context.code()
-            if code is None:  # not set by the handler: OK, or UNKNOWN for an escaping error
+            if code is None and cancelled:  # the caller went away (or the server is stopping)
+                code = grpc.StatusCode.CANCELLED
+            elif code is None:  # not set by the handler: OK, or UNKNOWN for an escaping error
                 code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
             elif not isinstance(code, grpc.StatusCode):
                 code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-            _finish(span, code, context.details() if code != grpc.StatusCode.OK else None)
+            _finish(span, code, context.details() if code != grpc.StatusCode.OK else None, hung_up=cancelled)
 
         serde = {"request_deserializer": handler.request_deserializer,
                  "response_serializer": handler.response_serializer}
@@ -173,15 +178,18 @@ class ServerTracing:
 
             async def stream(request, context):
                 span, token = start(context)
-                failed = False
+                failed = cancelled = False
                 try:
                     async for item in inner_stream(request, context):
                         yield item
+                except (asyncio.CancelledError, GeneratorExit):
+                    cancelled = True
+                    raise
                 except BaseException:
                     failed = True
                     raise
                 finally:
-                    end(span, token, context, failed)
+                    end(span, token, context, failed, cancelled)
 
             return grpc.unary_stream_rpc_method_handler(stream, **serde)
         return handler  # shapes the services here do not serve stay untraced

@@ -32,6 +32,7 @@ from provisioner.gc_freeze import LongLivedFreezer
 from provisioner.front.service import Fleet
 from provisioner.front.budget_enforcer import BudgetEnforcer
 from provisioner.metrics import Metrics
+from provisioner.registry.catalog import CatalogFeed
 from provisioner.cluster import leader
 from provisioner.security import auth, tls
 from provisioner.security.pki import TlsFiles, ensure_local_pki, local_files
@@ -76,7 +77,8 @@ def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None,
         # Under a data dir the simulated cloud's VMs persist, like a real cloud's, across restarts.
         inventory = Inventory(Path(data_dir) / f"sim-cloud-{cluster.name}.db") if data_dir else None
         return SimCloud(cluster.sim, clock, inventory=inventory,
-                        tracer=trace.get_tracer("provisioner.cloud.sim", tracer_provider=tracer_provider))
+                        tracer=trace.get_tracer("provisioner.cloud.sim", tracer_provider=tracer_provider),
+                        spot_rates={p.name: p.spot_preemptions_per_hour for p in cluster.pools if p.spot})
     if kind == "gce":
         from provisioner.cloud.gce import GceBackend
 
@@ -84,6 +86,19 @@ def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None,
     from provisioner.cloud.gke import GkeBackend
 
     return GkeBackend(cluster, clock)
+
+
+async def catalog_feed(fleet: FleetConfig, metrics: Metrics | None = None) -> tuple[CatalogFeed, asyncio.Task | None]:
+    """The images a process serves: images.yaml's synthetic catalog, or the registry's as it is
+    now, refreshed in the background task returned (on the wall clock: it is network time)."""
+    if fleet.registry is None:
+        return CatalogFeed(fleet.catalog), None
+    from provisioner.registry.source import open_feed
+
+    feed = await asyncio.to_thread(open_feed, fleet.registry, RealClock())
+    if metrics is not None:
+        metrics.watch_catalog(feed)
+    return feed, asyncio.create_task(feed.run())
 
 
 @dataclass
@@ -94,6 +109,7 @@ class ClusterProcess:
     store: Store
     lease: leader.Lease
     watchdog: asyncio.Task
+    catalog_refresh: asyncio.Task | None = None  # when this process reads the registry itself
 
     @property
     def address(self) -> str:
@@ -101,6 +117,8 @@ class ClusterProcess:
 
     async def stop(self, grace_s: float = 5.0, settle_s: float = 0.0) -> None:
         self.watchdog.cancel()
+        if self.catalog_refresh is not None:
+            self.catalog_refresh.cancel()
         await self.server.stop(grace_s, settle_s)
         await self.runtime.close()
         self.store.close()
@@ -126,7 +144,7 @@ async def _exit_when_lease_lost(lease: leader.Lease, cluster: str) -> None:
 def tls_leaves(fleet: FleetConfig) -> dict[str, list[str]]:
     """Each process's certificate file name and the names it must carry."""
     sec = fleet.settings.security
-    return {"front": [sec.front_tls_name], **{f"cluster-{c.name}": [sec.cluster_name(c.name)] for c in fleet.clusters}}
+    return {"front": [sec.front_tls_name, *sec.front_tls_extra_names], **{f"cluster-{c.name}": [sec.cluster_name(c.name)] for c in fleet.clusters}}
 
 
 def local_tls(fleet: FleetConfig, data_dir: Path, process: str) -> TlsFiles:
@@ -155,10 +173,11 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
                         address: str | None = None, backend: CloudBackend | None = None,
                         tracer_provider=None, database_url: str | None = None,
                         tls_files: TlsFiles | None = None, metrics: Metrics | None = None,
-                        health_port: HealthPort | None = None) -> ClusterProcess:
+                        health_port: HealthPort | None = None, feed: CatalogFeed | None = None) -> ClusterProcess:
     """Waits for the cluster's lease (another replica may lead), then restores and serves over
     mutual TLS (`tls_files`, default: the local CA's), answering the front's certificate only.
-    `metrics`: the process's registry, fed by this cluster; `health_port` mirrors its status."""
+    `metrics`: the process's registry, fed by this cluster; `health_port` mirrors its status.
+    `feed`: the image catalog shared with other parts of this process (default: its own)."""
     cfg = fleet.cluster(name)
     lease = make_lease(database_url, data_dir, name)
     if metrics is not None:
@@ -166,8 +185,11 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
     await leader.acquire(lease, name)
     if metrics is not None:
         metrics.leading(name, True)
+    refresh = None
+    if feed is None:
+        feed, refresh = await catalog_feed(fleet, metrics)
     store = open_store(database_url, Path(data_dir) / f"cluster-{name}.db")
-    core = ClusterCore(cfg, fleet.catalog, fleet.settings.sessions, IdSource(name),
+    core = ClusterCore(cfg, feed.current, fleet.settings.sessions, IdSource(name),
                        priority=fleet.settings.priority, abuse=fleet.settings.abuse)
     backend = backend or make_backend(cfg, clock, tracer_provider, data_dir)
     if metrics is not None:
@@ -177,6 +199,7 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
     if metrics is not None:
         metrics.watch_cluster(runtime)
     await runtime.start()
+    feed.subscribe(runtime.set_catalog)
     files = tls_files or local_tls(fleet, data_dir, name)
     guard = Guard(CLUSTER_POLICY, certificate_identity({fleet.settings.security.front_tls_name: frozenset({auth.FRONT})}),
                   AuditLog(store, clock, source=name, retention_s=fleet.settings.security.audit_retention_s))
@@ -189,7 +212,7 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
     await server.start()
     log.info("cluster %s listening on %s", name, server.address)
     return ClusterProcess(cfg, runtime, server, store, lease,
-                          asyncio.create_task(_exit_when_lease_lost(lease, name)))
+                          asyncio.create_task(_exit_when_lease_lost(lease, name)), refresh)
 
 
 @dataclass
@@ -201,6 +224,7 @@ class FrontProcess:
     sessions: front_service.SessionServicer
     resolver: asyncio.Task
     budgets: asyncio.Task  # the GPU budget sweep (front/budget_enforcer.py)
+    catalog_refresh: asyncio.Task | None = None  # when this process reads the registry itself
 
     @property
     def address(self) -> str:
@@ -208,6 +232,8 @@ class FrontProcess:
 
     async def stop(self, grace_s: float = 5.0, settle_s: float = 0.0) -> None:
         await self.server.stop(grace_s, settle_s)
+        if self.catalog_refresh is not None:
+            self.catalog_refresh.cancel()
         self.resolver.cancel()
         self.budgets.cancel()
         await asyncio.gather(self.resolver, self.budgets, return_exceptions=True)
@@ -224,7 +250,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
                       link_interceptors: Sequence = (), database_url: str | None = None,
                       tls_files: TlsFiles | None = None, plaintext: bool = False,
                       plaintext_anywhere: bool = False, metrics: Metrics | None = None,
-                      health_port: HealthPort | None = None) -> FrontProcess:
+                      health_port: HealthPort | None = None, feed: CatalogFeed | None = None) -> FrontProcess:
     """Serves over TLS (`tls_files`, default: the local CA's; `plaintext` only behind something
     that terminates TLS) and dials the clusters over mutual TLS with the same certificate.
     `link_interceptors` sit on the front's channels to the clusters (tests inject faults there)."""
@@ -256,6 +282,11 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
         metrics.time_store(store, "front")
     address = address or fleet_cfg.settings.front.address
     sessions = front_service.SessionServicer(fleet_cfg, fleet, store, clock, wall)
+    refresh = None
+    if feed is None:
+        feed, refresh = await catalog_feed(fleet_cfg, metrics)
+    sessions.catalog = feed.current
+    feed.subscribe(functools.partial(setattr, sessions, "catalog"))
     if metrics is not None:
         metrics.watch_front(fleet, sessions.placement)
     guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock, retention_s=security.audit_retention_s),
@@ -270,15 +301,19 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     log.info("front listening on %s", server.address)
     return FrontProcess(fleet, server, store, sessions.placement, sessions,
                         asyncio.create_task(sessions.placement.run_resolver()),
-                        asyncio.create_task(BudgetEnforcer(sessions).run()))
+                        asyncio.create_task(BudgetEnforcer(sessions).run()), refresh)
 
 
 @dataclass
 class LocalFleet:
     front: FrontProcess
     clusters: list[ClusterProcess] = field(default_factory=list)
+    catalog: CatalogFeed | None = None
+    catalog_refresh: asyncio.Task | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        if self.catalog_refresh is not None:
+            self.catalog_refresh.cancel()
         await self.front.stop(grace_s)
         await asyncio.gather(*(c.stop(grace_s) for c in self.clusters))
 
@@ -292,16 +327,17 @@ async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path
     `cluster_port_base` overrides the configured cluster addresses (0: any free ports);
     `link_interceptors` as for start_front.
     """
+    feed, refresh = await catalog_feed(fleet_cfg, metrics)  # one catalog for every part of the process
     clusters = []
     for i, c in enumerate(fleet_cfg.clusters):
         address = None if cluster_port_base is None else \
             f"127.0.0.1:{cluster_port_base + i if cluster_port_base else 0}"
         clusters.append(await start_cluster(fleet_cfg, c.name, clock, data_dir, address=address,
                                             tracer_provider=tracer_provider, database_url=database_url,
-                                            metrics=metrics))
-    front = await start_front(fleet_cfg, clock, data_dir, address=front_address,
+                                            metrics=metrics, feed=feed))
+    front = await start_front(fleet_cfg, clock, data_dir, address=front_address, feed=feed,
                               cluster_addresses={p.config.name: p.address for p in clusters},
                               tracer_provider=tracer_provider, database_url=database_url, metrics=metrics,
                               link_interceptors=link_interceptors)
     await front.fleet.wait_until_ready(timeout_s=10.0)
-    return LocalFleet(front, clusters)
+    return LocalFleet(front, clusters, feed, refresh)

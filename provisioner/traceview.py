@@ -103,7 +103,8 @@ def render_tree(spans: list[dict], trace_id: str) -> str:
         parent = s.get("parent_span_id")
         children.setdefault(parent if parent in ids else None, []).append(s)
 
-    out = [f"trace {trace_id}"]
+    # Spans are measured on the wall clock, whatever model time a simulated fleet's sessions run on.
+    out = [f"trace {trace_id} (durations and offsets in wall-clock ms)"]
 
     def walk(span: dict, depth: int) -> None:
         pad = "  " * depth

@@ -12,6 +12,19 @@ if TYPE_CHECKING:
     from provisioner.config_policy import PriorityConfig
 
 
+def pool_named(asked: str, pool_accelerators: dict[str, str]) -> str:
+    """The pool a create's accelerator names: a pool name (`gpu-p100`) as it is, or an accelerator
+    type (`nvidia-tesla-p100`, as `admin pools` shows it) that exactly one pool has. Anything else
+    is returned unchanged, for validate_spec to refuse."""
+    if asked in pool_accelerators:
+        return asked
+    pools = sorted({pool for pool, accelerator in pool_accelerators.items() if accelerator == asked})
+    if len(pools) > 1:
+        raise InvalidArgument(f"accelerator {quote(asked)} is in several pools ({', '.join(pools)}): name the pool",
+                              field="spec.accelerator")
+    return pools[0] if pools else asked
+
+
 def validate_spec(spec: SessionSpec, pools: Collection[str], catalog: ImageCatalog, max_runtime_limit_s: float) -> str:
     """Returns the resolved image version, or raises InvalidArgument naming the field."""
     if not spec.request_id.strip():

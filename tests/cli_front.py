@@ -43,6 +43,10 @@ def with_eta(s: types_pb2.Session, seconds: int) -> types_pb2.Session:
     return s
 
 
+DIGEST = "sha256:" + "5e" * 32
+SECRET = "the-sessions-secret"
+
+
 class FakeSessions(session_grpc.SessionServiceServicer):
     def __init__(self):
         self.requests: list = []
@@ -94,7 +98,9 @@ class FakeSessions(session_grpc.SessionServiceServicer):
         self.metadata.append(dict(context.invocation_metadata()))
         if request.session_id == "missing":
             context.abort(grpc.StatusCode.NOT_FOUND, "no session missing")
-        return session_pb.GetSessionResponse(session=make_session(request.session_id))
+        session = make_session(request.session_id)
+        session.image_digest, session.access_token = DIGEST, SECRET  # as the front answers its owner
+        return session_pb.GetSessionResponse(session=session)
 
     def ListSessions(self, request, context):
         self.requests.append(request)

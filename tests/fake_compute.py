@@ -14,6 +14,15 @@ then answers 503 or answers nothing until the client has timed out (the client r
 the same request id), and a stop or start carried out and then answered 503. A stop takes
 `stop_s` (STOPPING, then TERMINATED: the instance and its disks stay, its agent's guest attributes
 go); a start boots it again, and meets a stocked-out or over-quota zone as an insert does. Every request is logged, and the most requests ever in flight at once kept.
+
+As Compute documents (compute_answers.py): a quota is exceeded per metric and region, or
+globally (`exceed_quota`), and its error names both; a stockout may name the zones that have the
+shape (`zones_available`); an insert from an instance template takes the template's properties
+under its own; inserts Compute refuses (a bad name, GPUs without onHostMaintenance TERMINATE, a
+Spot VM that restarts, a custom-mode network without a subnetwork) answer 400. Host maintenance
+ahead and a Spot preemption (`announce_maintenance`, `preempt`) show on the instance's metadata
+server; an emulated agent's answer can be dropped (`drop_done`), as one written beyond the
+guest-attribute rate may be.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+from compute_answers import gpu_metric, invalid_insert, quota_message, zone_error
 
 ZONE_PATH = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/(?P<rest>.*)$")
 AGGREGATED = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$")
@@ -53,6 +64,8 @@ class Instance:
     status: str = "PROVISIONING"
     guest: dict[str, str] = field(default_factory=dict)  # key under provisioner/ -> value
     stopping_since: float = 0.0
+    maintenance_event: str = "NONE"  # as its metadata server tells the VM
+    preempted: str = "FALSE"
 
 
 class FakeCompute:
@@ -66,7 +79,12 @@ class FakeCompute:
         self.migs: dict[tuple[str, str, str], list[str]] = {}  # (project, zone, group) -> instance names
         self.log: list[Call] = []
         self.stocked_out: set[str] = set()
-        self.over_quota: set[str] = set()
+        self.zones_available: dict[str, list[str]] = {}  # a stocked-out zone's hint: zones that have the shape
+        # Exceeded quotas as Compute scopes them: (metric, region), e.g. ("NVIDIA_T4_GPUS",
+        # "us-central1"), or (metric, "global") for a project-wide one (GPUS_ALL_REGIONS).
+        self.quotas_exceeded: set[tuple[str, str]] = set()
+        self.templates: dict[str, dict] = {}  # instance template URL -> its properties
+        self.custom_networks: set[str] = set()  # custom-mode networks: an insert must name a subnetwork
         self.sync_zone_errors = False  # stockout and quota as the insert's answer, not the operation's
         self.failing: dict[str, list[tuple[int, str]]] = {}  # op -> (status, reason) for its next calls
         self.fail_operations = 0  # the next N operations end with an error
@@ -74,6 +92,7 @@ class FakeCompute:
         self.commit_then_stall = 0  # the next N inserts are made, then answered after stall_s
         self.answers_lost: dict[str, int] = {}  # "stop"/"start" -> the next N are carried out, then answered 503
         self.stall_s = 1.0
+        self.drop_done = 0  # emulated agents: the next N answers (done-<id>) are dropped, as beyond the rate
         self.latency_s = 0.0  # every answer waits this long
         self.in_flight = self.max_in_flight = 0
         self._ids = itertools.count(1)
@@ -96,6 +115,9 @@ class FakeCompute:
         self._server.server_close()
 
     # ---- fault injection and inspection -----------------------------------------------------
+
+    def exceed_quota(self, metric: str, region: str = "global") -> None:
+        self.quotas_exceeded.add((metric, region))
 
     def fail_next(self, op: str, status: int, count: int = 1, reason: str = "") -> None:
         self.failing.setdefault(op, []).extend([(status, reason)] * count)
@@ -124,6 +146,26 @@ class FakeCompute:
             self._tick(inst)
             return inst.status
 
+    def announce_maintenance(self, project: str, name: str, event: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
+        """What Compute tells a GPU VM ahead of host maintenance (through its metadata server)."""
+        with self._lock:
+            inst = self.instances[(project, name)]
+            inst.maintenance_event = event
+            if self.agents == "emulated":
+                inst.guest["maintenance"] = event
+            self.metadata_changed.notify_all()
+
+    def preempt(self, project: str, name: str) -> None:
+        """A Spot VM preempted: `instance/preempted` turns TRUE and Compute stops it (its
+        instanceTerminationAction STOP: the instance and its disk stay, TERMINATED)."""
+        with self._lock:
+            inst = self.instances[(project, name)]
+            inst.preempted = "TRUE"
+            if self.agents == "emulated":
+                inst.guest["preempted"] = "TRUE"
+            inst.status, inst.stopping_since = "STOPPING", time.time()
+            self.metadata_changed.notify_all()
+
     def names(self, project: str) -> set[str]:
         with self._lock:
             return {name for (p, name) in self.instances if p == project}
@@ -149,7 +191,10 @@ class FakeCompute:
             done_at = cmd["_at"] + self.command_s
             if now >= done_at:
                 inst.guest.pop("_pending")
-                inst.guest[f"done-{cmd['id']}"] = "ok"
+                if self.drop_done:  # written beyond the rate: gone without a word
+                    self.drop_done -= 1
+                else:
+                    inst.guest[f"done-{cmd['id']}"] = "ok"
                 inst.guest[f"progress-{cmd['id']}"] = str(cmd.get("bytes", 0))
             else:
                 share = max(0.0, (now - cmd["_at"]) / self.command_s)
@@ -230,10 +275,16 @@ class FakeCompute:
         if (project, name) in self.instances:
             return 409, _error(409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
                                "alreadyExists")
-        if zone in self.stocked_out or zone in self.over_quota:
+        if template := query.get("sourceInstanceTemplate"):
+            if template not in self.templates:
+                return 404, _error(404, f"The resource '{template}' was not found")
+            body = {**self.templates[template], **body}  # what the request sets overrides the template
+        if (invalid := invalid_insert(body, self.custom_networks)) is not None:
+            return 400, _error(400, invalid, "invalid")
+        if zone in self.stocked_out or self._quota_hit(zone, body):
             if self.sync_zone_errors:
-                return self._zone_error(project, zone)
-            op = self._zone_failed_operation(project, zone, "insert", name)
+                return self._zone_error(project, zone, body)
+            op = self._zone_failed_operation(project, zone, "insert", name, body)
         else:
             body = {**body, "metadata": {**body.get("metadata", {}), "fingerprint": f"fp-{next(self._ids)}"},
                     "networkInterfaces": self._nics(body)}
@@ -249,17 +300,31 @@ class FakeCompute:
             return 200, self._op_view(op), self.stall_s
         return 200, self._op_view(op)
 
-    def _zone_error(self, project: str, zone: str) -> tuple[int, dict]:
+    def _quota_hit(self, zone: str, body: dict) -> tuple[str, str] | None:
+        """The exceeded quota an instance of this shape would go over in this zone: its GPU's
+        metric in the zone's region, or the project's GPUs in all regions."""
+        accelerators = body.get("guestAccelerators") or []
+        if not accelerators:
+            return None
+        region = zone.rsplit("-", 1)[0]
+        for key in ((gpu_metric(accelerators[0]["acceleratorType"]), region), ("GPUS_ALL_REGIONS", "global")):
+            if key in self.quotas_exceeded:
+                return key
+        return None
+
+    def _zone_error(self, project: str, zone: str, body: dict) -> tuple[int, dict]:
         """A stocked-out or over-quota zone as the call's own answer, as GCE words it: the code is
         only in the reason."""
         if zone in self.stocked_out:
             return 503, _error(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough "
                                     "resources available to fulfill the request.", "ZONE_RESOURCE_POOL_EXHAUSTED")
-        return 403, _error(403, "Quota 'NVIDIA_P100_GPUS' exceeded. Limit: 0.0 in region.", "quotaExceeded")
+        metric, region = self._quota_hit(zone, body)
+        return 403, _error(403, quota_message(metric, region), "quotaExceeded")
 
-    def _zone_failed_operation(self, project: str, zone: str, kind: str, name: str) -> dict:
-        code = "ZONE_RESOURCE_POOL_EXHAUSTED" if zone in self.stocked_out else "QUOTA_EXCEEDED"
-        return self._operation(project, zone, kind, name, {"code": code, "message": f"injected {code} in {zone}"})
+    def _zone_failed_operation(self, project: str, zone: str, kind: str, name: str, body: dict) -> dict:
+        """The operation's error as Compute gives it (compute_answers.zone_error)."""
+        quota = None if zone in self.stocked_out else self._quota_hit(zone, body)
+        return self._operation(project, zone, kind, name, zone_error(project, zone, quota, self.zones_available.get(zone)))
 
     def _stop(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
@@ -287,10 +352,10 @@ class FakeCompute:
                                "resourceNotReady")
         if inst.status != "TERMINATED":  # running or booting already: nothing to do
             return self._answered(query, "start", self._operation(project, zone, "start", name))
-        if zone in self.stocked_out or zone in self.over_quota:  # a stopped instance holds no GPU
+        if zone in self.stocked_out or self._quota_hit(zone, inst.body):  # a stopped instance holds no GPU
             if self.sync_zone_errors:
-                return self._zone_error(project, zone)
-            return self._answered(query, "start", self._zone_failed_operation(project, zone, "start", name))
+                return self._zone_error(project, zone, inst.body)
+            return self._answered(query, "start", self._zone_failed_operation(project, zone, "start", name, inst.body))
         inst.status, inst.created = "PROVISIONING", time.time()  # boots again from now
         return self._answered(query, "start", self._operation(project, zone, "start", name))
 

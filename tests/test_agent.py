@@ -71,10 +71,11 @@ async def test_a_pull_runs_once_reports_progress_and_survives_a_restart(tmp_path
     await rig.start()
     rig.command("c1", "pull", layers=LAYERS, bytes=3_500_000_000)
     assert await rig.done("c1") == "ok"
-    progress = [int(v) for k, v in rig.metadata.writes if k == "progress-c1"]
-    assert progress[-1] == 3_500_000_000 and progress == sorted(progress) and len(progress) >= 3
-    assert any(k == "eta-c1" and int(v) > 0 for k, v in rig.metadata.writes)  # an estimate on the way
-    assert rig.metadata.guest["eta-c1"] == "0"
+    await until(lambda: rig.metadata.guest.get("progress-c1") == "3500000000 0", what="the last progress")
+    progress = [tuple(map(int, v.split())) for k, v in rig.metadata.writes if k == "progress-c1"]
+    assert progress == sorted(progress, key=lambda p: p[0]) and len(progress) >= 3
+    assert any(eta > 0 for _, eta in progress)  # an estimate on the way
+    assert not rig.metadata.dropped
     assert rig.containers.state.data["layers"] == {"os-v100": 3_000_000_000, "app-v101": 500_000_000}
     await rig.stop()
 
@@ -92,6 +93,7 @@ async def test_it_waits_for_changes_instead_of_polling(tmp_path):
     await rig.start()
     await asyncio.sleep(0.5)  # 500 model seconds with nothing to do
     assert rig.metadata.reads <= 500 / 60 + 2  # one held request per watch_timeout_s
+    assert rig.metadata.value_reads <= 2 * (500 / 60 + 2)  # maintenance-event and preempted alike
     rig.command("c1", "wipe")
     assert await rig.done("c1") == "ok"
     await rig.stop()
@@ -102,13 +104,13 @@ async def test_a_new_command_supersedes_the_running_one(tmp_path):
     rig.containers.bytes_per_s = 1e7  # 350 model seconds for this pull
     await rig.start()
     rig.command("c1", "pull", layers=LAYERS, bytes=3_500_000_000)
-    await until(lambda: int(rig.metadata.guest.get("progress-c1", "0")) > 0)
+    await until(lambda: int(rig.metadata.guest.get("progress-c1", "0").split()[0]) > 0)
     rig.command("c2", "wipe")
     assert await rig.done("c1") == "error: superseded by command c2"
     assert await rig.done("c2") == "ok"
     rig.command("c3", "wipe")
     assert await rig.done("c3") == "ok"
-    assert "done-c1" not in rig.metadata.guest  # older commands' attributes are cleaned up
+    await until(lambda: "done-c1" not in rig.metadata.guest)  # older commands' attributes are cleaned up
     await rig.stop()
 
 
@@ -167,7 +169,8 @@ async def test_health_follows_the_thresholds_and_reports_gpu_use(tmp_path):
     assert await agent.check_health() == ["GPU 0 at 90 C (limit 85 C); throttling: hw_thermal_slowdown"]
     assert rig.metadata.guest["healthy"] == "0"
     assert rig.metadata.guest["health-detail"] == "GPU 0 at 90 C (limit 85 C); throttling: hw_thermal_slowdown"
-    assert Usage.from_json(rig.metadata.guest["usage"]) == Usage((97,), ("python3",), ("python3",))
+    # Usage refreshes a report: it is written when the VM's write rate has room to spare.
+    await until(lambda: Usage.from_json(rig.metadata.guest["usage"]) == Usage((97,), ("python3",), ("python3",)))
 
     gpu.update(temperature_c=60, throttle=0)
     assert await agent.check_health() == [] and rig.metadata.guest["healthy"] == "1"

@@ -34,6 +34,8 @@ from test_gce import loopback_only  # noqa: F401 (a fixture)
 PROJECT, CLUSTER, POOL = "test-proj", "us-central1", "gpu-p100"
 HOME, SCRATCH = "/home/notebook", "/scratch"
 TIME_SCALE = 60.0  # the cluster's clock: a 6 s guest-attribute read interval is 0.1 s of wall time
+# The agents run on the wall clock while the cluster runs 60 times faster: their write rate too.
+WRITES_PER_MINUTE = 600
 
 
 class Agents:
@@ -64,8 +66,9 @@ class Agents:
         host.state.save()
         (d / "agent.yaml").write_text(yaml.safe_dump({
             "state_dir": str(d / "state"), "user_paths": [HOME, SCRATCH], "disk_paths": ["/", SCRATCH],
-            "health_s": 0.2, "progress_s": 0.1, "kill_grace_s": 0.5, "watch_timeout_s": 5}))
-        server = FakeMetadataServer(self.fake, PROJECT, name).start()
+            "health_s": 0.2, "progress_s": 0.1, "kill_grace_s": 0.5, "watch_timeout_s": 5,
+            "guest_writes_per_minute": WRITES_PER_MINUTE}))
+        server = FakeMetadataServer(self.fake, PROJECT, name, writes_per_minute=WRITES_PER_MINUTE).start()
         log = open(d / "agent.log", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "provisioner.agent", "--config", str(d / "agent.yaml"),
                                  "--metadata-url", server.url, "--simulate", str(d),
@@ -103,6 +106,7 @@ async def loop_parts(tmp_path, loopback_only):  # noqa: F811
 
     def edit(cluster: dict) -> None:
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
+                              "agent_package": "preinstalled",
                               "retry_total_s": 10.0}
         for pool in cluster["pools"]:
             if pool["name"] == POOL:  # one warm VM above demand, a disk for about one image

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from provisioner.agent import procnet
-from provisioner.agent.agent import MAX_VALUE
+from provisioner.agent.guest import MAX_VALUE
 from provisioner.agent.host import LocalHost
 from provisioner.agent.usage import (MAX_CONNECTIONS, MAX_GPU_PROCESSES, MAX_GPUS, MAX_NAME, MAX_PROCESSES,
                                      Connection, Usage, collect)

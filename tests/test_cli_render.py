@@ -38,8 +38,8 @@ def test_model_time_is_labelled():
     s.read_time.FromSeconds(NOW + 3 * 3600)
     detail = render.session_detail(s, NOW)
     assert "clock:" in detail and "model time, 3h ahead of the wall clock" in detail
-    assert "start:      partial (a warm VM pulled the layers it lacked)" in detail
-    assert "pull:       100% of 24.6 GB (the layers the VM lacked)" in detail
+    assert "start:      partial (a warm VM had part of the image and pulled the rest)" in detail
+    assert "pull:       24.6 GB pulled (the layers the VM lacked)" in detail
     s.read_time.FromSeconds(NOW + 5)
     assert "clock:" not in render.session_detail(s, NOW)
     assert render.clock_note([s], NOW) is None
@@ -122,10 +122,11 @@ def test_session_table_timing_column():
     running = make_session("b", S.SESSION_STATE_RUNNING, start=types_pb2.START_KIND_COLD)
     running.ready_time.FromSeconds(NOW + 60)
     lines = render.session_table([waiting, running], now=NOW + 660).splitlines()
-    assert lines[1].split() == ["a", "queued", "us-central1", "gpu:v154", "-", "in", "0s"]  # late
-    assert lines[2].split()[-1] == "10m"  # running for 10m
+    # AGE (since created) and READY-IN (the estimate, while waiting) are columns of their own
+    assert lines[1].split() == ["a", "queued", "us-central1", "gpu:v154", "-", "11m", "0s"]  # late
+    assert lines[2].split()[-2:] == ["11m", "-"]  # created 11m ago, running
     lines = render.session_table([waiting, running], now=NOW).splitlines()
-    assert "in 1m30s" in lines[1]
+    assert lines[1].split()[-2:] == ["0s", "1m30s"]
     assert lines[2].split()[4] == "cold"
 
 

@@ -116,7 +116,7 @@ def test_list_one_page_with_states(run, front):
                        "--page-size", "3")
     assert rc == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "STATE", "CLUSTER", "IMAGE", "START", "AGE/READY-IN", "REASON"]
+    assert lines[0].split() == ["ID", "STATE", "CLUSTER", "IMAGE", "START", "AGE", "READY-IN", "REASON"]
     assert len(lines) == 4
     assert "--page-token 3" in err
     req = front.sessions.requests[0]
@@ -133,6 +133,17 @@ def test_get_touch_stop_quota(run, front):
     rc, out, _ = run("session", "quota", "--user", "ada")
     assert rc == 0
     assert "12.5 / 30.0 (42%)" in out and "1 / 2" in out
+
+
+def test_get_shows_the_digest_and_the_secret_in_json_only(run):
+    rc, out, _ = run("session", "get", "us-central1.s9")
+    assert rc == 0 and f"image digest: {cli_front.DIGEST}" in out
+    assert "secret:" in out and cli_front.SECRET not in out
+    rc, out, _ = run("session", "get", "us-central1.s9", "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["image_digest"] == cli_front.DIGEST and data["access_token"] == cli_front.SECRET
+    rc, out, _ = run("session", "list", "--user", "ada", "--json")
+    assert rc == 0 and all("access_token" not in s for s in json.loads(out))
 
 
 def test_invalid_argument_names_the_field(run):

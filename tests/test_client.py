@@ -20,6 +20,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from offline_wheels import build_own, repack, with_dependencies
 from provisioner import client as api
 from provisioner.client import _base
 from provisioner.client.credentials import local_ca
@@ -28,6 +29,8 @@ from provisioner.v1 import session_service_pb2_grpc as session_grpc
 from provisioner.v1 import types_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
+# What `pip install provisioner` needs (pyproject.toml's dependencies): taken from this environment.
+CLIENT_DEPENDENCIES = ("grpcio", "protobuf", "googleapis-common-protos")
 SERVER_ONLY = ("pydantic", "jwt", "cryptography", "opentelemetry", "grpc_status", "yaml", "google.cloud.compute_v1")
 
 
@@ -39,19 +42,25 @@ def readme_example() -> str:
 
 @pytest.fixture(scope="module")
 def client_venv(tmp_path_factory) -> Path:
-    """A fresh virtual environment with `pip install <this checkout>`, no extras. The checkout is
-    copied first, so that the build leaves nothing in the tree."""
+    """A fresh virtual environment with `pip install <this checkout>`, no extras, without a package
+    index. The checkout is copied first, so that the build leaves nothing in the tree."""
     root = tmp_path_factory.mktemp("client-install")
     src = root / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "provisioner", src / "provisioner",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    # Offline: the wheels are built and packed here (tests/offline_wheels.py), not fetched.
+    wheels = root / "wheels"
+    wheels.mkdir()
+    build_own(src, wheels)
+    for name in with_dependencies(CLIENT_DEPENDENCIES):
+        repack(name, wheels)
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(src)],
-                         capture_output=True, text=True, timeout=600)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+                          "--find-links", str(wheels), "provisioner"], capture_output=True, text=True, timeout=600)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     return venv
 
@@ -327,3 +336,11 @@ async def test_async_retries_and_watch_resume(scripted):
         s = await c.wait_until_running("us-central1.s1", timeout=10)
     assert s.state is api.SessionState.RUNNING
     assert [r.after_revision for r in server.requests[2:]] == [0, 2]
+
+
+def test_the_license_pyproject_names_is_shipped(client_venv):
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert 'license = "Apache-2.0"' in (ROOT / "pyproject.toml").read_text()
+    shipped = list(client_venv.glob("lib/python*/site-packages/provisioner-*.dist-info/licenses/LICENSE"))
+    assert [p.read_text() for p in shipped] == [text]

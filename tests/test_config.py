@@ -184,6 +184,24 @@ def test_latest_must_be_a_version(fleet_dir: Path):
     assert e.field == "latest" and "gpu:v999" in e.reason
 
 
+def test_images_from_a_registry(fleet_dir: Path):
+    registry = {"url": "https://us-docker.pkg.dev", "repository": "proj/notebooks/gpu", "ca_file": "ca.pem",
+                "auth": {"kind": "basic", "username": "reader", "password_file": "secret/password"}}
+    (fleet_dir / "images.yaml").write_text(yaml.safe_dump({"registry": registry}))
+    fleet = load_fleet(fleet_dir)
+    assert fleet.catalog is None and fleet.registry.repository == "proj/notebooks/gpu"
+    assert fleet.registry.ca_file == str(fleet_dir / "ca.pem")  # relative to the clusters directory
+    assert fleet.registry.auth.password_file == str(fleet_dir / "secret/password")
+    assert fleet.registry.refresh_s == 300
+
+    (fleet_dir / "images.yaml").write_text(yaml.safe_dump({"registry": {**registry, "tags": ["v1"]}}))
+    e = fails(fleet_dir)
+    assert e.file.endswith("images.yaml") and (e.field, e.reason) == ("registry.tags", "unknown field")
+    (fleet_dir / "images.yaml").write_text(yaml.safe_dump({"registry": {**registry, "auth": {"kind": "basic"}}}))
+    e = fails(fleet_dir)
+    assert e.field == "registry.auth.username" and "password_file" in e.reason
+
+
 def test_disk_too_small_for_an_image(fleet_dir: Path):
     edit(fleet_dir / "europe-west4.yaml", lambda d: d["pools"][1].update(disk_cache_gb=10))
     e = fails(fleet_dir)

@@ -25,13 +25,13 @@ OVERLAYS = [*REGIONS, "front"]
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
 
 
-def kustomize(directory: Path) -> list[dict]:
+def kustomize(directory: Path, *flags: str) -> list[dict]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         if os.environ.get("PROVISIONER_REQUIRE_KUBECTL"):
             pytest.fail("kubectl is not on the PATH, and PROVISIONER_REQUIRE_KUBECTL is set (CI must run this test)")
         pytest.skip("kubectl is not on the PATH: cannot render the kustomize overlays (install kubectl to run this)")
-    out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([kubectl, "kustomize", *flags, str(directory)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 

@@ -69,6 +69,7 @@ def fake():
 def gce_fleet(tmp_path, fake: FakeCompute, **backend):
     def edit(cluster: dict) -> None:
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
+                              "agent_package": "preinstalled",
                               "retry_total_s": 10.0, **backend}
         for pool in cluster["pools"]:
             pool.update(min_vms=2, max_vms=6)
@@ -91,7 +92,7 @@ async def test_the_cluster_fills_serves_and_survives_a_stockout(tmp_path, fake, 
     with pytest.raises(OSError):  # the network is out of reach here
         socket.create_connection(("compute.googleapis.com", 443), timeout=1)
     fake.stocked_out.add("us-central1-c")  # gpu-p100 has zones c and f
-    fake.over_quota.add("us-central1-a")  # gpu-t4x2 has zones a, b, c and f
+    fake.stocked_out.add("us-central1-a")  # gpu-t4x2 has zones a, b, c and f
     config = gce_fleet(tmp_path, fake)
     proc = await start_cluster(config, CLUSTER, RealClock(TIME_SCALE), tmp_path / "data", address="127.0.0.1:0")
     try:
@@ -186,7 +187,7 @@ async def test_without_an_endpoint_it_uses_application_default_credentials(tmp_p
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
 
     def edit(cluster: dict) -> None:
-        cluster["backend"] = {"kind": "gce", "project": PROJECT, "retry_attempts": 1}
+        cluster["backend"] = {"kind": "gce", "project": PROJECT, "retry_attempts": 1, "agent_package": "preinstalled"}
     b = GceBackend(fleet_config(tmp_path, edit).cluster(CLUSTER), RealClock(TIME_SCALE))
     out = await b.create(spec("vm-1"))  # first the token for those credentials, from Google
     assert isinstance(out, CloudFailure) and out.code == "unavailable" and "oauth2.googleapis.com" in out.message
@@ -242,11 +243,12 @@ async def test_stockout_and_quota_answered_at_once_are_not_retried(tmp_path, fak
     b = backend(tmp_path, fake)
     fake.sync_zone_errors = True
     fake.stocked_out.add("us-central1-c")
-    fake.over_quota.add("us-central1-b")
+    fake.exceed_quota("NVIDIA_P100_GPUS", "us-central1")
     out = await b.create(spec("vm-c", "us-central1-c"))
     assert isinstance(out, CloudFailure) and out.code == "stockout" and out.zone == "us-central1-c"
     out = await b.create(spec("vm-b", "us-central1-b"))
     assert isinstance(out, CloudFailure) and out.code == "quota" and out.zone == "us-central1-b"
+    assert out.scope == "region" and out.shared_by == "nvidia-tesla-p100"
     assert [(c.zone, c.status) for c in fake.calls("insert")] == [("us-central1-c", 503), ("us-central1-b", 403)]
     await b.close()
 
@@ -263,11 +265,12 @@ async def test_calls_in_flight_are_bounded(tmp_path, fake, loopback_only):
 async def test_stockout_quota_failed_operations_and_deletes(tmp_path, fake, loopback_only):
     b = backend(tmp_path, fake)
     fake.stocked_out.add("us-central1-c")
-    fake.over_quota.add("us-central1-b")
+    fake.exceed_quota("NVIDIA_P100_GPUS", "us-central1")
     out = await b.create(spec("vm-c", "us-central1-c"))
     assert isinstance(out, CloudFailure) and out.code == "stockout" and out.zone_exhausted
     out = await b.create(spec("vm-b", "us-central1-b"))
     assert isinstance(out, CloudFailure) and out.code == "quota" and out.zone == "us-central1-b"
+    fake.quotas_exceeded.clear()
     fake.fail_operations = 1
     out = await b.create(spec("vm-f"))
     assert isinstance(out, CloudFailure) and out.code == "internal"
@@ -478,11 +481,11 @@ async def test_a_start_in_a_stocked_out_or_over_quota_zone_fails_as_a_create_doe
     out = await b.start("vm-z", "us-central1-f")
     assert isinstance(out, CloudFailure) and out.code == "stockout" and len(fake.calls("start")) == starts + 1
     fake.stocked_out.clear()
-    fake.over_quota.add("us-central1-f")
+    fake.exceed_quota("GPUS_ALL_REGIONS")
     out = await b.start("vm-z", "us-central1-f")
-    assert isinstance(out, CloudFailure) and out.code == "quota"
+    assert isinstance(out, CloudFailure) and out.code == "quota" and out.scope == "project"
     assert fake.status(PROJECT, "vm-z") == "TERMINATED"
-    fake.over_quota.clear()
+    fake.quotas_exceeded.clear()
     assert isinstance(await b.start("vm-z", "us-central1-f"), CloudVm)
     await b.close()
 

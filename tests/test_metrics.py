@@ -12,7 +12,7 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import fleet_config, quick_warm_up, warm_fleet
-from provisioner.metrics import Metrics
+from provisioner.metrics import MAX_SCRAPERS, SCRAPE_BURST, SCRAPE_CACHE_S, Metrics
 from provisioner.v1 import admin_service_pb2 as a_pb
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
@@ -72,7 +72,7 @@ async def check(fleet, port: int) -> None:
         samples = await asyncio.to_thread(scrape, port)  # the server runs on this loop
         if before == await from_api():
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(SCRAPE_CACHE_S)  # so that the next scrape is made anew, not the last one's
     else:
         raise AssertionError("the fleet never held still for one scrape")
     created, running, warm = before
@@ -126,7 +126,44 @@ async def test_only_metrics_is_served(tmp_path):
                 return e.code
         assert await asyncio.to_thread(get, "/metrics") == 200
         assert await asyncio.to_thread(get, "/") == 404
-        await asyncio.sleep(0.6)  # the event loop's lag is sampled every 0.25 s while the server runs
+        # The lag is sampled every 0.25 s while the server runs; a scrape is made anew after SCRAPE_CACHE_S.
+        await asyncio.sleep(max(0.6, SCRAPE_CACHE_S + 0.1))
         assert total(await asyncio.to_thread(scrape, server.port), "provisioner_event_loop_lag_seconds_count") >= 2
+    finally:
+        await server.close()
+
+
+async def test_a_flood_of_scrapes_makes_one_snapshot_a_second_and_connections_are_capped():
+    """The port needs no credential and shares the serving loop: 40 scrapes at once read the
+    collectors once, those past the burst are refused (429), and past MAX_SCRAPERS open
+    connections a scrape is refused at once (503)."""
+    metrics = Metrics()
+    reads = []
+
+    class Counting:
+        def collect(self):
+            reads.append(1)
+            return []
+
+    metrics.registry.register(Counting())
+    server = await metrics.serve("127.0.0.1:0")
+    try:
+        def get() -> int:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as e:
+                return e.code
+        statuses = await asyncio.gather(*(asyncio.to_thread(get) for _ in range(40)))
+        # (a token or two comes back while the 40 are answered)
+        assert set(statuses) == {200, 429} and SCRAPE_BURST <= statuses.count(200) <= SCRAPE_BURST + 5
+        assert len(reads) == 1
+        idle = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(MAX_SCRAPERS)]
+        await asyncio.sleep(0.1)  # each holds a scraper while it says nothing
+        assert await asyncio.to_thread(get) == 503
+        for _, writer in idle:
+            writer.close()
+        await asyncio.sleep(SCRAPE_CACHE_S)
+        assert await asyncio.to_thread(get) == 200 and len(reads) == 2
     finally:
         await server.close()

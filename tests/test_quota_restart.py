@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import front_channel
-from provisioner.clock import RealClock, shared_origin
+from provisioner.clock import RealClock, fleet_clock
 from provisioner.config import default_clusters_dir, load_fleet
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
@@ -36,7 +36,7 @@ async def test_a_restart_of_the_cluster_and_the_front_loses_no_metered_time(tmp_
     fleet = Fleet(tmp_path)
     try:
         await fleet.start()
-        clock = RealClock(TIME_SCALE, shared_origin(fleet.data_dir))  # the fleet's model time
+        clock = fleet_clock(fleet.data_dir, TIME_SCALE)  # the fleet's model time
         async with front_channel(fleet.data_dir, fleet.front.address) as ch:
             stub = s_grpc.SessionServiceStub(ch)
             # Batch: an interactive session nobody touches would be culled after 12 wall seconds.

@@ -93,3 +93,25 @@ async def test_creates_over_the_users_or_the_callers_rate_are_refused_with_a_ret
         # Another caller (a user with its own token) is not held back.
         async with api.AsyncClient(fleet.front_address, token=fleet.token("solo"), ca=local_ca(fleet.data_dir)) as c:
             await c.create_session(user_id="solo", accelerator="gpu-p100", image="gpu:latest")
+
+
+async def test_reads_that_ask_every_cluster_are_limited_per_user_and_caller(tmp_path):
+    """A user polling ListSessions or GetQuota in loops makes every cluster work for each call:
+    past its burst it is refused with a retry delay, and other users' reads go on."""
+    from provisioner.v1 import session_service_pb2 as s_pb
+    from provisioner.v1 import session_service_pb2_grpc as s_grpc
+
+    config = with_rate_limits(tmp_path, reads_per_user_per_s=0.01, read_burst_per_user=3)
+    async with warm_fleet(config, tmp_path / "data") as fleet:
+        async with fleet.front_channel(fleet.token("mal")) as ch:
+            stub = s_grpc.SessionServiceStub(ch)
+            for _ in range(2):
+                await stub.ListSessions(s_pb.ListSessionsRequest(), timeout=10)
+            await stub.GetQuota(s_pb.GetQuotaRequest(), timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.ListSessions(s_pb.ListSessionsRequest(), timeout=10)
+            err = from_rpc_error(e.value)
+            assert err.reason == "RATE_LIMITED" and "user 'mal'" in err.message and err.retry_after.total_seconds() > 90
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.GetQuota(s_pb.GetQuotaRequest(), timeout=10)
+        await fleet.sessions.ListSessions(s_pb.ListSessionsRequest(user_id="bob"), timeout=10)  # bob reads on

@@ -3,7 +3,6 @@ and a start that fails falling back the way a failed create does."""
 
 from __future__ import annotations
 
-import dataclasses
 
 from core_driver import Driver, make_core
 
@@ -147,7 +146,7 @@ def test_standby_target_holds_the_days_peak_and_the_forecasts_burst_cover():
                         forecast_cover=9)
     assert standby_target(snap, day_peak=20) == 15  # 20 at the peak, 5 wanted now
     assert standby_target(snap, day_peak=5) == 7  # cover 9 minus 2 warm
-    assert standby_target(dataclasses.replace(snap, standby=False), day_peak=20) == 0
+    assert standby_target(snap._replace(standby=False), day_peak=20) == 0
 
 
 def test_a_burst_that_takes_every_warm_vm_redoes_the_forecast_at_once():

@@ -241,7 +241,7 @@ def test_file_exporter_and_trace_view(tmp_path):
 
     tree = render_tree(spans, trace_id)
     lines = tree.splitlines()
-    assert lines[0] == f"trace {trace_id}"
+    assert lines[0] == f"trace {trace_id} (durations and offsets in wall-clock ms)"
     body = [ln for ln in lines[1:] if not ln.lstrip().startswith("*")]
     names = [(len(ln) - len(ln.lstrip()), ln.split()[0]) for ln in body]
     assert names == [(2, "CreateSession"), (4, "Allocate"), (6, "assign"), (4, "record"), (2, "late")]

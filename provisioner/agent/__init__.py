@@ -2,8 +2,10 @@
 
 It takes commands from the instance's metadata (`provisioner-command`: pull image layers, wipe
 after a user) and reports back as guest attributes under `provisioner/`: `ready`, per command
-`progress-<id>`, `eta-<id>` and `done-<id>`, `healthy` and `health-detail`, and `usage` (what the
-session runs: GPU utilization, process names, outbound connections; `usage.py`).
+`progress-<id>` ("<bytes> <seconds left>") and `done-<id>`, `healthy` and `health-detail`, `usage`
+(what the session runs: GPU utilization, process names, outbound connections; `usage.py`), and
+`maintenance` or `preempted` when Compute announces host maintenance or takes a Spot VM back.
+Writes stay within Compute's rate of about 10 a minute (`guest.py`).
 
 Every outside thing sits behind a small interface with a fake (`fakes.py`): the metadata server
 (`metadata.py`), the container runtime (`containers.py`), NVML (`gpu.py`, through the

@@ -12,6 +12,7 @@ from pathlib import Path
 from provisioner.agent.config import AgentConfig
 from provisioner.agent.containers import Containers
 from provisioner.agent.gpu import Gpus, GpuSample
+from provisioner.agent.guest import GuestWriter
 from provisioner.agent.health import assess
 from provisioner.agent.host import Host
 from provisioner.agent.metadata import Metadata, MetadataError
@@ -21,8 +22,8 @@ from provisioner.clock import Clock
 log = logging.getLogger(__name__)
 
 COMMAND_KEY = "provisioner-command"
-# A guest attribute value holds at most 4 KB.
-MAX_VALUE = 4000
+# What Compute Engine tells the VM ahead of host maintenance, and a Spot VM when it is preempted.
+MAINTENANCE_EVENT, PREEMPTED = "instance/maintenance-event", "instance/preempted"
 
 
 class DoneIds:
@@ -57,10 +58,11 @@ class Agent:
         self.cfg, self.metadata, self.containers, self.gpus, self.host = cfg, metadata, containers, gpus, host
         self.clock, self.done = clock, done
         self._current = ""  # the command being run (or last run)
+        self._ask = 0  # how many times the cluster has asked for it again (its answer was lost)
+        self.guest = GuestWriter(metadata, clock, cfg.guest_writes_per_minute)
         self._task: asyncio.Task | None = None
         self._reported: list[str] = []  # commands whose attributes are on the metadata server
         self._hardware: list[str] = []  # XID and ECC faults: they stay once seen
-        self._last: dict[str, str] = {}  # guest attributes as last written
 
     async def run(self) -> None:
         try:
@@ -70,24 +72,37 @@ class Agent:
         await self.check_health()
         await self.put("ready", "1")
         log.info("agent ready")
-        await asyncio.gather(self._watch(), self._health_loop())
+        await asyncio.gather(self._watch(), self._health_loop(), self.guest.run(),
+                             self._watch_value(MAINTENANCE_EVENT, "maintenance", "NONE"),
+                             self._watch_value(PREEMPTED, "preempted", "FALSE"))
 
     # ---- guest attributes ----------------------------------------------------------------
 
-    async def put(self, key: str, value: str, only_if_changed: bool = False) -> None:
-        """Writes one guest attribute, retrying while the metadata server is unreachable."""
-        if only_if_changed and self._last.get(key) == value:
-            return
-        delay = 0.5
+    async def put(self, key: str, value: str, only_if_changed: bool = False, urgent: bool = True) -> None:
+        """Writes one guest attribute within the VM's write rate (see GuestWriter): `urgent` ones
+        as soon as the rate allows, the others coalesced."""
+        await self.guest.put(key, value, urgent=urgent, only_if_changed=only_if_changed)
+
+    async def _watch_value(self, path: str, key: str, normal: str) -> None:
+        """Follows one metadata value (wait-for-change) and reports it once it is not `normal`:
+        host maintenance ahead, or a Spot preemption under way. The cluster ends the session
+        with that reason instead of finding its processes gone after the VM comes back."""
+        etag, delay, reported = "", 0.5, False
         while True:
             try:
-                await self.metadata.put_guest(key, value[:MAX_VALUE])
-                self._last[key] = value
-                return
+                value, new = await self.metadata.value(path, etag, self.cfg.watch_timeout_s)
             except MetadataError as err:
-                log.warning("writing guest attribute %s failed (%s); retrying", key, err)
+                log.warning("reading %s failed (%s); retrying", path, err)
                 await self.clock.sleep(delay)
                 delay = min(delay * 2, 30.0)
+                continue
+            delay, value = 0.5, value.strip() or normal
+            if new != etag:
+                etag = new
+                if value != normal or reported:  # nothing to say while all is normal
+                    log.warning("%s: %s", path, value)
+                    await self.put(key, value, only_if_changed=True)
+                    reported = True
 
     # ---- commands ------------------------------------------------------------------------
 
@@ -117,10 +132,14 @@ class Agent:
 
     def on_command(self, command: dict) -> None:
         """Runs a new command once; a new one supersedes the one under way."""
-        cid = command["id"]
+        cid, ask = command["id"], command.get("ask", 0)
         if cid == self._current:
+            # Asked again: the answer written was lost (guest attributes beyond the rate may be).
+            if ask != self._ask and self._task is not None and self._task.done() and self.done.get(cid):
+                self._task = asyncio.create_task(self._report(cid, self.done.get(cid), None))
+            self._ask = ask
             return
-        previous, self._current = self._task, cid
+        previous, self._current, self._ask = self._task, cid, ask
         if previous is not None and not previous.done():
             previous.cancel()
         if (result := self.done.get(cid)) is not None:  # ran before this agent restarted
@@ -158,11 +177,8 @@ class Agent:
     async def _forget_old(self, cid: str) -> None:
         """Keeps the attributes of the last command and this one (a namespace holds at most 100)."""
         for old in self._reported[:-1]:
-            for key in (f"progress-{old}", f"eta-{old}", f"done-{old}"):
-                try:
-                    await self.metadata.delete_guest(key)
-                except MetadataError:
-                    pass  # left for the next command to try
+            for key in (f"progress-{old}", f"done-{old}"):
+                self.guest.delete(key)
         self._reported = self._reported[-1:] + [cid]
 
     async def pull(self, cid: str, command: dict) -> str:
@@ -247,7 +263,7 @@ class Agent:
         faults += self._hardware + [f for f in now_faults if f not in self._hardware]
         await self.put("health-detail", "; ".join(faults), only_if_changed=True)
         await self.put("healthy", "0" if faults else "1", only_if_changed=True)
-        await self.put("usage", self.usage(samples).to_json(), only_if_changed=True)
+        await self.put("usage", self.usage(samples).to_json(), only_if_changed=True, urgent=False)
         if faults:
             log.warning("unhealthy: %s", "; ".join(faults))
         return faults
@@ -260,7 +276,8 @@ class Agent:
 
 
 class _Progress:
-    """A pull's progress, written at most every progress_s, with an estimate of the time left."""
+    """A pull's progress, offered every progress_s (written as the VM's write rate allows, the
+    latest value only): `progress-<id>` is "<bytes done> <estimated seconds left>"."""
 
     def __init__(self, agent: Agent, cid: str, total: int):
         self.agent, self.cid, self.total = agent, cid, total
@@ -279,5 +296,4 @@ class _Progress:
         elapsed = self.agent.clock.now() - self.started
         left = self.total - self.bytes
         eta = left * elapsed / self.bytes if self.bytes and left else 0.0
-        await self.agent.put(f"eta-{self.cid}", f"{eta:.0f}", only_if_changed=True)
-        await self.agent.put(f"progress-{self.cid}", str(self.bytes), only_if_changed=True)
+        await self.agent.put(f"progress-{self.cid}", f"{self.bytes} {eta:.0f}", only_if_changed=True, urgent=False)

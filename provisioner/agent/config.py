@@ -38,6 +38,8 @@ class AgentConfig(BaseModel):
     health_s: PositiveFloat = 30.0
     progress_s: PositiveFloat = 5.0
     watch_timeout_s: PositiveFloat = 60.0
+    # Compute Engine documents about 10 guest attribute writes a minute per VM (more may be dropped).
+    guest_writes_per_minute: int = Field(default=10, ge=4)
 
 
 def load(path: Path | None) -> AgentConfig:

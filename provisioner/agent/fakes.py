@@ -337,14 +337,20 @@ class FakeMetadata:
     """Attributes with an ETag that changes with them; a wait for change returns when they
     change or after its timeout (on the injected clock); guest attributes in a dict."""
 
-    def __init__(self, clock: Clock, attributes: dict[str, str] | None = None):
+    def __init__(self, clock: Clock, attributes: dict[str, str] | None = None, writes_per_minute: int = 10):
         self.clock = clock
         self._attributes = dict(attributes or {})
         self._version = 1
         self._changed = asyncio.Event()
         self.guest: dict[str, str] = {}
         self.writes: list[tuple[str, str]] = []  # every PUT, in order
-        self.reads = 0
+        self.reads = 0  # of the attributes
+        self.value_reads = 0  # of single values (maintenance-event, preempted)
+        # As Compute Engine: guest attribute writes beyond about 10 a minute may be dropped.
+        self.writes_per_minute = writes_per_minute
+        self.written_at: list[float] = []  # every PUT and DELETE that landed
+        self.dropped: list[tuple[str, str | None]] = []
+        self.values = {"instance/maintenance-event": "NONE", "instance/preempted": "FALSE"}
 
     def etag(self) -> str:
         return f"etag-{self._version}"
@@ -355,23 +361,50 @@ class FakeMetadata:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    async def _change_or(self, timeout_s: float) -> None:
+        """Until anything changes, or `timeout_s` on the clock."""
+        changed = self._changed
+        timer = asyncio.ensure_future(self.clock.sleep(timeout_s))
+        waiter = asyncio.ensure_future(changed.wait())
+        await asyncio.wait({timer, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        timer.cancel()
+        waiter.cancel()
+
     async def attributes(self, last_etag: str, timeout_s: float) -> tuple[dict[str, str], str]:
         self.reads += 1
         if last_etag == self.etag():
-            changed = self._changed
-            timer = asyncio.ensure_future(self.clock.sleep(timeout_s))
-            waiter = asyncio.ensure_future(changed.wait())
-            await asyncio.wait({timer, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            timer.cancel()
-            waiter.cancel()
+            await self._change_or(timeout_s)
         return dict(self._attributes), self.etag()
 
+    def set_value(self, path: str, value: str) -> None:
+        """What Compute tells the VM: host maintenance ahead, a Spot preemption."""
+        self.values[path] = value
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def value(self, path: str, last_etag: str, timeout_s: float) -> tuple[str, str]:
+        self.value_reads += 1
+        if last_etag == f"{path}={self.values[path]}":
+            await self._change_or(timeout_s)
+        return self.values[path], f"{path}={self.values[path]}"
+
+    def _lands(self, key: str, value: str | None) -> bool:
+        now = self.clock.now()
+        if len([t for t in self.written_at if t > now - 60.0]) >= self.writes_per_minute:
+            self.dropped.append((key, value))
+            return False
+        self.written_at.append(now)
+        return True
+
     async def put_guest(self, key: str, value: str) -> None:
-        self.guest[key] = value
         self.writes.append((key, value))
+        if self._lands(key, value):
+            self.guest[key] = value
 
     async def delete_guest(self, key: str) -> None:
-        self.guest.pop(key, None)
+        if self._lands(key, None):
+            self.guest.pop(key, None)
 
 
 def simulated(directory: Path, clock: Clock, bytes_per_s: float) -> tuple[FakeHost, FakeContainers, FakeNvml]:

@@ -28,6 +28,11 @@ class Metadata(Protocol):
         """The instance's attributes and their ETag, once they differ from `last_etag` ("": now)."""
         ...
 
+    async def value(self, path: str, last_etag: str, timeout_s: float) -> tuple[str, str]:
+        """One metadata value (e.g. instance/maintenance-event) and its ETag, once it differs
+        from `last_etag` ("": now)."""
+        ...
+
     async def put_guest(self, key: str, value: str) -> None: ...
 
     async def delete_guest(self, key: str) -> None: ...
@@ -57,6 +62,12 @@ class HttpMetadata:
         # The server holds a wait up to timeout_sec: the socket waits a little longer.
         raw, etag = await asyncio.to_thread(self._request, "GET", path, None, timeout_s + 10.0)
         return json.loads(raw or b"{}"), etag
+
+    async def value(self, path: str, last_etag: str, timeout_s: float) -> tuple[str, str]:
+        query = {"wait_for_change": "true", "last_etag": last_etag, "timeout_sec": str(int(timeout_s))} if last_etag else {}
+        url = path + ("?" + urllib.parse.urlencode(query) if query else "")
+        raw, etag = await asyncio.to_thread(self._request, "GET", url, None, timeout_s + 10.0)
+        return raw.decode(), etag
 
     async def put_guest(self, key: str, value: str) -> None:
         await asyncio.to_thread(self._request, "PUT", f"instance/guest-attributes/{NAMESPACE}/{key}", value.encode())

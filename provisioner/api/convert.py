@@ -112,7 +112,8 @@ def session_to_pb(s: Session, now: float, brief: bool = False) -> pb.Session:
         max_runtime=duration(s.max_runtime_s), history=() if brief else _history(s.history), revision=s.revision,
         read_time=timestamp(now),
         priority_class=s.priority_class, requeued_as=s.requeued_as, requeued_from=s.requeued_from,
-    )
+        image_digest=s.image_digest,
+    )  # never the access token: only Get adds it, when asked (cluster/service.py)
     if s.preempt_at:
         out.preemption_time.CopyFrom(timestamp(s.preempt_at))
     if s.pull_bytes_total:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import grpc
@@ -16,6 +17,7 @@ from provisioner import telemetry
 from provisioner.api import limits
 from provisioner.api.guard import Guard
 from provisioner.api.wrapping import WrappingServer
+from provisioner.port_holder import PortTaken
 from provisioner.security.tls import check_plaintext
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,60 @@ log = logging.getLogger(__name__)
 # every stream on the connection.)
 ACCEPT_PINGS = [("grpc.http2.min_ping_interval_without_data_ms", 500),
                 ("grpc.keepalive_permit_without_calls", 1)]
+# gRPC sets SO_REUSEPORT by default, so a second process on the same port binds too and the kernel
+# shares the connections between the two: half the calls reach the wrong fleet. Bind exclusively.
+EXCLUSIVE_PORT = [("grpc.so_reuseport", 0)]
+
+
+def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None, what: str) -> int:
+    """Adds the listening port; a port in use raises PortTaken naming the process that holds it."""
+    try:
+        port = (server.add_insecure_port(address) if credentials is None
+                else server.add_secure_port(address, credentials))
+    except RuntimeError:  # grpc's answer to a failed bind
+        port = 0
+    if port == 0:
+        if address.rsplit(":", 1)[-1] not in ("", "0"):
+            raise PortTaken(address, what)
+        raise OSError(f"cannot listen on {address}")
+    return port
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What anyone who can reach the port may hold of the server. Idle TCP connections that never
+    finish a TLS handshake were dropped only after gRPC's default 120 s, and with no cap 3,000
+    of them took 3,000 file descriptors and about 140 MB; anonymous health watches cost memory
+    each."""
+
+    max_connections: int = 4096
+    handshake_timeout_s: float = 10.0
+    # A connection with no call for this long is closed (clients reconnect when they next call).
+    idle_s: float = 600.0
+    health_watches: int = 64  # open grpc.health.v1 Watch streams, which need no credential
+
+    def options(self) -> list[tuple[str, int]]:
+        return [("grpc.max_allowed_incoming_connections", self.max_connections),
+                ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout_s * 1000)),
+                ("grpc.max_connection_idle_ms", int(self.idle_s * 1000))]
+
+
+class CappedHealth(health.aio.HealthServicer):
+    """The standard health service with a cap on open Watch streams: anyone may open them."""
+
+    def __init__(self, max_watches: int):
+        super().__init__()
+        self.max_watches, self.watches = max_watches, 0
+
+    async def Watch(self, request, context):
+        if self.watches >= self.max_watches:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"at most {self.max_watches} health watches at a time; use Check")
+        self.watches += 1
+        try:
+            await super().Watch(request, context)
+        finally:
+            self.watches -= 1
 
 
 class Server:
@@ -35,27 +91,24 @@ class Server:
     def __init__(self, address: str, register: Callable[[grpc.aio.Server], Iterable[str]],
                  tracer_provider=None, on_drain: Callable[[], None] | None = None, *,
                  guard: Guard, credentials: grpc.ServerCredentials | None,
-                 plaintext_anywhere: bool = False, health_port: HealthPort | None = None):
+                 plaintext_anywhere: bool = False, health_port: HealthPort | None = None,
+                 connections: ConnectionLimits = ConnectionLimits()):
         """`health_port`, if any, mirrors this server's serving status."""
         self.on_drain = on_drain
         self.health_port = health_port
         self.guard = guard
-        self.server = grpc.aio.server(options=[*ACCEPT_PINGS, ("grpc.max_receive_message_length",
-                                                               limits.MAX_REQUEST_BYTES)])
+        self.server = grpc.aio.server(options=[*ACCEPT_PINGS, *EXCLUSIVE_PORT, *connections.options(),
+                                               ("grpc.max_receive_message_length", limits.MAX_REQUEST_BYTES)])
         # Tracing outermost, so the guard's refusals and the caller's identity land on the span.
         wrappers = [*telemetry.server_wrappers(tracer_provider), guard.wrap]
         self.services = list(register(WrappingServer(self.server, wrappers)))
-        self.health = health.aio.HealthServicer()
+        self.health = CappedHealth(connections.health_watches)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
         if credentials is None:
             check_plaintext(address, plaintext_anywhere)
-            self.port = self.server.add_insecure_port(address)
-        else:
-            self.port = self.server.add_secure_port(address, credentials)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {address}")
+        self.port = bind(self.server, address, credentials, "the API")
         self.address = f"{address.rsplit(':', 1)[0]}:{self.port}"
 
     async def start(self) -> None:
@@ -94,12 +147,10 @@ class HealthPort:
     LIVENESS = "liveness"
 
     def __init__(self, address: str):
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=EXCLUSIVE_PORT)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(address)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {address}")
+        self.port = bind(self.server, address, None, "health")
         self.address = f"{address.rsplit(':', 1)[0]}:{self.port}"
 
     async def start(self) -> None:

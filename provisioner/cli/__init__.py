@@ -7,11 +7,16 @@ import importlib
 import os
 import sys
 
-import grpc
+# gRPC's own log lines (a TLS handshake's failure, as the C core words it) are not for the terminal:
+# the command says what went wrong in its own words. GRPC_VERBOSITY set by the user still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+import grpc  # noqa: E402 (after the verbosity, which the C core reads once)
 
 from provisioner.agent import cli as agent_cli
-from provisioner.cli import admin_commands, client, session_commands
+from provisioner.cli import admin_commands, client, flag_order, session_commands
 from provisioner.client import ProvisionerError
+from provisioner.client.credentials import ca_source
 from provisioner.client.errors import from_rpc_error
 
 
@@ -48,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     """Runs one command; returns the exit code (1 on errors, 2 on usage errors, 130 on Ctrl-C)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(flag_order.hoist(parser, sys.argv[1:] if argv is None else list(argv)))
     except SystemExit as e:  # argparse exits for --help (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     if args.json_first:
@@ -64,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (ProvisionerError, grpc.RpcError) as e:
         err = from_rpc_error(e) if isinstance(e, grpc.RpcError) else e
-        print(client.describe_error(err, client.front_address(args)), file=sys.stderr)
+        trusted = ca_source(getattr(args, "ca", None), getattr(args, "data_dir", None))
+        print(client.describe_error(err, client.front_address(args), trusted), file=sys.stderr)
         return 1
     except client.CliError as e:
         print(f"error: {e}", file=sys.stderr)

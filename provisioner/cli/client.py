@@ -37,14 +37,25 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
-def describe_error(err: api.ProvisionerError, front: str) -> str:
+# How gRPC words a refused certificate: not signed by the CA trusted, or not for the name checked.
+TLS_FAILURES = ("handshake failed", "certificate_verify_failed", "hostname verification")
+
+
+def describe_error(err: api.ProvisionerError, front: str, trusted: str = "") -> str:
     """One line: `error: CODE: message (field ...; retry in ...)`, with a hint when the front
-    cannot be reached at all."""
+    cannot be reached at all: a TLS failure names the CA trusted (`trusted`) and the flags that
+    choose another; otherwise nothing answers there."""
     line = f"error: {printable(str(err))}"  # the message may echo what a server was sent
-    if isinstance(err, api.Unavailable) and err.unreachable:
-        line += (f"\nhint: nothing answers at {front}: start the local fleet with `provisioner up`, "
-                 "or point --front (or PROVISIONER_FRONT) at the front")
-    return line
+    if not (isinstance(err, api.Unavailable) and err.unreachable):
+        return line
+    if any(words in err.message.lower() for words in TLS_FAILURES):
+        return (f"error: the front at {front} answers, but its certificate was refused: this command trusts "
+                f"{trusted or 'the system roots'}.\nhint: give the CA that signed the front's certificate with "
+                "--ca PEM (or PROVISIONER_CA), or the fleet's data dir with --data-dir (or PROVISIONER_DATA_DIR); "
+                "a local fleet's CA is <data dir>/tls/ca.pem. If the certificate does not name the address "
+                "dialled, give a name it has with --server-name (or PROVISIONER_SERVER_NAME)")
+    return line + (f"\nhint: nothing answers at {front}: start the local fleet with `provisioner up`, "
+                   "or point --front (or PROVISIONER_FRONT) at the front")
 
 
 # --- arguments -----------------------------------------------------------------------------
@@ -95,9 +106,13 @@ def client_flags() -> argparse.ArgumentParser:
     common.add_argument("--ca", default=argparse.SUPPRESS, metavar="PEM",
                         help="CA certificate to trust for the front (default: $PROVISIONER_CA, else the local "
                              "fleet's CA in the data dir if there is one, else the system's roots)")
+    common.add_argument("--server-name", default=argparse.SUPPRESS, metavar="NAME",
+                        help="the name to check in the front's certificate instead of the host dialled, e.g. "
+                             "front.provisioner.internal when dialling a load balancer's IP address "
+                             "(default: $PROVISIONER_SERVER_NAME)")
     common.add_argument("--data-dir", default=argparse.SUPPRESS,
                         help="the local fleet's data dir, for its CA and key (default: $PROVISIONER_DATA_DIR, "
-                             "else .data)")
+                             "else $XDG_DATA_HOME/provisioner, i.e. ~/.local/share/provisioner)")
     add_trace_flag(common)
     return common
 
@@ -189,7 +204,8 @@ def run(name: str, handler: Callable[[Client, argparse.Namespace], int], args: a
     try:
         creds = credentials(args)
         channel = grpc.secure_channel(front_address(args),
-                                      api_credentials.front_credentials(creds.ca_pem, creds.token))
+                                      api_credentials.front_credentials(creds.ca_pem, creds.token),
+                                      options=api_credentials.server_name_options(getattr(args, "server_name", None)))
         with tracing.wrap(channel) as channel, tracing.span(f"cli {name}"):
             return handler(Client(channel, args), args)
     finally:

@@ -133,6 +133,7 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
         "vm_id": s.vm_id,
         "endpoint": s.endpoint,
         "image": s.image,
+        "image_digest": s.image_digest,
         "image_requested": s.spec.image,
         "start": enum_short(types_pb2.StartKind, s.start),
         "user": s.spec.user_id,
@@ -158,6 +159,11 @@ def session_to_json(s: types_pb2.Session) -> dict[str, Any]:
         "requeued_from": s.requeued_from,
         "notices": [{"kind": n.kind, "message": n.message, "time": ts(n, "time"),
                      "action_time": ts(n, "action_time")} for n in s.notices],
+        # The serving cluster's clock when it answered: the times above are on that clock, which is
+        # the fleet's model time (ahead of the wall under --time-scale), not necessarily the wall's.
+        "read_time": ts(s, "read_time"),
+        # Only `session get` has it (GetSession, for the owner and service or admin callers).
+        **({"access_token": s.access_token} if s.access_token else {}),
     }
 
 
@@ -225,15 +231,17 @@ def age(then: float | None, now: float) -> str:
     return "" if then is None else format_duration(now - then)
 
 
-def session_timing(s: types_pb2.Session, now: float) -> str:
-    """AGE/READY-IN: "in 1m30s" while waiting with an estimate, else time since ready/created."""
-    now = server_now(s, now)
+def session_age(s: types_pb2.Session, now: float) -> str:
+    """AGE: the time since the session was created (on the fleet's clock)."""
+    return age(epoch(s, "create_time"), server_now(s, now))
+
+
+def session_ready_in(s: types_pb2.Session, now: float) -> str:
+    """READY-IN: the estimated wait while it waits with an estimate, else nothing."""
     eta = epoch(s, "estimated_ready_time")
     if s.state in _PENDING and eta is not None:
-        return f"in {format_duration(eta - now)}"
-    if s.state == types_pb2.SESSION_STATE_RUNNING and s.HasField("ready_time"):
-        return age(epoch(s, "ready_time"), now)
-    return age(epoch(s, "create_time"), now)
+        return format_duration(eta - server_now(s, now))
+    return ""
 
 
 def pull_percent(s: types_pb2.Session) -> int | None:
@@ -242,7 +250,7 @@ def pull_percent(s: types_pb2.Session) -> int | None:
     return min(100, int(100 * s.pull.bytes_done / s.pull.bytes_total))
 
 
-SESSION_HEADERS = ("ID", "STATE", "CLUSTER", "IMAGE", "START", "AGE/READY-IN", "REASON")
+SESSION_HEADERS = ("ID", "STATE", "CLUSTER", "IMAGE", "START", "AGE", "READY-IN", "REASON")
 
 
 def session_table(sessions: Iterable[types_pb2.Session], now: float) -> str:
@@ -253,7 +261,8 @@ def session_table(sessions: Iterable[types_pb2.Session], now: float) -> str:
             s.cluster or "-",
             s.image or s.spec.image or "-",
             enum_short(types_pb2.StartKind, s.start) or "-",
-            session_timing(s, now) or "-",
+            session_age(s, now) or "-",
+            session_ready_in(s, now) or "-",
             s.reason,
         )
         for s in sessions
@@ -263,7 +272,7 @@ def session_table(sessions: Iterable[types_pb2.Session], now: float) -> str:
 
 _START_MEANING = {
     types_pb2.START_KIND_WARM: "a warm VM held the image",
-    types_pb2.START_KIND_PARTIAL: "a warm VM pulled the layers it lacked",
+    types_pb2.START_KIND_PARTIAL: "a warm VM had part of the image and pulled the rest",
     types_pb2.START_KIND_COLD: "a new VM",
 }
 
@@ -275,7 +284,10 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
     if s.image and s.spec.image and s.image != s.spec.image:
         image = f"{s.image} (asked for {s.spec.image})"
     pct = pull_percent(s)
-    pull = f"{pct}% of {format_bytes(s.pull.bytes_total)} (the layers the VM lacked)" if pct is not None else ""
+    # A partial start pulls only the layers its VM lacked: a finished pull says how much that was,
+    # not "100%", which read as the whole image beside "start: partial".
+    pull = ("" if pct is None else f"{format_bytes(s.pull.bytes_total)} pulled (the layers the VM lacked)"
+            if pct == 100 else f"{pct}% of {format_bytes(s.pull.bytes_total)} (the layers the VM lacked)")
     start = enum_short(types_pb2.StartKind, s.start)
     if s.start in _START_MEANING:
         start = f"{start} ({_START_MEANING[s.start]})"
@@ -301,6 +313,8 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
         ("pool", s.pool),
         ("vm", s.vm_id),
         ("image", image),
+        ("image digest", s.image_digest),
+        ("secret", "set (shown by --json as access_token)" if s.access_token else ""),
         ("start", start),
         ("endpoint", s.endpoint),
         ("queue position", s.queue_position or ""),
@@ -323,6 +337,7 @@ def session_detail(s: types_pb2.Session, now: float) -> str:
 
 def progress_line(s: types_pb2.Session, now: float) -> str:
     """One line per watched change: state, queue position, pull percent, time to ready."""
+    model_clock = clock_note([s], now) is not None
     now = server_now(s, now)
     parts = [s.id, enum_short(types_pb2.SessionState, s.state) or "unknown"]
     if s.queue_position:
@@ -332,7 +347,8 @@ def progress_line(s: types_pb2.Session, now: float) -> str:
         parts.append(f"pull {pct}% of {format_bytes(s.pull.bytes_total)}")
     eta = epoch(s, "estimated_ready_time")
     if s.state in _PENDING and eta is not None:
-        parts.append(f"ready in ~{format_duration(eta - now)}")
+        # Whose time: under --time-scale the estimate is in the fleet's model time, not the wall's.
+        parts.append(f"ready in ~{format_duration(eta - now)}" + (" (model time)" if model_clock else ""))
     if s.state == types_pb2.SESSION_STATE_RUNNING:
         start = enum_short(types_pb2.StartKind, s.start)
         if start:
@@ -373,19 +389,18 @@ def quota_pairs(q: types_pb2.Quota, now: float) -> list[tuple[str, Any]]:
 
 def simulation_report(r: dict[str, Any]) -> str:
     """The simulator's results: cost beside a fixed pool sized for the peak and the lower bound
-    (VM-hours assigned to sessions, which are paid whatever the policy), then start quality."""
-    lower = r["assigned_vm_hours"] or 1e-9
-
+    (VM-hours assigned to sessions, which are paid whatever the policy), then start quality. One
+    ratio is given, the cost against the assigned VM time's cost (standby disks included)."""
     def row(name: str, vm_hours: float, cost: float | None) -> list[str]:
-        return [name, f"{vm_hours:,.0f}", f"{vm_hours / lower:.2f}x", "" if cost is None else f"${cost:,.0f}"]
+        return [name, f"{vm_hours:,.0f}", "" if cost is None else f"${cost:,.0f}"]
 
     rows = [row(f"{r['policy']} policy", r["vm_hours"], r["cost_usd"]),
             row(f"fixed at peak ({r['fixed_peak_vms']} VMs)", r["fixed_peak_vm_hours"], r["fixed_peak_cost_usd"])]
     if r["scale"] > 1:
         rows.append(row(f"fixed at {r['scale']} x base peak ({r['scaled_peak_vms']} VMs)", r["scaled_peak_vm_hours"],
                         None))
-    rows.append(row("lower bound (assigned)", r["assigned_vm_hours"], None))
-    cost = table(rows, ["", "VM-hours", "vs bound", "cost"])
+    rows.append(row("lower bound (assigned)", r["assigned_vm_hours"], r["assigned_cost_usd"]))
+    cost = table(rows, ["", "VM-hours", "cost"])
     # Per pool: what ran for sessions, what ran idle (warm, starting, wiping), what waited stopped.
     pools = table([[k, f"{p['assigned_vm_hours']:,.0f}", f"{p['idle_vm_hours']:,.0f}", f"{p['standby_vm_hours']:,.0f}"]
                    for k, p in r["pools"].items()], ["pool", "assigned VM-h", "warm VM-h", "standby VM-h"])
@@ -395,7 +410,7 @@ def simulation_report(r: dict[str, Any]) -> str:
     i = r["interactive"]
     return "\n\n".join([
         f"{r['trace']} x{r['scale']}: {r['sessions']:,} sessions over {r['model_hours'] / 24:.1f} days "
-        f"(replayed in {r['wall_s']:.1f}s)",
+        + (f"(its first {r['days']:g}) " if r.get("days") else "") + f"(replayed in {r['wall_s']:.1f}s)",
         cost,
         pools,
         kv([("cost vs assigned", f"${r['cost_usd']:,.0f} = {r['cost_usd'] / (r['assigned_cost_usd'] or 1e-9):.3f}x "

@@ -1,4 +1,5 @@
-"""Server commands: `up` (the local fleet in one process), `serve front|cluster`, `trace` and `simulate`."""
+"""Server commands: `up` (the local fleet in one process), `serve front|cluster`, `token`, `certificates` and
+`trace`; `simulate` is in simulate_command."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_DATA_DIR = ".data"
+# The data dir's default is the client commands' own, so they find the fleet's CA and key wherever
+# they run: $PROVISIONER_DATA_DIR, else $XDG_DATA_HOME/provisioner (~/.local/share/provisioner).
+from provisioner.cli import simulate_command
+from provisioner.client.credentials import default_data_dir
+
 # The local fleet runs model time 30x faster than the wall: a 90 s boot takes 3 s and a full
 # 10-minute image pull 20 s, so a demo never waits minutes (idle culling after 2 real minutes).
 UP_TIME_SCALE = 30.0
@@ -56,8 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the identity (default local-operator: service and admin on the local fleet; "
                             "any other name is a user of that id)")
     token.add_argument("--ttl", type=float, default=3600.0, metavar="SECONDS", help="lifetime (default 3600)")
-    token.add_argument("--data-dir", default=os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR),
-                       help="the local fleet's data dir, which holds its key (env PROVISIONER_DATA_DIR)")
+    token.add_argument("--data-dir", default=str(default_data_dir()),
+                       help="the local fleet's data dir, which holds its key (env PROVISIONER_DATA_DIR; "
+                            "default ~/.local/share/provisioner)")
     token.set_defaults(func=cmd_token)
 
     certs = sub.add_parser("certificates", help="issue the fleet's TLS certificates from a new local CA, for a "
@@ -65,52 +71,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     certs.add_argument("--out", required=True, metavar="DIR", help="where to write the CA and one certificate per "
                                                                      "process (kept if present, renewed near expiry)")
     certs.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
+    certs.add_argument("--front-name", action="append", default=[], metavar="NAME",
+                       help="another DNS name or IP address for the front's certificate, such as its internal load "
+                            "balancer's (repeatable; added to security.front_tls_extra_names of fleet.yaml)")
     certs.set_defaults(func=cmd_certificates)
 
     trace = sub.add_parser("trace", help="show the spans of a session's requests as a tree")
     trace.add_argument("session_id")
-    trace.add_argument("--file", default=None, help=f"span file (default: {DEFAULT_DATA_DIR}/traces.jsonl)")
+    trace.add_argument("--file", default=None, help="span file (default: traces.jsonl in the data dir: $PROVISIONER_DATA_DIR, else "
+                            "~/.local/share/provisioner)")
     trace.set_defaults(func=cmd_trace)
 
-    sim = sub.add_parser("simulate", help="replay a session trace through the cluster logic on a virtual clock")
-    sim.add_argument("--trace", required=True, help="session trace CSV (arrival_s,user,kind,accelerator,...)")
-    sim.add_argument("--scale", type=int, default=1, help="superimpose K shifted copies of the trace (default 1)")
-    sim.add_argument("--seed", type=int, default=0, help="seed for the physics, ids and copy offsets")
-    sim.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
-    sim.add_argument("--policy", choices=["fixed", "headroom", "predictive"], default=None,
-                     help="autoscaler for every pool (default: each pool's own, from its config)")
-    sim.add_argument("--headroom", type=float, default=None, metavar="FRACTION",
-                     help="headroom policy: warm VMs as a fraction of demand")
-    sim.add_argument("--warm-vms", type=int, default=None, metavar="N", help="fixed policy: warm VMs per pool")
-    sim.add_argument("--wait-probability", type=float, default=None, metavar="P",
-                     help="predictive policy: target share of requests that wait for a VM")
-    sim.add_argument("--standby", action=argparse.BooleanOptionalAction, default=None,
-                     help="the standby tier (stopped VMs) on or off in every pool (default: on for predictive "
-                          "where the pool's config has it, off for fixed and headroom)")
-    sim.add_argument("--quotas", action="store_true",
-                     help="check each create against the fleet's quotas as the front does (refusals counted)")
-    sim.add_argument("--flood", type=int, default=0, metavar="N",
-                     help="add one user sending N creates within 10 s halfway through the trace")
-    sim.add_argument("--max-vms", type=int, default=None, metavar="N",
-                     help="cap every pool at N VMs (default: each pool's own maximum)")
-    sim.add_argument("--share-gpus", type=int, default=None, metavar="N",
-                     help="GPUs guaranteed to each user in every pool: sessions within it preempt "
-                          "over-share batch sessions when a pool is full (default: the fleet's priority section)")
-    sim.add_argument("--grace", type=float, default=None, metavar="SECONDS",
-                     help="a preempted session's grace period (default: the fleet's)")
-    sim.add_argument("--requeue", action="store_true", help="batch sessions ask to be queued again if preempted")
-    sim.add_argument("--plot", default=None, metavar="PNG",
-                     help="draw each region and pool over time: VMs (assigned, warm, starting) and queue, waits, cost")
-    sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
-                     help="replay groups of clusters in N processes (same results; default: one per CPU)")
-    sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    sim.set_defaults(func=cmd_simulate)
+    simulate_command.register(sub, CLUSTERS_HELP)
 
 
 def _common(p: argparse.ArgumentParser, time_scale: float) -> None:
     p.add_argument("--clusters", default=None, help=CLUSTERS_HELP)
-    p.add_argument("--data-dir", default=os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR),
-                   help="where the SQLite databases and the span file go (env PROVISIONER_DATA_DIR)")
+    p.add_argument("--data-dir", default=str(default_data_dir()),
+                   help="where the SQLite databases, the span file, the local CA and token key go "
+                        "(env PROVISIONER_DATA_DIR; default $XDG_DATA_HOME/provisioner, i.e. ~/.local/share/provisioner)")
     p.add_argument("--time-scale", type=float, default=time_scale,
                    help=f"model seconds per wall second for the simulated cloud (default {time_scale:g})")
     p.add_argument("--database-url", default=os.environ.get("PROVISIONER_DATABASE_URL"),
@@ -158,7 +137,7 @@ def _tls_files(args):
 
 def _setup(args, service: str):
     from provisioner import telemetry
-    from provisioner.clock import RealClock, shared_origin
+    from provisioner.clock import fleet_clock
     from provisioner.config import ConfigError, load_fleet
     from provisioner.private_files import private_dir
 
@@ -182,9 +161,8 @@ def _setup(args, service: str):
                                        sample_ratio=ratio)
     if args.time_scale <= 0:
         raise SystemExit("error: --time-scale must be > 0")
-    # A sped-up clock counts from the fleet's first start, so restarts keep one model time.
-    origin = None if args.time_scale == 1 else shared_origin(data_dir)
-    return fleet, data_dir, RealClock(args.time_scale, origin), provider, exporter
+    # The fleet's model clock goes on from where its data dir says, at this process's speed.
+    return fleet, data_dir, fleet_clock(data_dir, args.time_scale), provider, exporter
 
 
 def _serve_until_signalled(provider, start) -> int:
@@ -192,6 +170,8 @@ def _serve_until_signalled(provider, start) -> int:
     or Ctrl-C, then drains and flushes the spans."""
     from provisioner.api.server import stop_event_on_signals
 
+    from provisioner.port_holder import PortTaken
+    from provisioner.registry.client import RegistryError
     from provisioner.security.tls import PlaintextRefused
     from provisioner.store import StoreError
 
@@ -213,8 +193,11 @@ def _serve_until_signalled(provider, start) -> int:
 
     try:
         asyncio.run(run())
-    except (StoreError, PlaintextRefused) as e:
+    except (StoreError, PlaintextRefused, PortTaken) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except RegistryError as e:  # the image catalog could not be read: nothing to offer
+        print(f"error: reading the image catalog: {e}", file=sys.stderr)
         return 1
     finally:
         _flush(provider)
@@ -252,6 +235,14 @@ class _Edge:
 
 
 def cmd_up(args) -> int:
+    from provisioner.cli.data_dir_lock import DataDirTaken, lock_data_dir
+
+    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        lock_data_dir(Path(args.data_dir))
+    except DataDirTaken as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     fleet, data_dir, clock, provider, exporter = _setup(args, "provisioner")
 
     async def start():
@@ -403,6 +394,7 @@ def cmd_certificates(args) -> int:
         return 1
     out = Path(args.out)
     leaves = tls_leaves(fleet)
+    leaves["front"] += [n for n in args.front_name if n not in leaves["front"]]
     ensure_local_pki(out, leaves)
     print(f"CA                    {out / CA_CERT}")
     for name, dns in leaves.items():
@@ -414,7 +406,7 @@ def cmd_certificates(args) -> int:
 def cmd_trace(args) -> int:
     from provisioner import traceview
 
-    path = Path(args.file or Path(os.environ.get("PROVISIONER_DATA_DIR", DEFAULT_DATA_DIR)) / "traces.jsonl")
+    path = Path(args.file or default_data_dir() / "traces.jsonl")
     if not path.exists():
         print(f"error: no span file at {path} (run the services with --traces file)", file=sys.stderr)
         return 1
@@ -425,69 +417,6 @@ def cmd_trace(args) -> int:
         return 1
     for trace_id in traces:
         print(traceview.render_tree(spans, trace_id))
-    return 0
-
-
-def cmd_simulate(args) -> int:
-    import json
-    import time
-
-    from provisioner.config import ConfigError
-    from provisioner.sim.parallel import Run, simulate
-    from provisioner.sim.parallel import results as results_of
-    from provisioner.sim.replay import TraceError
-
-    if args.scale < 1 or args.jobs < 1 or args.flood < 0:
-        print("error: --scale and --jobs must be >= 1, --flood >= 0", file=sys.stderr)
-        return 2
-    for flag, value, ok in (("--max-vms", args.max_vms, lambda v: v >= 1),
-                            ("--share-gpus", args.share_gpus, lambda v: v >= 0),
-                            ("--grace", args.grace, lambda v: 0 <= v < float("inf")),
-                            ("--headroom", args.headroom, lambda v: v >= 0),
-                            ("--warm-vms", args.warm_vms, lambda v: v >= 0),
-                            ("--wait-probability", args.wait_probability, lambda v: 0 < v < 0.5)):
-        if value is not None and not ok(value):
-            print(f"error: {flag} {value} is out of range", file=sys.stderr)
-            return 2
-    run = Run(args.trace, args.scale, args.seed, args.clusters, args.policy, args.headroom, args.warm_vms,
-              args.wait_probability, args.quotas, args.flood, args.standby, args.max_vms, args.share_gpus, args.grace,
-              args.requeue)
-    started = time.monotonic()
-    shown = [0.0]
-
-    def progress(done: float) -> None:
-        now = time.monotonic()
-        if now - shown[0] >= 0.2 or done >= 1.0:  # a few updates a second
-            shown[0] = now
-            bar = "#" * int(done * 30)
-            print(f"\rsimulating [{bar:<30}] {done:6.1%}  {now - started:5.1f}s", end="", file=sys.stderr, flush=True)
-
-    try:
-        tally = simulate(run, args.jobs, progress)
-    except ConfigError as e:
-        print(f"error: bad fleet config:\n{e}", file=sys.stderr)
-        return 1
-    except (OSError, TraceError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(file=sys.stderr)
-    results = {"trace": Path(args.trace).name, "scale": args.scale, "policy": args.policy or "per pool",
-               **results_of(run, tally), "wall_s": round(time.monotonic() - started, 2)}
-    if args.plot:
-        from provisioner.sim.plot import write_plot
-
-        try:
-            write_plot(args.plot, tally.pools, f"{results['trace']} x{args.scale}, {results['policy']} policy")
-        except OSError as e:
-            print(f"error: cannot write the plot: {e}", file=sys.stderr)
-            return 1
-        print(f"plot written to {args.plot}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(results))
-    else:
-        from provisioner.cli.render import simulation_report
-
-        print(simulation_report(results))
     return 0
 
 

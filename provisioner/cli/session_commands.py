@@ -45,15 +45,19 @@ def session_create(c: Client, args) -> int:
     if args.max_runtime is not None:
         spec.max_runtime.FromTimedelta(timedelta(seconds=args.max_runtime))
     try:
-        s = c.call("CreateSession", session_pb.CreateSessionRequest(spec=spec)).session
+        resp = c.call("CreateSession", session_pb.CreateSessionRequest(spec=spec))
     except (api.Unavailable, api.DeadlineExceeded):
         # Only when the session may exist is the request id worth keeping (a refusal made nothing).
         c.note(f"request id: {request_id} (the session may have been made: retry with "
                f"--request-id {request_id} to get it, never a second one)")
         raise
+    s, note = resp.session, resp.placement_note
+    if note:  # on stderr even with --json, which carries it too
+        print(f"note: {note}", file=sys.stderr, flush=True)
     if args.wait and s.state != S.SESSION_STATE_RUNNING and s.state not in _ENDED:
         s = _wait_ready(c, s)
-    _show_session(c, s)
+    c.show({**render.session_to_json(s), **({"placement_note": note} if note else {})},
+           render.session_detail(s, client.now()))
     if args.wait:
         return 0 if s.state == S.SESSION_STATE_RUNNING else 1
     return 0
@@ -63,6 +67,8 @@ def _wait_ready(c: Client, s: types_pb2.Session) -> types_pb2.Session:
     """Follows the session until it runs or ends, reporting each change on stderr."""
     shown = ""
     for s in c.api.watch_messages(s.id):
+        if not shown:
+            _say_whose_clock(c, s)
         line = render.progress_line(s, client.now())
         if line != shown:
             print(line, file=sys.stderr, flush=True)
@@ -70,6 +76,11 @@ def _wait_ready(c: Client, s: types_pb2.Session) -> types_pb2.Session:
         if s.state == S.SESSION_STATE_RUNNING or s.state in _ENDED:
             break
     return s
+
+
+def _say_whose_clock(c: Client, s: types_pb2.Session) -> None:
+    if note := render.clock_note([s], client.now()):
+        c.note(note)
 
 
 def session_get(c: Client, args) -> int:
@@ -103,7 +114,9 @@ def session_list(c: Client, args) -> int:
 
 
 def session_watch(c: Client, args) -> int:
-    for s in c.api.watch_messages(args.session_id, args.after_revision):
+    for i, s in enumerate(c.api.watch_messages(args.session_id, args.after_revision)):
+        if not i:
+            _say_whose_clock(c, s)
         if c.json:
             print(json.dumps(render.session_to_json(s)), flush=True)
         else:
@@ -141,7 +154,8 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     add = client.group(subparsers, "session", common, "notebook sessions (SessionService)")
     p = add("create", session_create, "start a session")
     p.add_argument("--user", required=True)
-    p.add_argument("--accelerator", required=True, help="pool shape, e.g. gpu-p100")
+    p.add_argument("--accelerator", required=True,
+                   help="a pool (gpu-p100) or an accelerator type one pool has (nvidia-tesla-p100, as admin pools shows)")
     p.add_argument("--image", required=True, help="e.g. gpu:v154 or gpu:latest")
     p.add_argument("--kind", type=enum_arg(types_pb2.SessionKind), metavar="interactive|batch")
     p.add_argument("--notebook")

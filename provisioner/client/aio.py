@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 
 from provisioner.client import _base, errors
-from provisioner.client.credentials import front_credentials, resolve
+from provisioner.client.credentials import front_credentials, resolve, server_name_options
 from provisioner.client.types import Quota, Session, SessionKind, SessionState
 from provisioner.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -25,12 +25,12 @@ class AsyncClient:
     def __init__(self, target: str | None = None, *, token: str | None = None,
                  ca: str | Path | bytes | None = None, data_dir: str | Path | None = None,
                  timeout: float = _base.DEFAULT_TIMEOUT_S, max_attempts: int = _base.MAX_ATTEMPTS,
-                 channel: grpc.aio.Channel | None = None):
+                 channel: grpc.aio.Channel | None = None, server_name: str | None = None):
         self.target = _base.front_address(target)
         if channel is None:
             creds = resolve(token, ca, data_dir)
             channel = grpc.aio.secure_channel(self.target, front_credentials(creds.ca_pem, creds.token),
-                                              options=RECEIVE_BUFFER)
+                                              options=[*RECEIVE_BUFFER, *server_name_options(server_name)])
         self._channel = channel
         self._sessions = session_grpc.SessionServiceStub(channel)
         self._admin = admin_grpc.AdminServiceStub(channel)

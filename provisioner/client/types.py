@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from provisioner.v1 import types_pb2
@@ -135,6 +135,10 @@ class Session:
     preemption_time: datetime | None = None  # preempted: it stops then, with reason "preempted"
     requeued_as: str = ""  # preempted and queued again as this session
     requeued_from: str = ""  # queued in place of this preempted session
+    image_digest: str = ""  # the manifest digest `image` named at creation: what it runs for life
+    # The session's secret (get_session only, for its owner and service or admin callers): the
+    # notebook server admits only requests presenting it. Kept out of repr, so out of logs.
+    access_token: str = field(default="", repr=False)
 
     @classmethod
     def from_proto(cls, s: types_pb2.Session) -> Session:
@@ -155,6 +159,7 @@ class Session:
             notices=tuple(Notice(n.kind, n.message, _time(n, "time"), _time(n, "action_time")) for n in s.notices),
             budget_end_time=_time(s, "budget_end_time"), priority_class=s.priority_class,
             preemption_time=_time(s, "preemption_time"), requeued_as=s.requeued_as, requeued_from=s.requeued_from,
+            image_digest=s.image_digest, access_token=s.access_token,
         )
 
     @property

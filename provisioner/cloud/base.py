@@ -39,6 +39,13 @@ class CloudFailure:
     code: FailureCode
     message: str
     zone: str = ""
+    # How far a stockout or quota failure reaches: the zone alone, its region (a regional quota)
+    # or every region (a project-wide quota such as GPUS_ALL_REGIONS).
+    scope: Literal["zone", "region", "project"] = "zone"
+    # A quota of one GPU type is shared by that GPU's pools alone ("": by every pool).
+    shared_by: str = ""
+    # A stockout's hint: the zones that have the shape now (Compute's `zonesAvailable`).
+    zones_available: tuple[str, ...] = ()
 
     @property
     def retryable(self) -> bool:
@@ -71,6 +78,7 @@ class CloudVm:
     labels: dict[str, str] = field(default_factory=dict)
     # Where a notebook kernel on this VM is reached.
     endpoint: str = ""
+    spot: bool = False  # a Spot VM: the cloud may preempt (stop) it at any time
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +88,16 @@ class HealthReport:
     hardware_errors: int = 0
     detail: str = ""
     usage: Usage | None = None  # what the session runs, as the VM's agent last reported it
+    # Why the VM is going away, when the cloud takes it: a Spot preemption or host maintenance.
+    cause: Literal["", "preempted", "maintenance"] = ""
 
 
 ProgressCallback = Callable[[int], None]
+PREEMPTED = "preempted (spot)"
+
+
+def maintenance(event: str) -> str:
+    return f"host maintenance ({event})"
 
 
 class CloudBackend(Protocol):

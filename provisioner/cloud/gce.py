@@ -1,21 +1,29 @@
 """The Compute Engine backend: one GPU VM per pool VM, through google-cloud-compute (REST).
 
-- create: instances.insert with the pool's machine type and GPUs, onHostMaintenance TERMINATE,
-  a boot disk of the pool's cache size (or an instance template), our labels, and the images to
-  prewarm in metadata. The instance name is our VM id and the insert carries a request id
+- create: instances.insert with the instance gce_instance.instance_for describes (the pool's
+  shape, boot disk and scheduling, the configured service account and subnetwork, our labels,
+  the startup script and the images to prewarm in metadata; an instance template, if configured,
+  supplies the rest). The instance name is our VM id and the insert carries a request id
   derived from it, so an insert retried after a timeout finds the VM it already made (the API
   dedupes the request id; a 409 "already exists" counts as made). The operation is polled
   (zoneOperations.get every `poll_s`, up to `operation_timeout_s`) with our own
   ZoneOperationsClient: the client library's own poller would use the default endpoint, and
-  zoneOperations.wait would hold a call slot for minutes. A failed operation with ZONE_RESOURCE_POOL_EXHAUSTED is a stockout, QUOTA_EXCEEDED
-  a quota failure: the cluster core remembers the zone and tries another.
-- the VM's agent (`provisioner agent`, installed in the boot image): it reports `provisioner/ready`
-  as a guest attribute once the VM is up, and carries out one command at a time given in the
-  `provisioner-command` metadata item (JSON: id, op pull|wipe, layers with their sizes, bytes), reporting
-  `provisioner/progress-<id>` (bytes) and `provisioner/done-<id>` (`ok` or an error); a fault it
-  sees is `provisioner/healthy` 0 with `provisioner/health-detail`. A new command (new id)
-  supersedes the one before. Instances carry `enable-guest-attributes: TRUE` in their metadata
-  (the project's metadata may set it too).
+  zoneOperations.wait would hold a call slot for minutes. A failed operation with
+  ZONE_RESOURCE_POOL_EXHAUSTED is a stockout (with the zones Compute says have the shape),
+  QUOTA_EXCEEDED a quota failure scoped as its quota is (gce_errors): the cluster core remembers
+  what it covers and tries elsewhere.
+- the VM's agent (`provisioner agent`, installed by the startup script or in the boot image): it
+  reports `provisioner/ready` as a guest attribute once the VM is up, and carries out one command
+  at a time given in the `provisioner-command` metadata item (JSON: id, op pull|wipe, layers with
+  their sizes, bytes), reporting `provisioner/progress-<id>` (bytes, then an estimate) and
+  `provisioner/done-<id>` (`ok` or an error); a fault it sees is `provisioner/healthy` 0 with
+  `provisioner/health-detail`, host maintenance ahead `provisioner/maintenance`, a Spot
+  preemption `provisioner/preempted`. A new command (new id) supersedes the one before; the
+  same command asked again (`ask`) is answered again. Instances carry
+  `enable-guest-attributes: TRUE` in their metadata (the project's metadata may set it too).
+- an answer dropped on the way (Compute may drop guest attributes written beyond about 10 a
+  minute) cannot hang a command: after `command_silence_s` without news the command is asked
+  again, and after ASKS askings it fails.
 - guest attributes are read within Google's documented rate (about 10 reads a minute per VM):
   one query for the whole `provisioner/` namespace, never two for a VM within
   GUEST_READ_INTERVAL_S, and further apart while nothing changes (up to GUEST_IDLE_MAX_S).
@@ -42,43 +50,38 @@ emulator or a fake server), which gets anonymous ones.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
 import uuid
 from typing import Any, Awaitable, Callable, Sequence
 
-import requests
 from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
-from google.auth import exceptions as auth_exceptions
 from google.cloud import compute_v1
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from provisioner.agent.usage import parse as parse_usage
 from provisioner.clock import Clock
-from provisioner.cloud.base import (LABEL_CLUSTER, LABEL_REQUEST, CloudFailure, CloudVm, HealthReport, LaunchSpec,
-                                     ProgressCallback)
+from provisioner.cloud.base import (LABEL_CLUSTER, PREEMPTED, CloudFailure, CloudVm, HealthReport,
+                                     LaunchSpec, ProgressCallback, maintenance)
+from provisioner.cloud.gce_errors import failure_of, operation_failure, retryable, transport_errors
+from provisioner.cloud.gce_instance import GUEST_ATTRIBUTES_KEY, instance_for, vm_of
 from provisioner.config import BackendConfig, ClusterConfig
 from provisioner.decide.images import Layer
 
 log = logging.getLogger(__name__)
 
 COMMAND_KEY = "provisioner-command"
-IMAGES_KEY = "provisioner-images"
-GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 GUEST_PATH = "provisioner/"
 # Google documents about 10 guest-attribute reads a minute per VM: one read per 6 s at most.
 GUEST_READ_INTERVAL_S = 6.0
 # While an agent's answer is not changing, reads of it slow down to this.
 GUEST_IDLE_MAX_S = 30.0
-NOTEBOOK_PORT = 8888
+# A silent agent is asked again this many times before its command is given up.
+ASKS = 2
 # Request ids are UUIDs; one per VM id, so every retry of an insert carries the same one.
 REQUEST_NAMESPACE = uuid.UUID("6f1c2a52-9d0e-4f5e-8a43-6d2b1c0e7a11")
-STATUS = {"PROVISIONING": "provisioning", "STAGING": "provisioning", "RUNNING": "running",
-          "STOPPING": "stopping", "SUSPENDING": "stopping", "REPAIRING": "provisioning",
-          "TERMINATED": "terminated", "STOPPED": "terminated", "SUSPENDED": "terminated"}
 
 
 def request_id(vm_id: str) -> str:
@@ -92,50 +95,6 @@ def gce_label(value: str) -> str:
 
 def gce_labels(labels: dict[str, str]) -> dict[str, str]:
     return {gce_label(k): gce_label(v) for k, v in labels.items()}
-
-
-def retryable(err: BaseException) -> bool:
-    return isinstance(err, gexc.GoogleAPICallError) and failure_of(err, "").retryable
-
-
-@contextlib.contextmanager
-def transport_errors():
-    """A timeout, a broken connection or a failed token refresh as a 503: like a server error, its
-    outcome is unknown (and it is retried within the same bounds)."""
-    try:
-        yield
-    except (requests.RequestException, auth_exceptions.TransportError, auth_exceptions.RefreshError) as err:
-        raise gexc.ServiceUnavailable(f"transport: {err}") from err
-
-
-def failure_of(err: gexc.GoogleAPICallError, zone: str) -> CloudFailure:
-    text = str(err)
-    # The REST error's reasons (e.g. quotaExceeded, rateLimitExceeded) are not in its message.
-    signals = " ".join([text, err.reason or ""] + [str(e.get("reason", "")) for e in err.errors or ()
-                                                    if isinstance(e, dict)])
-    if "ZONE_RESOURCE_POOL_EXHAUSTED" in signals:
-        return CloudFailure("stockout", text, zone)
-    if isinstance(err, gexc.TooManyRequests) or "rateLimitExceeded" in signals:
-        return CloudFailure("rate_limited", text, zone)
-    if "QUOTA_EXCEEDED" in signals or "quotaExceeded" in signals:
-        return CloudFailure("quota", text, zone)
-    # resourceNotReady: the instance is between states (e.g. still stopping); it will not stay so.
-    if isinstance(err, gexc.ServerError) or "resourceNotReady" in signals:
-        return CloudFailure("unavailable", text, zone)
-    if isinstance(err, gexc.NotFound):
-        return CloudFailure("not_found", text, zone)
-    if isinstance(err, (gexc.BadRequest, gexc.Forbidden)):
-        return CloudFailure("invalid", text, zone)
-    return CloudFailure("internal", text, zone)
-
-
-def operation_failure(op: compute_v1.Operation, zone: str) -> CloudFailure | None:
-    if not op.error or not op.error.errors:
-        return None
-    first = op.error.errors[0]
-    code = {"ZONE_RESOURCE_POOL_EXHAUSTED": "stockout", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": "stockout",
-            "QUOTA_EXCEEDED": "quota"}.get(first.code, "internal")
-    return CloudFailure(code, f"{first.code}: {first.message}", zone)  # type: ignore[arg-type]
 
 
 class GceBackend:
@@ -186,7 +145,7 @@ class GceBackend:
         async with self._slots:
             return await asyncio.to_thread(drain)
 
-    async def _wait(self, op: compute_v1.Operation, zone: str) -> CloudFailure | None:
+    async def _wait(self, op: compute_v1.Operation, zone: str, accelerator: str = "") -> CloudFailure | None:
         """Until the zone operation is done; its error, or the failure to follow it, as a failure."""
         name = op.name
         try:
@@ -196,7 +155,7 @@ class GceBackend:
                                   f"operation {name}", zone)
         except gexc.GoogleAPICallError as err:
             return failure_of(err, zone)
-        return op if isinstance(op, CloudFailure) else operation_failure(op, zone)
+        return op if isinstance(op, CloudFailure) else operation_failure(op, zone, accelerator)
 
     async def _poll(self, op, done: Callable[[Any], bool], refresh: Callable[[], Awaitable[Any]], what: str,
                     zone: str):
@@ -216,24 +175,7 @@ class GceBackend:
     # ---- CloudBackend ----------------------------------------------------------------------
 
     def instance_for(self, spec: LaunchSpec) -> compute_v1.Instance:
-        pool = self._pools[spec.pool]
-        labels = gce_labels(spec.labels)
-        items = [compute_v1.Items(key=IMAGES_KEY, value=",".join(spec.images)),
-                 compute_v1.Items(key=GUEST_ATTRIBUTES_KEY, value="TRUE")]
-        instance = compute_v1.Instance(name=spec.vm_id, labels=labels, metadata=compute_v1.Metadata(items=items))
-        if self.config.instance_template:
-            return instance  # the template supplies shape, disks and network
-        z = spec.zone
-        instance.machine_type = f"zones/{z}/machineTypes/{spec.machine_type}"
-        instance.guest_accelerators = [compute_v1.AcceleratorConfig(
-            accelerator_type=f"zones/{z}/acceleratorTypes/{spec.accelerator}", accelerator_count=spec.accelerator_count)]
-        # GPUs cannot live-migrate: the VM stops for host maintenance instead.
-        instance.scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=True)
-        instance.disks = [compute_v1.AttachedDisk(
-            boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
-                source_image=self.config.boot_image, disk_size_gb=int(pool.disk_cache_gb)))]
-        instance.network_interfaces = [compute_v1.NetworkInterface(network=self.config.network)]
-        return instance
+        return instance_for(spec, self._pools[spec.pool], self.config, gce_labels(spec.labels))
 
     async def create(self, spec: LaunchSpec) -> CloudVm | CloudFailure:
         request = compute_v1.InsertInstanceRequest(
@@ -247,9 +189,9 @@ class GceBackend:
         except gexc.Conflict:
             return await self._look(made, exists=True)  # made by an earlier attempt
         except gexc.GoogleAPICallError as err:
-            failure = failure_of(err, spec.zone)
+            failure = failure_of(err, spec.zone, spec.accelerator)
         else:
-            failure = await self._wait(op, spec.zone)
+            failure = await self._wait(op, spec.zone, spec.accelerator)
             if failure is None:
                 return await self._look(made, exists=True)
         if failure.retryable:
@@ -327,13 +269,15 @@ class GceBackend:
 
     async def _command(self, vm_id: str, zone: str, command: dict, on_progress: ProgressCallback | None,
                        ) -> CloudFailure | None:
-        """Hands the agent a command through metadata and follows its guest attributes."""
+        """Hands the agent a command through metadata and follows its guest attributes. An agent
+        silent for `command_silence_s` is asked again (its answer may have been dropped: guest
+        attributes written beyond the VM's rate may be), and given up after ASKS askings."""
         cid = uuid.uuid4().hex[:12]
         command = {"id": cid, **command}
         deadline = self.clock.now() + self.config.command_timeout_s
         if (failure := await self._send(vm_id, zone, command, deadline)) is not None:
             return failure
-        reported, interval = -1, GUEST_READ_INTERVAL_S
+        reported, interval, heard_at = -1, GUEST_READ_INTERVAL_S, self.clock.now()
         while self.clock.now() < deadline:
             guest = await self._guest(vm_id, zone)
             changed = False
@@ -342,7 +286,7 @@ class GceBackend:
                     return guest
             else:
                 done = guest.get(f"done-{cid}")
-                progress = int(guest.get(f"progress-{cid}", "0") or 0)
+                progress = max(reported, progress_of(guest.get(f"progress-{cid}")))
                 if done == "ok":
                     progress = max(progress, command.get("bytes", 0))
                 if on_progress is not None and progress != reported:
@@ -350,6 +294,14 @@ class GceBackend:
                 changed, reported = progress != reported, progress
                 if done is not None:
                     return None if done == "ok" else CloudFailure("internal", f"agent: {done}", zone)
+            if changed:
+                heard_at = self.clock.now()
+            elif self.clock.now() - heard_at >= self.config.command_silence_s:
+                if command.get("ask", 0) >= ASKS:
+                    return CloudFailure("unavailable", f"the agent of {vm_id} stopped answering {command['op']}", zone)
+                command["ask"], heard_at = command.get("ask", 0) + 1, self.clock.now()
+                if (failure := await self._send(vm_id, zone, command, deadline)) is not None:
+                    return failure
             # Nothing moving: nothing is expected soon, so read less often.
             interval = GUEST_READ_INTERVAL_S if changed else min(interval * 1.5, GUEST_IDLE_MAX_S)
             await self.clock.sleep(interval)
@@ -444,11 +396,17 @@ class GceBackend:
             # A retryable failure (429, 5xx, timeout) says nothing about the VM: unknown, not unhealthy.
             return HealthReport(vm.retryable, detail=f"unknown: {vm.message}" if vm.retryable else vm.message)
         if vm.status != "running":
+            if vm.spot:  # we stop only standby VMs, and do not ask after their health
+                return HealthReport(False, detail=PREEMPTED, cause="preempted")
             return HealthReport(False, detail=f"the VM is {vm.status}")
         # A read made for a command under way is recent enough: the health pass never queues
         # behind the VM's read interval.
         guest = await self._guest(vm_id, zone, max_age_s=GUEST_IDLE_MAX_S)
         usage = parse_usage(guest.get("usage")) if isinstance(guest, dict) else None
+        if isinstance(guest, dict) and guest.get("preempted") == "TRUE":
+            return HealthReport(False, detail=PREEMPTED, usage=usage, cause="preempted")
+        if isinstance(guest, dict) and guest.get("maintenance", "NONE") != "NONE":
+            return HealthReport(False, detail=maintenance(guest["maintenance"]), usage=usage, cause="maintenance")
         if isinstance(guest, dict) and guest.get("healthy") == "0":
             return HealthReport(False, detail=guest.get("health-detail", "the agent reports a fault"), usage=usage)
         return HealthReport(True, usage=usage)
@@ -468,14 +426,9 @@ class _Gate:
         self.value_at = float("-inf")
 
 
-def endpoint_of(inst: compute_v1.Instance) -> str:
-    """Where the notebook on the VM is reached: its internal address, once it has one."""
-    ip = inst.network_interfaces[0].network_i_p if inst.network_interfaces else ""
-    return f"http://{ip}:{NOTEBOOK_PORT}" if ip else ""
-
-
-def vm_of(inst: compute_v1.Instance, zone: str) -> CloudVm:
-    # Our id is in the request label (a GKE node's instance name is GKE's own).
-    vm_id = inst.labels.get(LABEL_REQUEST) or inst.name
-    return CloudVm(vm_id, zone, STATUS.get(inst.status, "provisioning"), dict(inst.labels),  # type: ignore[arg-type]
-                   endpoint_of(inst))
+def progress_of(value: str | None) -> int:
+    """Bytes done, from the agent's `progress-<id>` ("<bytes> <seconds left>")."""
+    try:
+        return int((value or "0").split()[0])
+    except (ValueError, IndexError):
+        return 0

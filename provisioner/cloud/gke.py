@@ -36,7 +36,9 @@ from google.cloud.container_v1.services.cluster_manager.transports import Cluste
 
 from provisioner.clock import Clock
 from provisioner.cloud.base import LABEL_REQUEST, CloudFailure, CloudVm, LaunchSpec
-from provisioner.cloud.gce import GceBackend, failure_of, gce_labels, vm_of
+from provisioner.cloud.gce import GceBackend, gce_labels
+from provisioner.cloud.gce_errors import failure_of
+from provisioner.cloud.gce_instance import vm_of
 from provisioner.config import ClusterConfig, PoolConfig
 
 log = logging.getLogger(__name__)

@@ -31,6 +31,7 @@ from provisioner.clock import Clock
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
     LABEL_POOL,
+    PREEMPTED,
     CloudFailure,
     CloudVm,
     HealthReport,
@@ -261,6 +262,7 @@ class SimCloud:
         tracer: trace.Tracer | None = _DEFAULT,
         record_calls: bool = True,
         inventory: Inventory | None = None,
+        spot_rates: dict[str, float] | None = None,
     ):
         self.clock = clock
         self.physics = physics or SimPhysics(config)
@@ -269,6 +271,11 @@ class SimCloud:
         self.calls: list[SimCall] = []
         self._vms = inventory if inventory is not None else Inventory()
         self._faults: dict[str, list[_Fault]] = {}
+        # Spot pools' preemptions per VM-hour, and when each running Spot VM is preempted (drawn
+        # at its first health check; memoryless, so a restart drawing again changes nothing).
+        self._spot = {pool: rate for pool, rate in (spot_rates or {}).items() if rate > 0}
+        self._preempt_at: dict[str, float] = {}
+        self._spot_rng = random.Random(self.physics.config.seed * 31 + 7)
 
     # -- fault injection and inspection --------------------------------------------------------
 
@@ -369,6 +376,8 @@ class SimCloud:
         vm = self._find(vm_id, zone)
         if vm is None:
             report = HealthReport(False, detail=f"vm {vm_id} not found in {zone}")
+        elif self._preempted(vm):
+            report = HealthReport(False, detail=PREEMPTED, cause="preempted")
         else:
             report = vm.health or HealthReport(True, self.physics.gpu_temperature_c(vm_id))
             if vm.usage is not None:
@@ -488,7 +497,15 @@ class SimCloud:
             self._vms.save(vm)
         return None
 
+    def _preempted(self, vm: _Vm) -> bool:
+        rate = self._spot.get(vm.labels.get(LABEL_POOL, ""), 0.0)
+        if not rate:
+            return False
+        now = self.clock.now()
+        return now >= self._preempt_at.setdefault(vm.vm_id, now + self._spot_rng.expovariate(rate / 3600.0))
+
     async def _stop(self, vm_id: str, zone: str) -> CloudFailure | None:
+        self._preempt_at.pop(vm_id, None)  # a start is a new run
         fault = self._fault("stop", zone)
         if fault is not None:
             return fault
@@ -534,6 +551,7 @@ class SimCloud:
         return vm.snapshot()
 
     async def _delete(self, vm_id: str, zone: str) -> CloudFailure | None:
+        self._preempt_at.pop(vm_id, None)
         fault = self._fault("delete", zone)
         if fault is not None:
             return fault

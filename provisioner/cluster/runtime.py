@@ -132,6 +132,10 @@ class ClusterRuntime:
         self._apply(step)
         return step
 
+    def set_catalog(self, catalog) -> None:
+        """A refreshed image catalog (provisioner/registry/catalog.py: CatalogFeed)."""
+        self.handle(ev.CatalogChanged(self.clock.now(), catalog))
+
     async def reconcile(self) -> Plan:
         """Compares the records with the cloud's inventory and settles the differences."""
         cloud = await self.backend.list_vms(self.core.name)
@@ -289,9 +293,13 @@ class ClusterRuntime:
         return key in self.core.by_request or self._stored_for_request(key) is not None
 
     def sessions(self, user_id: str = "", ended_after: float | None = None) -> list[Session]:
-        """The sessions in memory; given a user, theirs ended long ago too (since `ended_after`)."""
-        if not user_id or self.store is None:
+        """The sessions in memory and those ended long ago (since `ended_after`), of a user or, for
+        "", of every user (an operator's list; with `ended_after`, as the budget enforcer asks,
+        memory only: it asks after recent ends)."""
+        if self.store is None or (not user_id and ended_after is not None):
             return list(self.core.sessions.values())
+        if not user_id:
+            return self._with_older(dict(self.core.sessions), "", None)
         ids = self._by_user.get(user_id, set())
         # Pruned by walking the user's ids, not every session in memory (set.intersection_update
         # with a dict walks the dict: 8.5% of the cluster's samples under creates, growing with
@@ -299,7 +307,9 @@ class ClusterRuntime:
         ids.difference_update([sid for sid in ids if sid not in self.core.sessions])
         if not ids:
             self._by_user.pop(user_id, None)
-        held = {sid: self.core.sessions[sid] for sid in ids}
+        return self._with_older({sid: self.core.sessions[sid] for sid in ids}, user_id, ended_after)
+
+    def _with_older(self, held: dict[str, Session], user_id: str, ended_after: float | None) -> list[Session]:
         # Memory holds every live session and every one that ended within the retention period
         # (restored at start, forgotten only once past it): the store is read for older ones only.
         retention = self.core.sessions_config.retention_s

@@ -122,6 +122,8 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
                 raise InvalidArgument("give session_id or request_id", field="key")
         response = cluster_pb.GetResponse()
         self._protos.fill(response.session, session, self.rt.clock.now())
+        if request.with_access_token:  # the kept protos never hold it
+            response.session.access_token = session.access_token
         await self.rt.durable(session.id)  # nothing is told before it is durable
         return response
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from provisioner.model import Vm
 
@@ -24,8 +23,9 @@ STANDBY_HOLD_S = 86400.0
 STOCKOUT_MEMORY_S = 180.0
 
 
-@dataclass(frozen=True, slots=True)
-class PoolSnapshot:
+class PoolSnapshot(NamedTuple):
+    """A pool's counts and policy, as the autoscaler reads them (a tuple: made every tick)."""
+
     warm: int  # idle, ready to assign
     starting: int  # creating or booting
     assigned: int
@@ -43,8 +43,7 @@ class PoolSnapshot:
     queued_demand: int | None = None  # the queued sessions the pool grows for (None: all of them)
 
 
-@dataclass(frozen=True, slots=True)
-class ScalePlan:
+class ScalePlan(NamedTuple):
     launch: int = 0
     delete: int = 0
 

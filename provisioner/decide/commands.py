@@ -32,6 +32,10 @@ class Pull:
     image: str
     layers: tuple[Layer, ...]
     session_id: str = ""
+    # What to pull: `repository@digest` (the session's pinned digest, or the catalog's for a
+    # prewarm). `layers` are those the VM lacks, for accounting and progress.
+    digest: str = ""
+    repository: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,7 +114,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
             case ev.Tick():
                 if self._command_due and self._command_due[0][0] <= now:
                     self._expire(now)
-                self._cull(now)
+                if self._cull_due and self._cull_due[0][0] <= now:
+                    self._cull(now)
                 if self._queue_due and self._queue_due[0][0] <= now:
                     self._expire_queue(now)
                 if self._forget_due and self._forget_due[0][0] <= now:
@@ -152,6 +153,8 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
                 self.draining = event.draining
             case ev.PolicySet():
                 return self._set_policy(event.pool, event.policy)
+            case ev.CatalogChanged():
+                self._set_catalog(event.catalog, now)
             case ev.PrewarmRequested():
                 return self._prewarm_request(event.pool, event.image, event.count, now)
             case ev.EvictRequested():
@@ -237,6 +240,24 @@ class ClusterCore(Sessions, VmLifecycle, Pools, Budgets, Preemption, AbuseWatch)
         heapq.heappush(self._command_due, (now + self._limit_s(cmd), cmd.id))
         self._commands.append(cmd)
         return cmd
+
+    def _set_catalog(self, catalog: ImageCatalog, now: float) -> None:
+        """Takes a new catalog, keeping from the old one any version a live session, a pull or a
+        pool's demand still names (a tag deleted from the registry must not orphan them)."""
+        in_use = {s.image for s in self.sessions.values() if not s.terminal}
+        in_use.update(vm.pulling for vm in self.vms.values() if vm.pulling)
+        for pool in self.pools.values():
+            in_use.update(pool.demand.decayed(now), pool.ranking)
+        self.catalog = catalog.keeping(self.catalog, in_use)
+        self._age = {v: i for i, v in enumerate(self.catalog.newest(len(self.catalog)))}
+        for pool in self.pools.values():
+            self._refresh_ranking(pool, now)  # new releases get their baseline demand now
+
+    def _pull(self, now: float, vm: Vm, image: str, layers: tuple, session_id: str = "") -> Command:
+        """Pulls `image` onto the VM: for a session, the digest it was pinned to at creation."""
+        s = self.sessions.get(session_id) if session_id else None
+        digest = s.image_digest if s is not None and s.image == image and s.image_digest else self.catalog.digest(image)
+        return self._issue(Pull, now, vm.id, vm.zone, image, layers, session_id, digest, self.catalog.repository)
 
     def _limit_s(self, cmd: Command) -> float:
         match cmd:

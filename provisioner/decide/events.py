@@ -13,10 +13,20 @@ from typing import Mapping
 
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.config import PoolConfig
+from provisioner.decide.images import ImageCatalog
 from provisioner.decide.reconcile import Plan
 from provisioner.model import Session, SessionSpec, Vm
 
 # ---- requests -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogChanged:
+    """The image catalog was read again (new tags, a tag pointing elsewhere). Sessions keep the
+    digests they were pinned to; new sessions resolve against the new catalog."""
+
+    at: float
+    catalog: ImageCatalog
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +221,7 @@ class CommandFailed:
 
 Request = (SessionRequested | SessionTouched | StopRequested | DiscardRequested | SessionForgotten | DrainSet
            | PolicySet | PrewarmRequested | EvictRequested | BudgetSet)
-Report = Restored | Tick | HealthReported | Reconciled
+Report = Restored | Tick | HealthReported | Reconciled | CatalogChanged
 Answer = (VmCreated | VmReady | PullProgress | PullDone | WipeDone | VmDeleted | VmStopped | VmStarted
           | CommandFailed)
 Event = Request | Report | Answer

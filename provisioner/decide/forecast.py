@@ -16,6 +16,7 @@ exponential decay), departures Poisson. The pool keeps its (1 - wait_probability
 
 from __future__ import annotations
 
+import functools
 import math
 from statistics import NormalDist
 
@@ -161,6 +162,13 @@ def warm_for(arrivals: float, departures: float, wait_probability: float, disper
     Poisson, arrivals `dispersion` times as variable) with probability 1 - wait_probability."""
     if arrivals <= 0:
         return 0
-    z = NormalDist().inv_cdf(1.0 - min(max(wait_probability, 1e-9), 0.5))
+    z = _quantile(wait_probability)
     need = max(0.0, arrivals - departures) + z * math.sqrt(arrivals * dispersion + departures)
     return math.ceil(need - 1e-9)
+
+
+@functools.lru_cache(maxsize=64)
+def _quantile(wait_probability: float) -> float:
+    """The standard normal's quantile at 1 - wait_probability (a pool's policy has one: asked at
+    every forecast, worked out once)."""
+    return NormalDist().inv_cdf(1.0 - min(max(wait_probability, 1e-9), 0.5))

@@ -7,6 +7,7 @@ loops of the simulator, so per-version facts are computed once, up front.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Collection, Iterable, KeysView, Mapping, Sequence
@@ -32,10 +33,19 @@ class Layer:
     size_bytes: int
 
 
-class ImageCatalog:
-    """Every known image version and its layers. `versions` is given oldest first."""
+def synthetic_digest(layer_ids: Sequence[str]) -> str:
+    """A stand-in manifest digest for a version known only by its layer list (the simulated
+    cloud's catalog): stable, and different whenever the layers differ."""
+    return "sha256:" + hashlib.sha256("\n".join(layer_ids).encode()).hexdigest()
 
-    def __init__(self, layers: Mapping[str, int], versions: Mapping[str, Sequence[str]], latest: str):
+
+class ImageCatalog:
+    """Every known image version, its layers and its manifest digest. `versions` is given oldest
+    first. A registry's catalog names layers by their digests and gives each version the digest
+    its tag points to; a catalog without `digests` gets synthetic ones (synthetic_digest)."""
+
+    def __init__(self, layers: Mapping[str, int], versions: Mapping[str, Sequence[str]], latest: str,
+                 digests: Mapping[str, str] | None = None, repository: str = ""):
         for lid, size in layers.items():
             if not isinstance(size, int) or size < 0:
                 raise ValueError(f"layer {lid!r}: size_bytes must be a non-negative int, got {size!r}")
@@ -54,11 +64,15 @@ class ImageCatalog:
             raise ValueError(f"latest {latest!r} is not a catalog version")
 
         self.latest = latest
+        self.repository = repository  # where the versions are pulled from (registry host/path), if known
+        digests = digests or {}
+        self._digests = {v: digests.get(v) or synthetic_digest(ids) for v, ids in versions.items()}
         self.layer_sizes: dict[str, int] = dict(layers)
         self._versions: tuple[str, ...] = tuple(versions)
         self._layers = {v: tuple(Layer(i, layers[i]) for i in ids) for v, ids in versions.items()}
         self._pairs = {v: tuple((i, layers[i]) for i in ids) for v, ids in versions.items()}
         self._ids = {v: frozenset(ids) for v, ids in versions.items()}
+        self._sizes_of = {v: {i: layers[i] for i in ids} for v, ids in versions.items()}
         self._sizes = {v: sum(layers[i] for i in ids) for v, ids in versions.items()}
         # `name:latest` for each image name: the configured latest for its name, else the newest.
         self._latest_of: dict[str, str] = {}
@@ -105,6 +119,30 @@ class ImageCatalog:
         """The n newest versions, newest first."""
         return self._versions[::-1][:max(0, n)]
 
+    def digest(self, version: str) -> str:
+        """The manifest digest the version's tag names in this catalog."""
+        try:
+            return self._digests[version]
+        except KeyError:
+            raise self._unknown(version) from None
+
+    def keeping(self, old: ImageCatalog, versions: Collection[str]) -> ImageCatalog:
+        """This catalog plus those of `versions` that only `old` has (as the oldest versions):
+        a refresh must not forget a version that sessions or VMs still use."""
+        kept = [v for v in old.versions() if v in versions and v not in self._ids]
+        if not kept:
+            return self
+        order = kept + list(self._versions)
+        layers = {**{i: old.layer_sizes[i] for v in kept for i in old._ids[v]}, **self.layer_sizes}
+        ids = {v: [layer.id for layer in (self._layers.get(v) or old._layers[v])] for v in order}
+        digests = {v: self._digests.get(v) or old._digests[v] for v in order}
+        return ImageCatalog(layers, ids, self.latest, digests, self.repository)
+
+    def same_as(self, other: ImageCatalog) -> bool:
+        """The same versions, digests and latest (a refresh that changed nothing)."""
+        return (self.latest, self._digests, self._versions, self.repository) == \
+            (other.latest, other._digests, other._versions, other.repository)
+
     def layers(self, version: str) -> tuple[Layer, ...]:
         """Bottom layer first."""
         try:
@@ -115,6 +153,13 @@ class ImageCatalog:
     def layer_ids(self, version: str) -> frozenset[str]:
         try:
             return self._ids[version]
+        except KeyError:
+            raise self._unknown(version) from None
+
+    def sizes_of(self, version: str) -> Mapping[str, int]:
+        """Layer id -> size of the version's layers (one dict per version, made once: not to be changed)."""
+        try:
+            return self._sizes_of[version]
         except KeyError:
             raise self._unknown(version) from None
 
@@ -146,7 +191,7 @@ class LayerCache:
     lowest layer id, so the same operations always leave the same cache.
     """
 
-    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used", "_images")
+    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used", "_images", "_held")
 
     def __init__(self, capacity_bytes: int):
         if capacity_bytes < 0:
@@ -157,6 +202,9 @@ class LayerCache:
         self._used = 0
         # (catalog, versions wholly on disk), until the set of layers changes: asked every tick.
         self._images: tuple[ImageCatalog, tuple[str, ...]] | None = None
+        # (catalog, version -> wholly on disk), the answers given since the set of layers last
+        # changed: every idle VM is asked about each of its pool's top images whenever they move.
+        self._held: tuple[ImageCatalog, dict[str, bool]] | None = None
 
     @property
     def layer_ids(self) -> KeysView[str]:
@@ -181,8 +229,14 @@ class LayerCache:
         return f"LayerCache({len(self._size)} layers, {self._used}/{self.capacity_bytes} bytes)"
 
     def has_image(self, version: str, catalog: ImageCatalog) -> bool:
-        size = self._size
-        return all(lid in size for lid in catalog.layer_ids(version))
+        held = self._held
+        if held is None or held[0] is not catalog:
+            held = self._held = (catalog, {})
+        answers = held[1]
+        answer = answers.get(version)
+        if answer is None:
+            answer = answers[version] = self._size.keys() >= catalog.layer_ids(version)
+        return answer
 
     def missing(self, version: str, catalog: ImageCatalog) -> list[Layer]:
         size = self._size
@@ -210,7 +264,7 @@ class LayerCache:
             if layer.id not in self._size:
                 self._size[layer.id] = layer.size_bytes
                 self._used += layer.size_bytes
-                self._images = None
+                self._images = self._held = None
             self._used_at[layer.id] = now
             added.add(layer.id)
         evicted: list[str] = []
@@ -222,7 +276,7 @@ class LayerCache:
                 self._used -= self._size.pop(lid)
                 del self._used_at[lid]
                 evicted.append(lid)
-                self._images = None
+                self._images = self._held = None
         return evicted
 
     def touch(self, version: str, catalog: ImageCatalog, now: float) -> None:
@@ -236,7 +290,7 @@ class LayerCache:
         self._size.clear()
         self._used_at.clear()
         self._used = 0
-        self._images = None
+        self._images = self._held = None
 
     def to_dict(self) -> dict:
         return {"capacity_bytes": self.capacity_bytes,

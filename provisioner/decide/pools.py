@@ -22,15 +22,18 @@ from provisioner.decide.autoscale import (
     standby_target,
 )
 from provisioner.decide.assignment import QueueOrder, choose_standby
-from provisioner.decide.commands import Pull
 from provisioner.decide.deadlines import CREATE_ESTIMATE_S
 from provisioner.decide.forecast import Forecast
 from provisioner.decide.prewarm import RECENT_RELEASES, Demand, holdable, next_pull, rank_images
-from provisioner.decide.states import VM_ACTIVE, VM_STANDBY, VmState
+from provisioner.decide.states import VM_ACTIVE, VmState
 from provisioner.errors import NotFound, quote
 from provisioner.model import Vm
 
 V = VmState
+# Read on every tick: an Enum's attribute lookup (V.WARM) goes through its metaclass's __getattr__.
+_WARM, _CREATING, _BOOTING, _STARTING, _ASSIGNED, _RECYCLING = (
+    V.WARM, V.CREATING, V.BOOTING, V.STARTING, V.ASSIGNED, V.RECYCLING)
+_STANDBY, _STOPPING_STANDBY = V.STANDBY, V.STOPPING_STANDBY
 
 # How often the image ranking is recomputed from the decaying demand.
 RANKING_REFRESH_S = 300.0
@@ -112,7 +115,8 @@ class PoolState:
 
     @property
     def standby_total(self) -> int:
-        return sum(self.count[state] for state in VM_STANDBY)
+        count = self.count
+        return count[_STANDBY] + count[_STOPPING_STANDBY]
 
 
 class Pools:
@@ -127,13 +131,10 @@ class Pools:
 
     def snapshot(self, pool: PoolState) -> PoolSnapshot:
         c, p = pool.count, pool.policy
-        return PoolSnapshot(
-            warm=c[V.WARM], starting=c[V.CREATING] + c[V.BOOTING] + c[V.STARTING], assigned=c[V.ASSIGNED],
-            recycling=c[V.RECYCLING], queued=len(pool.queue), queued_demand=self._queued_demand(pool), min_vms=p.min_vms, max_vms=p.max_vms,
-            headroom_fraction=p.headroom_fraction, autoscaler=p.autoscaler, warm_vms=p.warm_vms,
-            forecast_warm=pool.forecast_warm, standby=p.standby, standby_vms=pool.standby_total,
-            forecast_cover=pool.forecast_cover,
-        )
+        return PoolSnapshot(  # by position, in PoolSnapshot's order: made for every pool every tick
+            c[_WARM], c[_CREATING] + c[_BOOTING] + c[_STARTING], c[_ASSIGNED], c[_RECYCLING], len(pool.queue),
+            p.min_vms, p.max_vms, p.headroom_fraction, p.autoscaler, p.warm_vms, pool.forecast_warm, p.standby,
+            pool.standby_total, pool.forecast_cover, self._queued_demand(pool))
 
     def assignable(self, pool: PoolState) -> list[Vm]:
         """Assignable VMs: warm and healthy, even while a prewarm pull runs (a session beats it)."""
@@ -163,7 +164,8 @@ class Pools:
         for pool in self.pools.values():
             if now - pool.ranking_at >= RANKING_REFRESH_S:
                 self._refresh_ranking(pool, now)
-            self._dispatch_queue(pool, now)
+            if pool.queue:
+                self._dispatch_queue(pool, now)
             if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
                 self._autoscale(pool, now)
 
@@ -237,8 +239,7 @@ class Pools:
         pool.ranking_at = now
         catalog = self.catalog
         ranking = holdable(rank_images(pool.demand.wanted(now, catalog.newest(RECENT_RELEASES)), self._age),
-                           lambda i: {layer.id: layer.size_bytes for layer in catalog.layers(i)},
-                           pool.config.disk_cache_bytes)
+                           catalog.sizes_of, pool.config.disk_cache_bytes)
         n = RANKING_ORDER_MATTERS
         if set(ranking) == set(pool.ranking) and ranking[:n] == pool.ranking[:n]:
             return
@@ -273,7 +274,7 @@ class Pools:
         if missing:
             vm.pulling = image
             self._vm_changed(vm)
-            self._issue(Pull, now, vm.id, vm.zone, image, missing)
+            self._pull(now, vm, image, missing)
 
     def _prewarm_request(self, name: str, image: str, count: int, now: float) -> list[str]:
         """Pulls `image` onto up to `count` idle warm VMs (those missing the fewest bytes)."""

@@ -26,14 +26,15 @@ def holdable(ranking: Sequence[str], layers: Callable[[str], Mapping[str, int]],
     """The longest prefix of the ranking whose layers fit on one disk together: what every idle
     VM should hold. Pulls of these never evict each other, so the disk settles instead of churning
     as the ranking shuffles."""
-    used: dict[str, int] = {}
+    used: set[str] = set()
     total = 0
     for n, image in enumerate(ranking):
-        extra = {lid: size for lid, size in layers(image).items() if lid not in used}
-        if total + sum(extra.values()) > capacity_bytes:
+        sizes = layers(image)
+        extra = sizes.keys() - used  # consecutive versions share most layers: a few are new
+        total += sum(sizes[lid] for lid in extra)
+        if total > capacity_bytes:
             return tuple(ranking[:n])
-        used.update(extra)
-        total += sum(extra.values())
+        used |= extra
     return tuple(ranking)
 
 

@@ -43,6 +43,7 @@ class Plan:
     adopted: list[str] = field(default_factory=list)  # records whose VM is there
     lost: list[str] = field(default_factory=list)  # live records whose VM is gone
     terminated: list[str] = field(default_factory=list)  # live records whose VM is there, terminated
+    preempted: frozenset[str] = frozenset()  # of those, the Spot VMs: the cloud took them back
     deleted: list[str] = field(default_factory=list)  # ending records whose VM is gone
     retry_delete: list[str] = field(default_factory=list)  # failed records whose VM is still there
     strays: list[CloudVm] = field(default_factory=list)  # unclaimed long enough: delete
@@ -60,7 +61,7 @@ def reconcile(records: Iterable[Vm], cloud: Iterable[CloudVm], now: float,
     cloud = list(cloud)
     present = {c.vm_id for c in cloud if c.status != "terminated"}
     terminated = {c.vm_id for c in cloud if c.status == "terminated"}
-    plan = Plan()
+    plan = Plan(preempted=frozenset(c.vm_id for c in cloud if c.status == "terminated" and c.spot))
     claimed = set()
     for vm in records:
         if vm.state is V.DELETED:

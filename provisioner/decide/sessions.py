@@ -11,7 +11,6 @@ from typing import Mapping
 
 from provisioner.decide.assignment import choose_standby, choose_vm
 from provisioner.decide.autoscale import queued_demand
-from provisioner.decide.commands import Pull
 from provisioner.decide.pools import PoolState
 from provisioner.decide.states import SessionState, VmState
 from provisioner.errors import FailedPrecondition, NotFound, quote
@@ -67,6 +66,7 @@ class Sessions:
             id=self._new_session_id(), spec=spec, cluster=self.name, pool=spec.accelerator, image=image,
             created_at=now, last_activity_at=now, idle_timeout_s=self.sessions_config.idle_timeout_s,
             max_runtime_s=max_runtime, trace_context=dict(trace_context), priority_class=klass,
+            image_digest=self.catalog.digest(image), access_token=self.ids.secret(),
         )
         self.sessions[s.id] = s
         self.by_request[spec.key] = s.id
@@ -196,12 +196,12 @@ class Sessions:
             total = sum(layer.size_bytes for layer in missing)
             s.pull_bytes_total, s.pull_bytes_done = total, 0
             s.estimated_ready_at = now + total / self._bandwidth()
-            self._set_session(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on {vm.id}", now)
+            self._set_session(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on VM {vm.id}", now)
             # A prewarm of this very image is already under way: wait for it. Otherwise this pull
             # supersedes whatever prewarm the VM was doing.
             if vm.pulling != s.image:
                 vm.pulling = s.image
-                self._issue(Pull, now, vm.id, vm.zone, s.image, missing, s.id)
+                self._pull(now, vm, s.image, missing, s.id)
         else:
             vm.cache.touch(s.image, self.catalog, now)
             self._running(s, vm, now)
@@ -211,9 +211,10 @@ class Sessions:
         s.ready_at = s.last_activity_at = s.estimated_ready_at = now
         s.endpoint = vm.endpoint
         self._watch_cull(s)
-        how = {StartKind.WARM: "warm VM with the image", StartKind.PARTIAL: "warm VM after a partial pull",
-               StartKind.COLD: "new VM"}[s.start or StartKind.COLD]
-        self._set_session(s, S.RUNNING, f"running on {how} {vm.id}", now)
+        how = {StartKind.WARM: "a warm VM that held the image", StartKind.PARTIAL: "a warm VM that pulled the "
+               "layers it lacked", StartKind.COLD: "a new VM"}[s.start or StartKind.COLD]
+        # The VM's id in parentheses, not run into the sentence ("... the image vm-3f2a").
+        self._set_session(s, S.RUNNING, f"running on {how} (VM {vm.id})", now)
 
     def _replace(self, s: Session, why: str, now: float, failure: str = "") -> None:
         """The session's VM will not serve it (its create, boot or pull failed): another, or the

@@ -7,15 +7,16 @@ answers to commands no longer in flight.
 
 from __future__ import annotations
 
-from provisioner.cloud.base import CloudFailure, HealthReport
-from provisioner.decide.autoscale import STOCKOUT_MEMORY_S, pick_zone, zones_available
+from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
+from provisioner.decide.autoscale import pick_zone, zones_available
 from provisioner.decide.commands import Delete, Launch, Pull, Start, Stop, Wipe
 from provisioner.decide.images import LayerCache
 from provisioner.decide.pools import PoolState
 from provisioner.decide.reconcile import Plan
 from provisioner.decide.states import SessionState, VmState
+from provisioner.decide.zone_memory import remember
 from provisioner.errors import FailedPrecondition, NotFound, quote
-from provisioner.model import Session, StartKind, Vm
+from provisioner.model import Session, SessionKind, StartKind, Vm
 
 S, V = SessionState, VmState
 
@@ -91,7 +92,7 @@ class VmLifecycle:
             self._issue(Start, now, vm.id, vm.pool, vm.zone, vm.reserved_for)
         elif vm.pulling:
             missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
-            self._issue(Pull, now, vm.id, vm.zone, vm.pulling, missing, vm.session_id)
+            self._pull(now, vm, vm.pulling, missing, vm.session_id)
 
     # ---- answers -------------------------------------------------------------------------
 
@@ -143,7 +144,7 @@ class VmLifecycle:
         what = f"{failure.code}: {failure.message}"
         stockout = failure.zone_exhausted and not expired
         if stockout:
-            pool.stocked_out_until[failure.zone or vm.zone] = now + STOCKOUT_MEMORY_S
+            remember(self.pools, pool, failure, vm.zone, now)
             self._set_vm(vm, V.STANDBY, f"start failed ({what}); stays stopped", now)
         else:
             self._delete(vm, f"start failed: {what}", now)
@@ -158,7 +159,7 @@ class VmLifecycle:
         pool = self.pools[vm.pool]
         if failure.zone_exhausted:
             # The cloud's word on where (a GKE node pool has its own zone), else where we asked.
-            pool.stocked_out_until[failure.zone or vm.zone] = now + STOCKOUT_MEMORY_S
+            remember(self.pools, pool, failure, vm.zone, now)
         created = maybe_there or vm.state is V.BOOTING
         self._set_vm(vm, V.FAILED, f"{failure.code}: {failure.message}", now)
         if created:  # something may be left in the cloud
@@ -271,19 +272,22 @@ class VmLifecycle:
         for vm_id in plan.lost:
             self._vm_lost(self.vms[vm_id], now)
         for vm_id in plan.terminated:
-            self._vm_lost(self.vms[vm_id], now, still_there=True)
+            self._vm_lost(self.vms[vm_id], now, still_there=True, preempted=vm_id in plan.preempted)
         for vm_id in plan.deleted:
             self._vm_deleted(self.vms[vm_id], now, "nothing was left in the cloud")
         for vm_id in plan.retry_delete:
             self._delete(self.vms[vm_id], "the reconciler retries the delete of a failed VM", now)
 
-    def _vm_lost(self, vm: Vm, now: float, still_there: bool = False) -> None:
+    def _vm_lost(self, vm: Vm, now: float, still_there: bool = False, preempted: bool = False) -> None:
         """The VM is gone from the cloud (preempted, deleted outside us) while we counted on it;
-        `still_there`: it was terminated, so what is left of it is deleted."""
+        `still_there`: it was terminated, so what is left of it is deleted; `preempted`: a Spot VM
+        the cloud took back."""
         s = self.sessions.get(vm.session_id)
         if s is not None and not s.terminal:
             if s.state is S.STOPPING:
                 self._end(s, S.STOPPED, s.reason, now)
+            elif preempted:
+                self._taken(s, PREEMPTED, True, now)
             else:
                 self._end(s, S.FAILED, "the VM is gone from the cloud (preempted or deleted outside)", now)
         vm.session_id, vm.pulling = "", ""
@@ -306,9 +310,20 @@ class VmLifecycle:
         if vm.state is V.WARM and not vm.pulling:
             self._delete(vm, f"unhealthy: {report.detail}", now)
         elif vm.state is V.ASSIGNED:
+            # The cloud taking the VM (Spot preemption, host maintenance) is the reason itself.
             s = self.sessions[vm.session_id]
-            self._end(s, S.FAILED, f"the VM became unhealthy: {report.detail}", now)
+            if report.cause:
+                self._taken(s, report.detail, report.cause == "preempted", now)
+            else:
+                self._end(s, S.FAILED, f"the VM became unhealthy: {report.detail}", now)
             self._delete(vm, f"unhealthy: {report.detail}", now)
+
+    def _taken(self, s: Session, reason: str, preempted: bool, now: float) -> None:
+        """The cloud took the session's VM (a Spot preemption, host maintenance): the session ends
+        with that reason, and a preempted batch run starts over on another VM."""
+        self._end(s, S.FAILED, reason, now)
+        if preempted and s.spec.kind is SessionKind.BATCH:
+            self._requeue(s, now)
 
     def _after_vm_freed(self, vm: Vm, now: float) -> None:
         """A VM became idle and warm: queued sessions come first."""

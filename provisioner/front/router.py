@@ -90,3 +90,29 @@ def why_none(clusters: list[ClusterView], accelerator: str, region_hint: str, re
         return f"no cluster{where} has a {accelerator} pool"
     states = ", ".join(f"{c.name} is {'draining' if c.draining else 'unreachable'}" for c in eligible)
     return f"no cluster{where} can take {accelerator} sessions now: {states}"
+
+
+_HOW = {"warm": "a warm VM with the image", "partial": "a warm VM that would pull part of the image",
+        "cold": "a new VM (cold start)", "queue": "a place in the queue (no VM free)"}
+
+
+def hint_note(clusters: list[ClusterView], candidates: list[Candidate], region_hint: str, placed: str) -> str:
+    """Why a session with a region hint went to `placed` in another region ("" when the hint was
+    followed or there was none): the hinted region could not take it, or another was expected to
+    start it sooner even after the penalty for leaving the user's region."""
+    region_of = {c.name: c.region for c in clusters}
+    if not region_hint or region_of.get(placed) == region_hint:
+        return ""
+    where = f"placed in {placed}, not in the hinted region {region_hint}"
+    chosen = next((c for c in candidates if c.cluster == placed), None)
+    hinted = [c for c in candidates if region_of.get(c.cluster) == region_hint]
+    if not hinted:
+        states = [("draining" if c.draining else "unreachable" if not c.healthy else "without this pool")
+                  for c in clusters if c.region == region_hint]
+        return f"{where}: it is {' and '.join(states) or 'not in the fleet'}"
+    best = hinted[0]
+    if chosen is None or candidates.index(best) < candidates.index(chosen):
+        return f"{where}: {best.cluster} was tried first and could not take the session"
+    return (f"{where}: {placed} offered {_HOW[chosen.how]} (about {chosen.expected_s:.0f} s, "
+            f"+{chosen.region_penalty_s:.0f} s for another region), {best.cluster} only "
+            f"{_HOW[best.how]} (about {best.expected_s:.0f} s)")

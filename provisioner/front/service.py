@@ -33,11 +33,11 @@ from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedRow, EndedSessions
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, AdmissionChanged, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
-from provisioner.front.router import rank, why_none
+from provisioner.front.router import hint_note, rank, why_none
 from provisioner.model import cluster_of, request_key
 from provisioner.store import SqliteStore
 from provisioner.store.front_records import Admission, Made
-from provisioner.validation import priority_class, validate_spec
+from provisioner.validation import pool_named, priority_class, validate_spec
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -95,11 +95,13 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     def __init__(self, config: FleetConfig, fleet: Fleet, store: SqliteStore, clock, wall):
         """`clock` is the fleet's (model) time; `wall` runs at wall speed, for network time."""
         self.config = config
+        self.catalog = config.catalog  # replaced as the catalog feed refreshes (serve.py)
         self.fleet = fleet
         self.store = store
         self.clock = clock
         self.placement = Placement(fleet.clients, store, wall)
         self.pools = {p.name for c in config.clusters for p in c.pools}
+        self.pool_accelerators = {p.name: p.accelerator for c in config.clusters for p in c.pools}
         self.regions = {c.region for c in config.clusters}
         self.limits = config.settings
         q = self.limits.quotas
@@ -115,6 +117,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         r = self.limits.rate_limits
         self.user_rates = ratelimit.TokenBuckets(r.creates_per_user_per_s, r.create_burst_per_user)
         self.caller_rates = ratelimit.TokenBuckets(r.creates_per_caller_per_s, r.create_burst_per_caller)
+        self.user_reads = ratelimit.TokenBuckets(r.reads_per_user_per_s, r.read_burst_per_user)
+        self.caller_reads = ratelimit.TokenBuckets(r.reads_per_caller_per_s, r.read_burst_per_caller)
         # Wall time, like a deadline: the retry delay a refusal gives is for clients to wait out.
         self.rate_clock = wall.now
         self._user_locks: dict[str, asyncio.Lock] = {}
@@ -131,8 +135,9 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         if owner := guard.current().owner:  # a user creates sessions for itself only
             request.spec.user_id = owner
         self._check_rate(request.spec.user_id, guard.current().caller.identity)
+        request.spec.accelerator = pool_named(request.spec.accelerator, self.pool_accelerators)
         spec = convert.spec_from_pb(request.spec)
-        image = validate_spec(spec, self.pools, self.config.catalog, self.limits.sessions.max_runtime_limit_s)
+        image = validate_spec(spec, self.pools, self.catalog, self.limits.sessions.max_runtime_limit_s)
         priority_class(spec, self.limits.priority)
         if spec.region_hint and spec.region_hint not in self.regions:
             raise InvalidArgument(f"unknown region {quote(spec.region_hint)}; the fleet's regions: "
@@ -157,14 +162,14 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                     return session_pb.CreateSessionResponse(session=checked(cluster_of(known), resp.session))
                 blocks.check(self.store, spec.user_id)  # every session is a GPU session
                 await self._check_quota(spec.user_id, spec.request_id, kind, q, stored)
-                candidates = rank([c.view() for c in self.fleet.clients.values()], spec.accelerator, image,
-                                  spec.region_hint, spec.region_required, self.limits.regions.inter_region_penalty_s)
+                views = [c.view() for c in self.fleet.clients.values()]
+                candidates = rank(views, spec.accelerator, image, spec.region_hint, spec.region_required,
+                                  self.limits.regions.inter_region_penalty_s)
                 for cand in candidates:
                     span.add_event("candidate", {"cluster": cand.cluster, "expected_s": cand.expected_s,
                                                  "how": cand.how, "region_penalty_s": cand.region_penalty_s,
                                                  "load": cand.load})
                 if not candidates:
-                    views = [c.view() for c in self.fleet.clients.values()]
                     raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
                 first = self.fleet.clients[candidates[0].cluster]
                 hold = first.hold(spec.accelerator, image)
@@ -176,20 +181,31 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                     continue
                 finally:
                     first.settle(hold)
-                return session_pb.CreateSessionResponse(session=session)
+                return session_pb.CreateSessionResponse(
+                    session=session, placement_note=hint_note(views, candidates, spec.region_hint, session.cluster))
             raise Unavailable(f"creates of user {quote(spec.user_id)} keep arriving at other front replicas at "
                               "once; retry", retry_after_s=0.1)
 
     def _check_rate(self, user_id: str, caller: str) -> None:
         """Refuses a create over the user's or the caller's rate, before it waits for anything."""
-        limits = [(self.user_rates, user_id), (self.caller_rates, caller)]
-        wait, which = ratelimit.take_all(limits, self.rate_clock())
+        r = self.limits.rate_limits
+        self._limit("creates", [(self.user_rates, user_id, r.creates_per_user_per_s, r.create_burst_per_user),
+                                (self.caller_rates, caller, r.creates_per_caller_per_s, r.create_burst_per_caller)])
+
+    def _check_reads(self, user_id: str) -> None:
+        """Refuses a read that asks every cluster (a list, a quota) over the rate of the user it
+        reads ("": every user's) or of its caller."""
+        r, caller = self.limits.rate_limits, guard.current().caller.identity
+        self._limit("reads", [(self.user_reads, user_id or "*", r.reads_per_user_per_s, r.read_burst_per_user),
+                              (self.caller_reads, caller, r.reads_per_caller_per_s, r.read_burst_per_caller)])
+
+    def _limit(self, what: str, limits: list[tuple[ratelimit.TokenBuckets, str, float, int]]) -> None:
+        wait, which = ratelimit.take_all([(buckets, key) for buckets, key, _, _ in limits], self.rate_clock())
         if wait:
-            r = self.limits.rate_limits
-            who, rate, burst = ((f"user {quote(user_id)}", r.creates_per_user_per_s, r.create_burst_per_user),
-                                (f"caller {quote(caller)}", r.creates_per_caller_per_s, r.create_burst_per_caller))[which]
+            _, key, rate, burst = limits[which]
+            who = f"{('user', 'caller')[which]} {quote(key)}"
             trace.get_current_span().add_event("rate limited", {"rate.limit": ("user", "caller")[which]})
-            raise RateLimited(f"too many creates: {who} may make {rate:g} a second after a burst of {burst}; "
+            raise RateLimited(f"too many {what}: {who} may make {rate:g} a second after a burst of {burst}; "
                               f"retry in {wait:.2f} s", retry_after_s=wait)
 
     @asynccontextmanager
@@ -339,8 +355,11 @@ class SessionServicer(session_grpc.SessionServiceServicer):
 
     @unary
     async def GetSession(self, request, context):
+        # The answer carries the session's secret: a user's Get finds only that user's sessions
+        # (another's is NOT_FOUND), service and admin callers find every one.
         resp = await call(self.fleet.for_session(request.session_id).sessions.Get,
-                          cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner))
+                          cluster_pb.GetRequest(session_id=request.session_id, user_id=guard.current().owner,
+                                                with_access_token=True))
         return session_pb.GetSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
     async def _user_sessions(self, user_id: str, states, cluster: str = "", lenient: bool = False,
@@ -363,6 +382,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     @unary
     async def ListSessions(self, request, context):
         user_id = request.user_id or guard.current().owner  # "" (every user's) only for service and admin
+        self._check_reads(user_id)
         if request.cluster and request.cluster not in self.fleet.clients:
             raise NotFound(f"no cluster {quote(request.cluster)}; clusters: {', '.join(sorted(self.fleet.clients))}")
         if request.cluster and not self.fleet.clients[request.cluster].healthy:
@@ -432,6 +452,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         user_id = request.user_id or guard.current().owner
         if not user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
+        self._check_reads(user_id)
         return session_pb.GetQuotaResponse(quota=await self.quota(user_id))
 
     async def quota(self, user_id: str) -> pb.Quota:

@@ -111,14 +111,24 @@ def _current(cert_path: Path, dns: list[str]) -> bool:
         return False
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    return sorted(san.get_values_for_type(x509.DNSName)) == dns and \
-        cert.not_valid_after_utc - _now() > RENEW_BEFORE
+    ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} - {str(LOOPBACK_IP)}
+    return sorted([*san.get_values_for_type(x509.DNSName), *ips]) == sorted(
+        n for n in dns if n != str(LOOPBACK_IP)) and cert.not_valid_after_utc - _now() > RENEW_BEFORE
+
+
+def _san_entry(name: str) -> x509.GeneralName:
+    """An IP address as an IP entry (what a client dialling it checks), anything else as a DNS name."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
 
 
 def _issue(files: TlsFiles, name: str, dns: list[str], ca_cert: x509.Certificate,
            ca_key: ec.EllipticCurvePrivateKey) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
-    san = x509.SubjectAlternativeName([*(x509.DNSName(d) for d in dns), x509.IPAddress(LOOPBACK_IP)])
+    san = x509.SubjectAlternativeName([*(_san_entry(d) for d in dns if d != str(LOOPBACK_IP)),
+                                       x509.IPAddress(LOOPBACK_IP)])
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns[0] if dns else name)]))
             .issuer_name(ca_cert.subject).public_key(key.public_key())

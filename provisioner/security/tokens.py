@@ -33,6 +33,14 @@ LOCAL_ISSUER, LOCAL_AUDIENCE = "provisioner-local", "provisioner"
 KEY_FILE, PUBLIC_KEY_FILE = "token-key.pem", "token-key.pub.pem"
 
 
+GOOGLE_ISSUERS = ("https://accounts.google.com", "accounts.google.com")
+
+
+def spellings(issuer: str) -> tuple[str, ...]:
+    """The `iss` values that name this issuer: Google's has two."""
+    return GOOGLE_ISSUERS if issuer in GOOGLE_ISSUERS else (issuer,)
+
+
 @dataclass(frozen=True)
 class Issuer:
     """One trusted token issuer (see config.IssuerConfig)."""
@@ -54,7 +62,8 @@ class Issuer:
 
 class TokenVerifier:
     def __init__(self, issuers: list[Issuer], wall: Callable[[], float] = time.time):
-        self.issuers = {i.issuer: i for i in issuers}
+        # Google signs ID tokens as either spelling of its issuer: one trusted is both.
+        self.issuers = {spelling: i for i in issuers for spelling in spellings(i.issuer)}
         self.wall = wall  # token lifetimes are wall-clock times, whatever the fleet's model clock
         # Read on the event loop, written by verifications in worker threads: one lock for both.
         self._verified: OrderedDict[str, tuple[Caller, float]] = OrderedDict()
@@ -91,7 +100,8 @@ class TokenVerifier:
         try:
             key = issuer.public_key if issuer.public_key is not None else self._jwks_key(issuer, token)
             # Lifetimes are checked below against the injected wall clock.
-            claims = jwt.decode(token, key, algorithms=ALGORITHMS, audience=issuer.audience, issuer=issuer.issuer,
+            claims = jwt.decode(token, key, algorithms=ALGORITHMS, audience=issuer.audience,
+                                issuer=list(spellings(issuer.issuer)),
                                 options={"verify_exp": False, "verify_nbf": False, "verify_iat": False,
                                          "require": ["exp", "iss", "aud"]})
         except jwt.PyJWTError as e:

@@ -1,7 +1,8 @@
 """What a replay's VM time costs, per pool and for the fleet: a pure function of VM-seconds and
 the pools' prices, so every report prices time the same way.
 
-A running VM (booting, warm, assigned, recycling) bills at its pool's `hourly_price_usd`, a
+A running VM (booting, warm, assigned, recycling) bills at its pool's `hourly_price_usd` (a Spot
+pool's at its discount: `running_usd_per_h`), a
 stopped one (the standby tier) at its `disk_hourly_price_usd`. `assigned_cost_usd` is what the
 time sessions held their VMs costs: the floor every policy pays, to which `cost_usd` compares.
 """
@@ -34,7 +35,7 @@ class VmTime:
 
 
 def prices(fleet: FleetConfig) -> dict[PoolKey, Price]:
-    return {(c.name, p.name): Price(p.hourly_price_usd, p.disk_hourly_price_usd) for c in fleet.clusters for p in c.pools}
+    return {(c.name, p.name): Price(p.running_usd_per_h, p.disk_hourly_price_usd) for c in fleet.clusters for p in c.pools}
 
 
 def costs(time: Mapping[PoolKey, VmTime], price: Mapping[PoolKey, Price]) -> dict[str, float]:

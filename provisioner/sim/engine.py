@@ -4,9 +4,13 @@ Each command a core issues is answered, as an event naming the command, after th
 physics gives it (Launch: VmCreated after create_s, VmReady after boot_s more, or CommandFailed;
 Pull: PullDone after the bytes at the pull bandwidth; Wipe: WipeDone; Delete: VmDeleted; Stop:
 VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed on a stockout).
-Scheduled work sits in a heap of (time, seq, core, callback, args); each event goes to its core's
-`handle`, and the step it returns is carried out at once. Work due at the same time as a tick
-runs before it. Whether an answer still applies is the core's business, not the engine's.
+Scheduled work, each core's next tick included, sits in one heap of (time, seq, callback, args);
+each event goes to its core's `handle`, and the step it returns is carried out at once. Work due
+at the same time as a tick runs before it (a tick's seq is above every other's). Whether an answer still applies is the core's business, not the engine's.
+
+A Spot pool's running VMs are preempted at its `spot_preemptions_per_hour` (a Poisson process per
+VM, drawn from a generator of its own so runs without Spot draw exactly as before): the core
+hears it as the gce backend reports it, a health report with the cause "preempted".
 
 Subclasses hook in by overriding `changes` (what changed in a step), `carry_out` (commands), the
 delivery of answers (`deliver`) and the duration/outcome methods. The hot path does no logging
@@ -18,16 +22,23 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 from typing import Callable, Iterable
 
-from provisioner.cloud.base import CloudFailure
+from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
 from provisioner.cloud.sim import SimPhysics
 from provisioner.decide.commands import Command, Delete, Launch, Pull, Start, Step, Stop, Wipe
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.events import (
-    CommandFailed, Event, PullDone, Tick, VmCreated, VmDeleted, VmReady, VmStarted, VmStopped, WipeDone,
+    CommandFailed, Event, HealthReported, PullDone, Tick, VmCreated, VmDeleted, VmReady, VmStarted, VmStopped,
+    WipeDone,
 )
+from provisioner.decide.states import VmState
 from provisioner.model import Session, Vm
+
+# A tick's place among work due at the same time: after all of it (events are numbered from 0 in
+# the order they are scheduled), and the cores' ticks in the cores' order.
+_TICK_SEQ = 1 << 62
 
 
 class Engine:
@@ -38,12 +49,17 @@ class Engine:
         # One physics per core, seeded from its cluster's sim seed and the run's seed.
         self.physics = {c.name: SimPhysics(c.config.sim.model_copy(update={"seed": c.config.sim.seed * 7919 + seed}))
                         for c in self.cores}
-        # [next tick time, period, core], one per core.
-        self._ticks = [[now + c.config.tick_s, c.config.tick_s, c] for c in self.cores]
         self._heap: list = []
         self._seq = itertools.count()
+        if ticking:  # each core's next tick is in the heap, after all other work due at its time
+            for i, c in enumerate(self.cores):
+                self._heap.append((now + c.config.tick_s, _TICK_SEQ + i, self._tick, (c, i)))
+            heapq.heapify(self._heap)
         self.bytes_pulled = 0
         self.events = 0
+        self.spot_preemptions = 0  # Spot VMs the simulated cloud took back
+        self._spot_rng = random.Random(seed * 104729 + 17)
+        self._spot_run: dict[str, int] = {}  # vm id -> its current run (a start is a new one)
 
     # ---- scheduling -----------------------------------------------------------------------
 
@@ -57,31 +73,28 @@ class Engine:
     def _step(self, end: float) -> bool:
         """Runs the next event or tick due by `end`; False when there is none."""
         heap = self._heap
-        t_event = heap[0][0] if heap else math.inf
-        tick = None
-        if self.ticking:
-            tick = min(self._ticks, key=_first) if len(self._ticks) > 1 else self._ticks[0] if self._ticks else None
-        t_tick = tick[0] if tick is not None else math.inf
-        t = t_event if t_event <= t_tick else t_tick
-        if t > end:
+        if not heap or heap[0][0] > end:
             return False
+        t, _, fn, args = heapq.heappop(heap)
         self.now = t
         self.events += 1
-        if t_event <= t_tick:
-            _, _, fn, args = heapq.heappop(heap)
-            fn(*args, t)
-        else:
-            tick[0] += tick[1]
-            self.handle(tick[2], Tick(t))
+        fn(*args, t)
         return True
+
+    def _tick(self, core: ClusterCore, i: int, now: float) -> None:
+        heapq.heappush(self._heap, (now + core.config.tick_s, _TICK_SEQ + i, self._tick, (core, i)))
+        self.handle(core, Tick(now))
 
     def advance(self, seconds: float) -> None:
         self.run_to(self.now + seconds)
 
     def run_to(self, end: float) -> None:
-        step = self._step
-        while step(end):
-            pass
+        heap, pop = self._heap, heapq.heappop
+        while heap and heap[0][0] <= end:  # _step, inline: this loop runs every event of a replay
+            t, _, fn, args = pop(heap)
+            self.now = t
+            self.events += 1
+            fn(*args, t)
         self.now = end
 
     def run_until(self, done: Callable[[], bool], limit_s: float) -> float:
@@ -151,14 +164,32 @@ class Engine:
                     if failure is not None:
                         answer(core, CommandFailed(now + self.create_delay(core), cmd.id, failure))
                     else:
-                        answer(core, VmStarted(now + self.start_delay(core, cmd.pool), cmd.id,
-                                               f"sim://{cmd.vm_id}"))
+                        up = now + self.start_delay(core, cmd.pool)
+                        answer(core, VmStarted(up, cmd.id, f"sim://{cmd.vm_id}"))
+                        self._spot_run_from(core, cmd.vm_id, cmd.pool, up)
 
     def _created(self, core: ClusterCore, cmd: Launch, now: float) -> None:
         """The cloud has the VM: it says so, and the boot starts (its time drawn only now)."""
         self.deliver(core, VmCreated(now, cmd.id, f"sim://{cmd.vm_id}"), now)
         delay = self.boot_delay(core)
         self._answer(core, VmReady(now + delay, cmd.id))
+        self._spot_run_from(core, cmd.vm_id, cmd.pool, now + delay)
+
+    def _spot_run_from(self, core: ClusterCore, vm_id: str, pool: str, up: float) -> None:
+        """A Spot VM up from `up` is preempted after an exponential time, unless it is gone first."""
+        config = core.pools[pool].config
+        if not config.spot or config.spot_preemptions_per_hour <= 0:
+            return
+        run = self._spot_run[vm_id] = self._spot_run.get(vm_id, 0) + 1
+        self.at(up + self._spot_rng.expovariate(config.spot_preemptions_per_hour / 3600.0), self._preempt,
+                core, vm_id, run)
+
+    def _preempt(self, core: ClusterCore, vm_id: str, run: int, now: float) -> None:
+        vm = core.vms.get(vm_id)
+        if vm is None or self._spot_run.get(vm_id) != run or vm.state not in _PREEMPTIBLE:
+            return  # deleted, stopped or started again since
+        self.spot_preemptions += 1
+        self.deliver(core, HealthReported(now, vm_id, HealthReport(False, detail=PREEMPTED, cause="preempted")), now)
 
     # ---- durations and outcomes (the physics; tests override them) -------------------------
 
@@ -196,5 +227,5 @@ class Engine:
         return None
 
 
-def _first(item: list) -> float:
-    return item[0]
+# Running VMs a preemption can take (a stopped one holds no Spot capacity).
+_PREEMPTIBLE = frozenset({VmState.WARM, VmState.ASSIGNED, VmState.RECYCLING})

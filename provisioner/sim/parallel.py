@@ -9,14 +9,16 @@ seeded physics and ids, so the sum of the groups' tallies is exactly the one-pro
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 from provisioner.config import FleetConfig, load_fleet
-from provisioner.sim.replay import (Replay, Tally, peak_concurrency, read_trace, superimpose, trace_end, with_flood,
-                                    with_policy, with_priority)
+from provisioner.sim.replay import (Replay, Tally, first_days, peak_concurrency, read_trace, superimpose, trace_end,
+                                    with_flood, with_policy, with_priority)
+from provisioner.sim.spot import with_spot
 
 # Progress of each worker (fraction done), shared with the parent. Set in each worker process.
 _progress = None
@@ -41,26 +43,49 @@ class Run:
     share_gpus: int | None = None  # GPUs guaranteed to each user in every pool (None: the fleet's)
     grace_period_s: float | None = None  # a preemption's grace period (None: the fleet's)
     requeue: bool = False  # batch sessions ask to be queued again if preempted
+    spot_preemptions_per_hour: float | None = None  # every pool on Spot VMs, preempted this often (None: as configured)
+    days: float | None = None  # only the sessions arriving in the trace's first days (None: all)
 
     def fleet(self) -> FleetConfig:
         fleet = with_policy(load_fleet(self.clusters_dir), self.policy, self.headroom_fraction, self.warm_vms,
                             self.wait_probability, self.standby, self.max_vms)
-        return with_priority(fleet, self.share_gpus, self.grace_period_s)
+        return with_spot(with_priority(fleet, self.share_gpus, self.grace_period_s), self.spot_preemptions_per_hour)
+
+    def base_rows(self):
+        return first_days(read_trace(self.trace), self.days)
 
     def rows(self):
-        return with_flood(superimpose(read_trace(self.trace), self.scale, self.seed), self.flood)
+        return with_flood(superimpose(self.base_rows(), self.scale, self.seed), self.flood)
+
+    def command(self) -> str:
+        """The `provisioner simulate` command line that makes this run (the defaults left out)."""
+        trace = os.path.relpath(self.trace)
+        flags = [("--trace", trace if not trace.startswith("..") else self.trace), ("--scale", self.scale),
+                 ("--seed", self.seed or None), ("--days", self.days), ("--clusters", self.clusters_dir),
+                 ("--policy", self.policy), ("--headroom", self.headroom_fraction), ("--warm-vms", self.warm_vms),
+                 ("--wait-probability", self.wait_probability), ("--flood", self.flood or None),
+                 ("--max-vms", self.max_vms), ("--share-gpus", self.share_gpus), ("--grace", self.grace_period_s),
+                 ("--spot", self.spot_preemptions_per_hour)]
+        parts = ["provisioner simulate", *(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+                                           for flag, value in flags if value is not None)]
+        parts += [flag for flag, on in (("--quotas", self.quotas), ("--requeue", self.requeue)) if on]
+        if self.standby is not None:
+            parts.append("--standby" if self.standby else "--no-standby")
+        return " ".join(parts)
 
     def scaled_peak_vms(self) -> int:
         """K times the base trace's peak (per region and pool): a fixed fleet sized the way the
         base trace would size it, grown with the workload. The superimposed copies' own peak,
         which random offsets flatten, is the harder baseline (`fixed_peak_vms`)."""
         idle = self.fleet().settings.sessions.idle_timeout_s
-        return self.scale * sum(peak_concurrency(read_trace(self.trace), idle).values())
+        return self.scale * sum(peak_concurrency(self.base_rows(), idle).values())
 
 
 def results(run: Run, tally: Tally) -> dict:
     """The tally's results plus the fixed fleet sized at K times the base trace's peak."""
     out = tally.results()
+    out["command"] = run.command()
+    out["days"] = run.days
     out["scaled_peak_vms"] = run.scaled_peak_vms()
     out["scaled_peak_vm_hours"] = round(out["scaled_peak_vms"] * out["model_hours"], 3)
     return out

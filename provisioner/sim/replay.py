@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.budgets import USED_UP
+from provisioner.cloud.base import PREEMPTED as SPOT_PREEMPTED
 from provisioner.decide.preempt import STOP_REASON as PREEMPTED
 from provisioner.decide.events import BudgetSet, SessionForgotten, SessionRequested, SessionTouched, StopRequested
 from provisioner.decide.ids import IdSource
@@ -162,6 +163,14 @@ class PoolSample(NamedTuple):
     cost_usd_per_h: float  # what the pool's billed VMs cost now
 
 
+def first_days(rows: list[TraceRow], days: float | None) -> list[TraceRow]:
+    """The sessions that arrive within the trace's first `days` (all of them for None): a quick run."""
+    if days is None or not rows:
+        return rows
+    t0 = min(r.arrival_s for r in rows)
+    return [r for r in rows if r.arrival_s - t0 < days * 86400]
+
+
 def superimpose(rows: list[TraceRow], scale: int, seed: int) -> list[TraceRow]:
     """K copies with distinct users, each shifted by a random offset modulo the trace span."""
     if scale < 1:
@@ -232,6 +241,8 @@ class Tally:
     preempted: int = 0  # sessions stopped with reason preempted
     requeued: int = 0  # preempted sessions queued again as new ones (not counted in `sessions`)
     requeued_started: int = 0  # of those, how many ran
+    spot_preemptions: int = 0  # Spot VMs the cloud took back
+    spot_preempted: int = 0  # sessions ended by it (batch ones queued again)
 
     def __add__(self, other: Tally) -> Tally:
         if self.end_s != other.end_s or len(self.samples) != len(other.samples) or self.pools.keys() & other.pools:
@@ -252,6 +263,7 @@ class Tally:
             self.stopped_for_budget + other.stopped_for_budget, self.interactive_waits + other.interactive_waits,
             self.preempted + other.preempted, self.requeued + other.requeued,
             self.requeued_started + other.requeued_started,
+            self.spot_preemptions + other.spot_preemptions, self.spot_preempted + other.spot_preempted,
         )
 
     def results(self) -> dict:
@@ -291,6 +303,8 @@ class Tally:
             "preempted": self.preempted,
             "requeued": self.requeued,
             "requeued_started": self.requeued_started,
+            "spot_preemptions": self.spot_preemptions,
+            "spot_preempted_sessions": self.spot_preempted,
             "users": _users(self.user_wait_max),
             "events": self.events,
         }
@@ -322,6 +336,8 @@ class Replay(Engine):
         """`quotas`: each create is checked against the fleet's quotas as the front checks it.
         `requeue`: batch sessions ask to be queued again if preempted; a requeued session runs
         for what its trace length had left when it was stopped."""
+        if fleet.catalog is None:
+            raise ValueError("the simulator replays the synthetic catalog of images.yaml, not a registry's")
         settings = fleet.settings.sessions
         cores = [ClusterCore(c, fleet.catalog, settings, IdSource(c.name, seed), priority=fleet.settings.priority,
                              abuse=fleet.settings.abuse) for c in fleet.clusters]
@@ -368,7 +384,7 @@ class Replay(Engine):
         self.stopped_for_budget = 0
         self.requeue = requeue
         self.interactive_waits: list[float] = []
-        self.preempted = self.requeued = self.requeued_started = 0
+        self.preempted = self.requeued = self.requeued_started = self.spot_preempted = 0
         self._ends: dict[str, float] = {}  # batch sessions that may be requeued -> when their trace ends them
         self._left: dict[str, float] = {}  # requeued sessions -> how long they run once started
         self.samples: list[Sample] = []
@@ -416,7 +432,7 @@ class Replay(Engine):
             self.at(end, self._touch_last, core, s.id)  # the user's last activity; the cull does the rest
         else:
             self.at(end, self._stop, core, s.id)
-            if requeue:
+            if r.kind is SessionKind.BATCH:  # queued again if preempted (asked for, or by a Spot VM's end)
                 self._ends[s.id] = end
 
     def _sample(self, now: float) -> None:
@@ -505,6 +521,7 @@ class Replay(Engine):
                     self._budget_moves(s.spec.user_id)
                     self.stopped_for_budget += s.id in started and s.reason.endswith(USED_UP)
                 self.preempted += s.reason.startswith(PREEMPTED + ":")
+                self.spot_preempted += s.reason == SPOT_PREEMPTED
                 self._ends.pop(s.id, None)
                 if s.id not in started:
                     why = _never_started(s)
@@ -524,6 +541,7 @@ class Replay(Engine):
             self._ends[s.id] = end  # it may be preempted and requeued again
         elif s.terminal:
             self.preempted += s.reason.startswith(PREEMPTED + ":")
+            self.spot_preempted += s.reason == SPOT_PREEMPTED
             self._left.pop(s.id, None)
             self._ends.pop(s.id, None)
             core.handle(SessionForgotten(self.now, s.id))
@@ -570,7 +588,7 @@ class Replay(Engine):
                      {k: VmTime(*v) for k, v in self._seconds.items()}, dict(self.price), dict(self.never_started),
                      dict(self.quotas.refused) if self.quotas else {}, dict(self.user_wait_max),
                      self.stopped_for_budget, list(self.interactive_waits), self.preempted, self.requeued,
-                     self.requeued_started)
+                     self.requeued_started, self.spot_preemptions, self.spot_preempted)
 
     def results(self) -> dict:
         return self.tally().results()

@@ -108,12 +108,13 @@ class ClusterRecords:
 
     def load_user_ended_sessions(self, cluster: str, user_id: str, ended_after: float | None,
                                  ended_before: float) -> list[Session]:
-        """The user's ended sessions that ended in [ended_after, ended_before] (from the start
-        without `ended_after`)."""
-        rows = self._rows(f"SELECT body FROM sessions WHERE cluster = ? AND user_id = ? AND state NOT IN "
+        """The user's ended sessions ("": every user's) that ended in [ended_after, ended_before]
+        (from the start without `ended_after`)."""
+        mine = "AND user_id = ? " if user_id else ""
+        rows = self._rows(f"SELECT body FROM sessions WHERE cluster = ? {mine}AND state NOT IN "
                           f"({_marks(_LIVE)}) AND ended_at >= ? AND ended_at <= ?",
-                          (cluster, user_id, *_values(_LIVE), ended_after if ended_after is not None else 0.0,
-                           ended_before))
+                          (cluster, *([user_id] if user_id else []), *_values(_LIVE),
+                           ended_after if ended_after is not None else 0.0, ended_before))
         return [Session.from_dict(json.loads(body)) for (body,) in rows]
 
     def _remember_vm_rows(self, written: dict[str, _VmRows | None]) -> None:

@@ -49,14 +49,16 @@ class AllocateResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("session_id", "request_id", "user_id")
+    __slots__ = ("session_id", "request_id", "user_id", "with_access_token")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
+    WITH_ACCESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request_id: str
     user_id: str
-    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
+    with_access_token: bool
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., user_id: _Optional[str] = ..., with_access_token: _Optional[bool] = ...) -> None: ...
 
 class GetResponse(_message.Message):
     __slots__ = ("session",)

@@ -14,10 +14,12 @@ class CreateSessionRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_types_pb2.SessionSpec, _Mapping]] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
-    __slots__ = ("session",)
+    __slots__ = ("session", "placement_note")
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_NOTE_FIELD_NUMBER: _ClassVar[int]
     session: _types_pb2.Session
-    def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ...) -> None: ...
+    placement_note: str
+    def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ..., placement_note: _Optional[str] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)

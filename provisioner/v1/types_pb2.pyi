@@ -122,7 +122,7 @@ class PullProgress(_message.Message):
     def __init__(self, bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "cluster", "pool", "vm_id", "endpoint", "image", "start", "queue_position", "estimated_ready_time", "pull", "create_time", "ready_time", "end_time", "last_activity_time", "idle_timeout", "max_runtime", "history", "revision", "read_time", "notices", "budget_end_time", "priority_class", "preemption_time", "requeued_as", "requeued_from")
+    __slots__ = ("id", "spec", "state", "reason", "cluster", "pool", "vm_id", "endpoint", "image", "start", "queue_position", "estimated_ready_time", "pull", "create_time", "ready_time", "end_time", "last_activity_time", "idle_timeout", "max_runtime", "history", "revision", "read_time", "notices", "budget_end_time", "priority_class", "preemption_time", "requeued_as", "requeued_from", "image_digest", "access_token")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +151,8 @@ class Session(_message.Message):
     PREEMPTION_TIME_FIELD_NUMBER: _ClassVar[int]
     REQUEUED_AS_FIELD_NUMBER: _ClassVar[int]
     REQUEUED_FROM_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: SessionSpec
     state: SessionState
@@ -179,7 +181,9 @@ class Session(_message.Message):
     preemption_time: _timestamp_pb2.Timestamp
     requeued_as: str
     requeued_from: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., reason: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., vm_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., image: _Optional[str] = ..., start: _Optional[_Union[StartKind, str]] = ..., queue_position: _Optional[int] = ..., estimated_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pull: _Optional[_Union[PullProgress, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., revision: _Optional[int] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notices: _Optional[_Iterable[_Union[Notice, _Mapping]]] = ..., budget_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority_class: _Optional[str] = ..., preemption_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., requeued_as: _Optional[str] = ..., requeued_from: _Optional[str] = ...) -> None: ...
+    image_digest: str
+    access_token: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., reason: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., vm_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., image: _Optional[str] = ..., start: _Optional[_Union[StartKind, str]] = ..., queue_position: _Optional[int] = ..., estimated_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pull: _Optional[_Union[PullProgress, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., revision: _Optional[int] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notices: _Optional[_Iterable[_Union[Notice, _Mapping]]] = ..., budget_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority_class: _Optional[str] = ..., preemption_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., requeued_as: _Optional[str] = ..., requeued_from: _Optional[str] = ..., image_digest: _Optional[str] = ..., access_token: _Optional[str] = ...) -> None: ...
 
 class Notice(_message.Message):
     __slots__ = ("kind", "message", "time", "action_time")

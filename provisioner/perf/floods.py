@@ -1,0 +1,210 @@
+"""A hostile neighbour, measured: bob creates and stops a session every 0.5 s while someone on the
+same network floods the fleet, one kind of flood at a time, and the table says what each did to
+bob's creates against a quiet run of the same length.
+
+    python -m provisioner.perf.floods [--seconds 20] [--floods metrics list quota refused idle]
+
+Floods: `metrics` (8 loops scraping the front's and the cluster's /metrics), `list` and `quota`
+(a user with 4 loops of ListSessions or GetQuota, over sessions it made beforehand), `refused`
+(4 loops of calls with a token that does not check out), `idle` (3,000 TCP connections to the
+front's port that never say a word). The fleet is the front and one cluster as separate
+processes (`provisioner serve`, on the simulated cloud, a warm pool larger than bob needs); each
+flood runs in a process of its own, so this one only measures. Progress on stderr; `--json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import yaml
+
+from provisioner.perf.fleet import CLUSTER, POOL, free_port, prepare_security, start_fleet, write_clusters
+
+FLOODS = ("metrics", "list", "quota", "refused", "idle")
+BOB_PERIOD_S = 0.5
+LOOPS = 4
+METRIC_LOOPS = 8
+IDLE_CONNECTIONS = 3000
+MALLORY_SESSIONS = 300  # what a list or a quota of the flooding user reads
+
+
+def _stubs(front: str, data_dir: Path, token: str | None = None):
+    from provisioner.client.credentials import bearer, local_ca
+    from provisioner.security.client import dev_token
+    from provisioner.v1 import session_service_pb2_grpc as s_grpc
+
+    channel = grpc.aio.secure_channel(front, grpc.ssl_channel_credentials(local_ca(data_dir).read_bytes()))
+    return channel, s_grpc.SessionServiceStub(channel), bearer(token or dev_token(data_dir))
+
+
+async def bob(front: str, data_dir: Path, seconds: float) -> list[float]:
+    """Create then stop, every BOB_PERIOD_S: the creates' latencies (ms); a failed one counts as
+    the time it took."""
+    from provisioner.v1 import session_service_pb2 as s_pb
+    from provisioner.v1 import types_pb2 as pb
+
+    channel, stub, md = _stubs(front, data_dir)
+    latencies, end, i = [], time.monotonic() + seconds, 0
+    async with channel:
+        while time.monotonic() < end:
+            started = time.monotonic()
+            spec = pb.SessionSpec(request_id=f"bob-{time.time_ns()}-{i}", user_id="bob", accelerator=POOL,
+                                  image="gpu:latest", region_hint=CLUSTER)
+            try:
+                s = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=10, metadata=md)).session
+                latencies.append((time.monotonic() - started) * 1000)
+                await stub.StopSession(s_pb.StopSessionRequest(session_id=s.id), timeout=10, metadata=md)
+            except grpc.aio.AioRpcError:
+                latencies.append((time.monotonic() - started) * 1000)
+            i += 1
+            await asyncio.sleep(max(0.0, BOB_PERIOD_S - (time.monotonic() - started)))
+    return latencies
+
+
+async def seed_mallory(front: str, data_dir: Path, count: int) -> None:
+    """Sessions for the flooding user to list and meter: made and stopped."""
+    from provisioner.v1 import session_service_pb2 as s_pb
+    from provisioner.v1 import types_pb2 as pb
+
+    channel, stub, md = _stubs(front, data_dir)
+    async with channel:
+        for i in range(count):
+            spec = pb.SessionSpec(request_id=f"mallory-{i}", user_id="mallory", accelerator=POOL, image="gpu:latest")
+            s = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=30, metadata=md)).session
+            await stub.StopSession(s_pb.StopSessionRequest(session_id=s.id), timeout=30, metadata=md)
+
+
+async def flood(kind: str, front: str, metrics_ports: list[int], data_dir: Path, seconds: float) -> int:
+    """Runs one flood for `seconds`; the calls (or connections) it made."""
+    from provisioner.security.client import dev_token
+    from provisioner.v1 import session_service_pb2 as s_pb
+
+    end, count = time.monotonic() + seconds, 0
+    if kind == "idle":
+        host, port = front.rsplit(":", 1)
+        held = []
+        for _ in range(IDLE_CONNECTIONS):
+            try:
+                held.append(socket.create_connection((host, int(port)), timeout=2))
+            except OSError:
+                break
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
+        for s in held:
+            s.close()
+        return len(held)
+    if kind == "metrics":
+        async def loop(port: int) -> None:
+            nonlocal count
+            while time.monotonic() < end:
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                    await reader.read()
+                    writer.close()
+                except OSError:
+                    pass
+                count += 1
+        await asyncio.gather(*(loop(metrics_ports[i % len(metrics_ports)]) for i in range(METRIC_LOOPS)))
+        return count
+    token = "not-a-token" if kind == "refused" else dev_token(data_dir, "mallory")
+    channel, stub, md = _stubs(front, data_dir, token)
+    request = s_pb.GetQuotaRequest() if kind == "quota" else s_pb.ListSessionsRequest()
+    call = stub.GetQuota if kind == "quota" else stub.ListSessions
+
+    async def rpc_loop() -> None:
+        nonlocal count
+        while time.monotonic() < end:
+            try:
+                await call(request, timeout=10, metadata=md)
+            except grpc.aio.AioRpcError:
+                pass
+            count += 1
+    async with channel:
+        await asyncio.gather(*(rpc_loop() for _ in range(LOOPS)))
+    return count
+
+
+def _summary(latencies: list[float]) -> dict:
+    return {"creates": len(latencies), "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
+            "max_ms": round(max(latencies), 1) if latencies else None}
+
+
+async def measure(front: str, metrics_ports: list[int], data_dir: Path, seconds: float, floods: list[str]) -> list[dict]:
+    rows = []
+    for kind in ["quiet", *floods]:
+        print(f"  {kind}: {seconds:g} s of bob{'' if kind == 'quiet' else ' beside the flood'}", file=sys.stderr,
+              flush=True)
+        child = None
+        if kind != "quiet":
+            child = subprocess.Popen([sys.executable, "-m", "provisioner.perf.floods", "--child", kind, "--front", front,
+                                      "--data-dir", str(data_dir), "--seconds", str(seconds + 2),
+                                      "--metrics-ports", *map(str, metrics_ports)], stdout=subprocess.PIPE)
+            await asyncio.sleep(1.0)  # the flood under way
+        latencies = await bob(front, data_dir, seconds)
+        made = int(child.communicate()[0] or 0) if child else 0
+        rows.append({"flood": kind, **_summary(latencies), "flood_calls": made})
+    quiet = rows[0]["p50_ms"] or 1.0
+    for r in rows:
+        r["p50_vs_quiet"] = round((r["p50_ms"] or 0) / quiet, 2)
+    return rows
+
+
+def report(rows: list[dict]) -> str:
+    lines = ["flood     bob creates  p50 ms  vs quiet  max ms  flood calls",
+             *(f"{r['flood']:<9} {r['creates']:>11}  {r['p50_ms']:>6}  {r['p50_vs_quiet']:>7}x  {r['max_ms']:>6}  "
+               f"{r['flood_calls']:>11}" for r in rows)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m provisioner.perf.floods", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--floods", nargs="+", choices=FLOODS, default=list(FLOODS))
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--warm-vms", type=int, default=200, help="the pool's warm VMs (default 200)")
+    p.add_argument("--mallory-sessions", type=int, default=MALLORY_SESSIONS,
+                   help=f"sessions the flooding user makes first, for its lists and quotas to read (default {MALLORY_SESSIONS})")
+    p.add_argument("--child", choices=FLOODS, help=argparse.SUPPRESS)
+    p.add_argument("--front", help=argparse.SUPPRESS)
+    p.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--metrics-ports", type=int, nargs="*", default=[], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(asyncio.run(flood(args.child, args.front, args.metrics_ports, args.data_dir, args.seconds)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="provisioner-floods-") as tmp:
+        root = Path(tmp)
+        front_port = free_port()
+        clusters = write_clusters(root, warm_vms=args.warm_vms, cluster_port=free_port(), front_port=front_port,
+                                  disk_cache_gb=30)
+        fleet = yaml.safe_load((clusters / "fleet.yaml").read_text())
+        fleet["rate_limits"].update(creates_per_user_per_s=1000, create_burst_per_user=1000)  # the seeding
+        (clusters / "fleet.yaml").write_text(yaml.safe_dump(fleet))
+        data_dir = root / "data"
+        prepare_security(clusters, data_dir)
+        print("starting the front and one cluster...", file=sys.stderr, flush=True)
+        procs = start_fleet(clusters, data_dir, root, traces="none")
+        try:
+            front = f"127.0.0.1:{front_port}"
+            print(f"seeding {args.mallory_sessions} sessions of the flooding user...", file=sys.stderr, flush=True)
+            asyncio.run(seed_mallory(front, data_dir, args.mallory_sessions))
+            rows = asyncio.run(measure(front, [p.metrics_port for p in procs], data_dir, args.seconds, args.floods))
+        finally:
+            for proc in procs:
+                proc.stop()
+    print(json.dumps(rows, indent=2) if args.json else report(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Results tables made from the benchmarks' own output, so the documents cannot drift from it.
+
+    provisioner simulate ... --json > docs/results/simulate/NAME.json     (one run per file)
+    python -m provisioner.perf.tables docs/results/simulate/*.json --out docs/results/simulate.md
+    python -m provisioner.perf.tables docs/results/simulate/*.json --out docs/results/simulate.md --check
+    python -m provisioner.perf.tables --kind standby docs/results/standby/*.json --out docs/results/standby.md
+    python -m provisioner.perf.tables docs/economics/*.json --out docs/economics.md --between-markers
+
+Each row is one run's JSON, with the command that reproduces it (the JSON's `command`). `--check`
+exits 1 when the file differs from what the runs give (the test suite checks the shipped table).
+`--between-markers` puts the table into a page written by hand around it: only the text between
+the BEGIN and END marker lines of --out is replaced (or, with --check, compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HEADER = ("Made by `python -m provisioner.perf.tables` from the `provisioner simulate --json` output beside "
+          "this file; do not edit by hand. `cost vs assigned` is the run's cost over the cost of the VM time "
+          "assigned to sessions (which any policy pays), standby disks included; `fast starts` are sessions "
+          "running within 60 s of the request (model time).")
+BEGIN = "<!-- results table: made by python -m provisioner.perf.tables, not to be edited by hand -->"
+END = "<!-- end of the results table -->"
+COLUMNS = ("trace", "scale", "days", "policy", "sessions", "VM-hours", "standby VM-hours", "cost vs assigned",
+           "fast starts", "wait p99", "never started", "wall", "command")
+
+
+def row(r: dict) -> list[str]:
+    days = f"first {r['days']:g}" if r.get("days") else f"all {r['model_hours'] / 24:.1f}"
+    return [r["trace"], str(r["scale"]), days, r["policy"], f"{r['sessions']:,}", f"{r['vm_hours']:,.0f}",
+            f"{r['standby_vm_hours']:,.0f}", f"{r['cost_usd'] / r['assigned_cost_usd']:.3f}x",
+            f"{r['fast_start_ratio']:.2%}", f"{r['wait_p99_s']:.0f} s", f"{r['never_started']:,}",
+            f"{r['wall_s']:.0f} s", f"`{r['command']} --json`"]
+
+
+def simulate_table(runs: list[dict]) -> str:
+    return _table(HEADER, COLUMNS, [row(r) for r in runs])
+
+
+# The standby tier's table (docs/simulator.md): every bundled trace under the three policies. The
+# traces the tier's one constant was tuned on are marked; the target is the tier's acceptance.
+TUNED_ON = ("genai-sessions.csv", "openb-sessions.csv", "rollout-sessions.csv")
+TARGET_COST_RATIO, TARGET_FAST_STARTS = 1.15, 0.995
+STANDBY_HEADER = (f"{HEADER} `target`: cost at most {TARGET_COST_RATIO:g} times the assigned cost with at "
+                  f"least {TARGET_FAST_STARTS:.1%} fast starts.")
+STANDBY_COLUMNS = ("trace", "policy", "cost vs assigned", "standby VM-hours", "standby cost", "fast starts",
+                   "wait p99", "cold / partial starts", "never started", "target", "wall", "command")
+
+
+def setting(command: str) -> str:
+    """The policy and its knob, as the command gives them: "fixed 20 warm", "predictive + standby"."""
+    words = command.split()
+
+    def flag(name: str) -> str | None:
+        return words[words.index(name) + 1] if name in words else None
+
+    policy = flag("--policy") or "per pool"
+    if policy == "fixed":
+        return f"fixed {flag('--warm-vms')} warm"
+    if policy == "headroom":
+        return f"headroom {flag('--headroom')}"
+    if "--no-standby" in words:
+        return f"{policy}, `--no-standby`"
+    return f"{policy} + standby" if policy == "predictive" else policy
+
+
+def standby_row(r: dict) -> list[str]:
+    ratio = r["cost_usd"] / r["assigned_cost_usd"]
+    meets = ratio <= TARGET_COST_RATIO and r["fast_start_ratio"] >= TARGET_FAST_STARTS
+    return [r["trace"] + (" (tuned on)" if r["trace"] in TUNED_ON else ""), setting(r["command"]),
+            f"**{ratio:.3f}x**" if meets else f"{ratio:.3f}x", f"{r['standby_vm_hours']:,.0f}",
+            f"${r['standby_cost_usd']:,.0f}", f"{r['fast_start_ratio']:.2%}", f"{r['wait_p99_s']:.0f} s",
+            f"{r['starts']['cold']} / {r['starts']['partial']}", f"{r['never_started']:,}", "yes" if meets else "no",
+            f"{r['wall_s']:.0f} s", f"`{r['command']} --json`"]
+
+
+def standby_table(runs: list[dict]) -> str:
+    order = {"fixed": 0, "headroom": 1, "predictive": 2}
+    runs = sorted(runs, key=lambda r: (r["trace"] not in TUNED_ON, r["trace"], order.get(r["policy"], 3),
+                                       "--no-standby" in r["command"]))
+    return _table(STANDBY_HEADER, STANDBY_COLUMNS, [standby_row(r) for r in runs])
+
+
+KINDS = {"simulate": simulate_table, "standby": standby_table}
+
+
+def _table(header: str, columns: tuple[str, ...], rows: list[list[str]]) -> str:
+    lines = [header, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines) + "\n"
+
+
+def between_markers(page: str, table: str) -> str:
+    """`page` with the text between its BEGIN and END lines replaced by `table`."""
+    head, begin, rest = page.partition(BEGIN + "\n")
+    _, end, tail = rest.partition(END)
+    if not begin or not end:
+        raise ValueError(f"no {BEGIN!r} line followed by {END!r} in the page")
+    return head + begin + table + end + tail
+
+
+def load_runs(paths: list[Path]) -> list[dict]:
+    """The runs in the files, in the order of their names."""
+    return [json.loads(p.read_text()) for p in sorted(paths)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m provisioner.perf.tables", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="JSON files, each one `provisioner simulate --json` output")
+    p.add_argument("--out", type=Path, required=True, help="the Markdown file to write")
+    p.add_argument("--check", action="store_true", help="only compare: exit 1 if --out differs")
+    p.add_argument("--kind", choices=sorted(KINDS), default="simulate",
+                   help="simulate: one row per run; standby: the standby tier's table (docs/simulator.md)")
+    p.add_argument("--between-markers", action="store_true",
+                   help="replace only the text between the marker lines of --out, a page written around the table")
+    args = p.parse_args(argv)
+    try:
+        table = KINDS[args.kind](load_runs(args.runs))
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: cannot read the runs: {e!r}", file=sys.stderr)
+        return 1
+    if args.between_markers:
+        try:
+            table = between_markers(args.out.read_text(), table)
+        except (OSError, ValueError) as e:
+            print(f"error: {args.out}: {e}", file=sys.stderr)
+            return 1
+    if args.check:
+        if not args.out.is_file() or args.out.read_text() != table:
+            print(f"{args.out} is not what the runs give: run without --check to write it", file=sys.stderr)
+            return 1
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

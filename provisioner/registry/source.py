@@ -1,0 +1,101 @@
+"""Where the fleet's images come from: the `registry:` section of clusters/images.yaml, the
+credentials it names, and the catalog feed a process starts with.
+
+  registry:
+    url: https://us-docker.pkg.dev          # the registry's base URL
+    repository: my-project/notebooks/gpu    # the image family: its tags are the versions
+    name: gpu                               # what users call it (gpu:v154); default: the last part
+    latest: ""                              # a tag; "": the version a `latest` tag names, else the newest
+    refresh_s: 300                          # new tags are picked up this often (wall seconds)
+    ca_file: null                           # PEM bundle to trust instead of the system's
+    auth: {kind: gce_metadata}              # none | basic (username, password_file) | gce_metadata
+
+Relative file names are relative to the clusters directory. `gce_metadata` asks the metadata
+server for the VM's service account's access token (as Artifact Registry wants, user name
+`oauth2accesstoken`) whenever the registry challenges.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, model_validator
+
+from provisioner.clock import Clock
+from provisioner.config_base import _At, _Model
+from provisioner.registry.catalog import CatalogFeed, RegistryCatalog
+from provisioner.registry.client import Credentials, RegistryClient, RegistryError
+
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
+TOKEN_PATH = "/instance/service-accounts/default/token"
+ACCESS_TOKEN_USER = "oauth2accesstoken"
+
+
+class RegistryAuthConfig(_Model):
+    kind: Literal["none", "basic", "gce_metadata"] = "none"
+    username: str = ""
+    password_file: str = ""  # basic: a file holding the password (never the password itself)
+    metadata_url: str = METADATA_URL  # gce_metadata: the metadata server
+
+    @model_validator(mode="after")
+    def _check(self) -> RegistryAuthConfig:
+        if self.kind == "basic" and not (self.username and self.password_file):
+            raise _At("username", "basic authentication needs username and password_file")
+        return self
+
+
+class RegistryImagesConfig(_Model):
+    url: str = Field(pattern=r"^https?://[^/]+$")
+    repository: str = Field(pattern=r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+    name: str = Field(default="", pattern=r"^([a-z0-9][a-z0-9._/-]*)?$")
+    latest: str = ""
+    refresh_s: PositiveFloat = 300.0
+    ca_file: str | None = None
+    auth: RegistryAuthConfig = RegistryAuthConfig()
+
+    def resolved(self, base: Path) -> RegistryImagesConfig:
+        """The same with relative file names made absolute against `base`."""
+        def at(name: str | None) -> str | None:
+            return str(base / name) if name and not Path(name).is_absolute() else name
+
+        auth = self.auth.model_copy(update={"password_file": at(self.auth.password_file) or ""})
+        return self.model_copy(update={"ca_file": at(self.ca_file), "auth": auth})
+
+
+def credentials(auth: RegistryAuthConfig) -> Credentials:
+    """What the client presents when challenged, read at that moment (rotated files and expiring
+    tokens are picked up)."""
+    if auth.kind == "basic":
+        return lambda: (auth.username, Path(auth.password_file).read_text().strip())
+    if auth.kind == "gce_metadata":
+        return lambda: (ACCESS_TOKEN_USER, metadata_access_token(auth.metadata_url))
+    return lambda: None
+
+
+def metadata_access_token(base_url: str, timeout_s: float = 10.0) -> str:
+    req = urllib.request.Request(base_url.rstrip("/") + TOKEN_PATH, headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return json.loads(resp.read())["access_token"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+        raise RegistryError(f"no access token from the metadata server: {getattr(e, 'reason', e)}") from e
+
+
+def registry_catalog(cfg: RegistryImagesConfig) -> RegistryCatalog:
+    client = RegistryClient(cfg.url, ca_file=cfg.ca_file, credentials=credentials(cfg.auth))
+    return RegistryCatalog(client, cfg.repository, cfg.name, cfg.latest)
+
+
+def open_feed(cfg: RegistryImagesConfig, clock: Clock) -> CatalogFeed:
+    """A feed holding the registry's catalog as it is now (blocking; raises RegistryError if there
+    is none to start with), refreshed every `refresh_s` of `clock`."""
+    source = registry_catalog(cfg)
+    try:
+        catalog = source.fetch()
+    except ValueError as e:  # read, but no catalog can be made of it (no version tags, say)
+        raise RegistryError(f"{cfg.url}/{cfg.repository}: {e}", retryable=False) from e
+    return CatalogFeed(catalog, source.fetch, cfg.refresh_s, clock, f"{cfg.url}/{cfg.repository}")

@@ -1,0 +1,57 @@
+"""What Compute Engine answers, as its documentation gives it, for the fake (tests/fake_compute.py):
+quota errors with their metric and scope, stockouts with the zones that have the shape, and the
+inserts it refuses."""
+
+from __future__ import annotations
+
+import re
+
+NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def gpu_metric(accelerator_type: str) -> str:
+    """The quota metric of a GPU type: nvidia-tesla-t4 -> NVIDIA_T4_GPUS, nvidia-l4 -> NVIDIA_L4_GPUS."""
+    name = accelerator_type.rsplit("/", 1)[-1].replace("nvidia-tesla-", "nvidia-")
+    return name.upper().replace("-", "_") + "_GPUS"
+
+
+def quota_message(metric: str, region: str) -> str:
+    where = "globally" if region == "global" else f"in region {region}"
+    return f"Quota '{metric}' exceeded.  Limit: 0.0 {where}."
+
+
+def invalid_insert(body: dict, custom_networks: set[str]) -> str | None:
+    """What Compute refuses in an insert (400), of what the backends send."""
+    name = body.get("name", "")
+    if not NAME.match(name):
+        return f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex '{NAME.pattern}'"
+    scheduling = body.get("scheduling") or {}
+    if body.get("guestAccelerators") and scheduling.get("onHostMaintenance") != "TERMINATE":
+        return "Instances with guest accelerators do not support live migration."
+    if scheduling.get("provisioningModel") == "SPOT" and scheduling.get("automaticRestart", True):
+        return "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. Spot VMs cannot restart automatically."
+    for nic in body.get("networkInterfaces") or []:
+        if nic.get("network") in custom_networks and not nic.get("subnetwork"):
+            return ("Invalid value for field 'resource.networkInterfaces[0]': ''. Subnetwork should be "
+                    "specified for custom subnetmode network")
+    return None
+
+
+def zone_error(project: str, zone: str, quota: tuple[str, str] | None, zones_available: list[str] | None) -> dict:
+    """A failed operation's error: a stockout (with `zonesAvailable` when known) unless `quota`
+    (metric, region or "global") is what was exceeded."""
+    if quota is None:
+        error = {"code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                 "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
+                            "available to fulfill the request.  Try a different zone, or try again later."}
+        if zones_available:
+            error["errorDetails"] = [{"errorInfo": {
+                "reason": "resource_availability", "domain": "compute.googleapis.com",
+                "metadatas": {"zone": zone, "zonesAvailable": ",".join(zones_available)}}}]
+        return error
+    metric, region = quota
+    dimensions = {} if region == "global" else {"region": region}
+    return {"code": "QUOTA_EXCEEDED", "message": quota_message(metric, region), "errorDetails": [
+        {"quotaInfo": {"metricName": f"compute.googleapis.com/{metric.lower()}", "limit": 0,
+                       "limitName": f"{metric.replace('_', '-')}-per-project" + ("" if region == "global" else "-region"),
+                       "dimensions": dimensions}}]}

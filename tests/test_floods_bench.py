@@ -1,0 +1,21 @@
+"""The flood benchmark (python -m provisioner.perf.floods) runs end to end, short: every flood it
+knows beside bob's creates, and a row for each with bob's creates measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from provisioner.perf.floods import FLOODS
+
+
+def test_a_short_run_measures_bob_beside_every_flood():
+    out = subprocess.run([sys.executable, "-m", "provisioner.perf.floods", "--seconds", "1", "--mallory-sessions", "5",
+                          "--warm-vms", "10",
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout)
+    assert [r["flood"] for r in rows] == ["quiet", *FLOODS]
+    assert all(r["creates"] >= 2 and r["p50_ms"] > 0 for r in rows)
+    assert all(r["flood_calls"] > 0 for r in rows[1:])
