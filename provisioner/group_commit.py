@@ -6,6 +6,13 @@ then answers each caller, so one disk sync (or one PostgreSQL commit) acknowledg
 none waits on the event loop. If the batch fails, its writes are run again one transaction each,
 so every caller gets its own outcome: one bad write fails alone. A write must therefore be safe to
 run again after a rollback (the store's writes are: upserts and guarded updates).
+
+A batch that fails for a reason that is no write's fault (`transient`: the database was lost) is
+run again whole, after a wait, until `ride_out_s` has passed; then each of its writes fails with
+that error. If the connection was lost during the commit itself, the batch may have committed:
+run again, each write then finds its own effect (an upsert writes the same; a guarded update
+finds its guard moved and reports that it did not apply, which its caller treats as a change
+made by someone else, the safe reading).
 """
 
 from __future__ import annotations
@@ -45,8 +52,13 @@ class GroupCommit:
     rolled back on an error), started by `start` or the first write."""
 
     def __init__(self, transaction: Callable[[], AbstractContextManager[Any]], *, max_batch: int = DEFAULT_MAX_BATCH,
-                 max_wait_s: float = DEFAULT_MAX_WAIT_S, name: str = "group-commit"):
+                 max_wait_s: float = DEFAULT_MAX_WAIT_S, name: str = "group-commit",
+                 transient: Callable[[BaseException], bool] = lambda e: False, ride_out_s: float = 0.0,
+                 sleep: Callable[[float], None] = time.sleep):
+        """`sleep` waits between the tries of a batch: in the writer thread, whose every write
+        would fail the same way meanwhile."""
         self._transaction = transaction
+        self._transient, self._ride_out_s, self._sleep = transient, ride_out_s, sleep
         self.max_batch, self.max_wait_s, self._name = max_batch, max_wait_s, name
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -126,15 +138,22 @@ class GroupCommit:
 
     def _commit(self, batch: list[_Write]) -> None:
         live = [w for w in batch if w.start()]
-        try:
-            with self._transaction() as cur:
-                results = [w.run(cur) for w in live]
-        except BaseException as e:  # noqa: BLE001 - each write is retried alone below
-            if len(live) == 1:
-                _answer([(live[0], None, e)])
-            else:
-                self._one_by_one(live)
-            return
+        waits = backoff(self._ride_out_s)
+        while True:
+            try:
+                with self._transaction() as cur:
+                    results = [w.run(cur) for w in live]
+                break
+            except BaseException as e:  # noqa: BLE001 - each write is retried alone below
+                wait = next(waits, None) if self._transient(e) else None
+                if wait is not None:
+                    self._sleep(wait)
+                    continue
+                if len(live) == 1 or self._transient(e):
+                    _answer([(w, None, e) for w in live])
+                else:
+                    self._one_by_one(live)
+                return
         self.batches += 1
         self.writes += len(live)
         _answer([(w, result, None) for w, result in zip(live, results)])
@@ -152,6 +171,19 @@ class GroupCommit:
                 self.writes += 1
                 outcomes.append((w, result, None))
         _answer(outcomes)
+
+
+FIRST_WAIT_S, MAX_WAIT_S = 0.05, 0.5
+
+
+def backoff(bound_s: float):
+    """The waits between tries of a batch, doubling to MAX_WAIT_S, while they add up to less than
+    `bound_s`."""
+    spent, wait = 0.0, FIRST_WAIT_S
+    while spent + wait < bound_s:
+        yield wait
+        spent += wait
+        wait = min(MAX_WAIT_S, wait * 2)
 
 
 def _answer(outcomes: list[tuple[_Write, Any, BaseException | None]]) -> None:

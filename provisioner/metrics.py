@@ -454,11 +454,17 @@ class _FrontCollector(Collector):
             state = client.breaker_state()
             for s in _BREAKER_STATES:
                 breaker.add_metric([client.name, s], 1 if s == state else 0)
+        last_known = CounterMetricFamily("provisioner_quota_checks_last_known",
+                                         "Quota checks that counted a user's sessions at the cluster from the "
+                                         "front's store (the last known), the cluster not listing them.",
+                                         labels=["cluster"])
         for (cluster, outcome), n in sorted(self.placement.attempt_outcomes.items()):
             attempts.add_metric([cluster, outcome], n)
         for outcome, n in sorted(self.placement.outcomes.items()):
             placements.add_metric([outcome], n)
-        yield from (healthy, routable, breaker, attempts, placements)
+        for cluster, n in sorted(self.fleet.counted_last_known.items()):
+            last_known.add_metric([cluster], n)
+        yield from (healthy, routable, breaker, attempts, placements, last_known)
 
 
 class _GuardCollector(Collector):

@@ -7,7 +7,6 @@ builds cloud backends.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 import os
@@ -238,6 +237,7 @@ class FrontProcess:
         self.resolver.cancel()
         self.budgets.cancel()
         await asyncio.gather(self.resolver, self.budgets, return_exceptions=True)
+        await self.fleet.block_pusher.close()
         await self.sessions.flush()
         for client in self.fleet.clients.values():
             await client.close()
@@ -263,12 +263,19 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     wall = RealClock()
     store = open_store(database_url, Path(data_dir) / "front.db")
     store.writer.start()  # the front's durable writes are all group-committed
+    def on_flags(cluster: str):
+        async def apply(decisions) -> None:
+            if await blocks.apply_all(store, cluster, decisions):  # a new block: the clusters hear of it
+                fleet.block_pusher.soon()
+        return apply
+
     clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
                              credentials=link, server_name=security.cluster_name(c.name), clock=wall,
-                             on_flags=functools.partial(blocks.apply_all, store, c.name),
+                             on_flags=on_flags(c.name), on_connect=lambda: fleet.block_pusher.soon(),
                              ceilings={p.name: p.vm_ceiling for p in c.pools})
                for c in fleet_cfg.clusters]
     fleet = Fleet(clients)
+    fleet.block_pusher = blocks.Pusher(store, fleet.clients)
     for c in clients:
         c.start()
     if metrics is not None:
@@ -313,10 +320,12 @@ class LocalFleet:
 
 async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, front_address: str | None = None,
                             cluster_port_base: int | None = None, tracer_provider=None,
-                            database_url: str | None = None, metrics: Metrics | None = None) -> LocalFleet:
+                            database_url: str | None = None, metrics: Metrics | None = None,
+                            link_interceptors: Sequence = ()) -> LocalFleet:
     """Every cluster of the fleet plus the front, in this process, on loopback.
 
-    `cluster_port_base` overrides the configured cluster addresses (0: any free ports).
+    `cluster_port_base` overrides the configured cluster addresses (0: any free ports);
+    `link_interceptors` as for start_front.
     """
     feed, refresh = await catalog_feed(fleet_cfg, metrics)  # one catalog for every part of the process
     clusters = []
@@ -328,6 +337,7 @@ async def start_local_fleet(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path
                                             metrics=metrics, feed=feed))
     front = await start_front(fleet_cfg, clock, data_dir, address=front_address, feed=feed,
                               cluster_addresses={p.config.name: p.address for p in clusters},
-                              tracer_provider=tracer_provider, database_url=database_url, metrics=metrics)
+                              tracer_provider=tracer_provider, database_url=database_url, metrics=metrics,
+                              link_interceptors=link_interceptors)
     await front.fleet.wait_until_ready(timeout_s=10.0)
     return LocalFleet(front, clusters, feed, refresh)

@@ -40,6 +40,15 @@ class PgServer:
             db.execute(f"CREATE DATABASE {name}")
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{name}"
 
+    def pause(self) -> None:
+        """Shuts the server down (fast: every connection is ended), keeping its data."""
+        subprocess.run([*self.run_as, "pg_ctl", "-D", self.data_dir, "-m", "fast", "-w", "stop"],
+                       capture_output=True, timeout=60, check=True)
+
+    def resume(self) -> None:
+        """Starts it again where it was, on the same port; returns once it takes connections."""
+        _pg_ctl_start(self.run_as, self.data_dir, self.port)
+
     def stop(self) -> None:
         subprocess.run([*self.run_as, "pg_ctl", "-D", self.data_dir, "-m", "immediate", "stop"],
                        capture_output=True, timeout=60)
@@ -73,9 +82,16 @@ def start_server() -> PgServer:
             raise RuntimeError(f"{argv[0]} failed: {out.stderr.strip() or out.stdout.strip()}")
 
     run("initdb", "-D", data_dir, "-U", USER, "-A", "trust", "--no-sync", "-E", "UTF8")
-    run("pg_ctl", "-D", data_dir, "-w", "-l", os.path.join(data_dir, "server.log"), "-o",
-        f"-p {port} -k {data_dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", "start")
+    _pg_ctl_start(run_as, data_dir, port)
     return PgServer(data_dir, port, run_as)
+
+
+def _pg_ctl_start(run_as: list[str], data_dir: str, port: int) -> None:
+    out = subprocess.run([*run_as, "pg_ctl", "-D", data_dir, "-w", "-l", os.path.join(data_dir, "server.log"), "-o",
+                          f"-p {port} -k {data_dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+                          "start"], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"pg_ctl failed: {out.stderr.strip() or out.stdout.strip()}")
 
 
 def skip_or_fail(reason: str) -> None:

@@ -119,6 +119,51 @@ async def test_a_sweep_recomputes_only_the_users_whose_budget_end_may_have_moved
         assert abs(usage_known.used_s - usage_listed.used_s) < 1e-6
 
 
+class _Unreachable(grpc.aio.UnaryUnaryClientInterceptor):
+    """On the front's links: SetBudgetEnd to the sessions of `cluster` fails as an unreachable
+    cluster's call does (UNAVAILABLE, never sent); every other call goes through."""
+
+    def __init__(self, cluster: str):
+        self.cluster, self.refused = cluster, 0
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        if method.endswith("/SetBudgetEnd") and request.session_id.startswith(self.cluster + "."):
+            self.refused += 1
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       details="injected: connection refused")
+        return await continuation(details, request)
+
+
+async def test_an_unreachable_cluster_does_not_stop_the_sweep_for_the_others(tmp_path):
+    """The sweep tells each running session its end, users in order: the first user's session is
+    on a cluster that cannot be reached, the second's on one that can. The second is told (and
+    the first is tried again at later sweeps)."""
+    import asyncio
+
+    from provisioner.v1 import cluster_service_pb2 as c_pb
+    from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
+
+    unreachable = _Unreachable("europe-west4")
+    async with warm_fleet(with_budget(tmp_path, 100.0), tmp_path / "data", link_interceptors=[unreachable]) as fleet:
+        cut_off = await fleet.create(user_id="a-first", region_hint="europe-west4", region_required=True)
+        reached = await fleet.create(user_id="b-second", region_hint="us-central1", region_required=True)
+        for s in (cut_off, reached):
+            await fleet.watch_until(s.id, pb.SESSION_STATE_RUNNING)
+        told = pb.Session()
+        async with fleet.cluster_channel("us-central1") as ch:
+            stub = c_grpc.ClusterServiceStub(ch)
+            for _ in range(100):  # the front sweeps every 60 model seconds: 0.2 s of wall time here
+                told = (await stub.Get(c_pb.GetRequest(session_id=reached.id), timeout=5)).session
+                if told.HasField("budget_end_time") and unreachable.refused >= 2:
+                    break
+                await asyncio.sleep(0.1)
+        assert unreachable.refused >= 2, "the session on the unreachable cluster was not tried again"
+        assert told.HasField("budget_end_time"), "the sweep stopped at the unreachable cluster"
+        quota = (await fleet.sessions.GetQuota(s_pb.GetQuotaRequest(user_id="b-second"))).quota
+        assert abs(seconds(told.budget_end_time) - seconds(quota.exhaustion_time)) <= 60  # the end the front computes
+
+
 async def test_a_cluster_refuses_a_budget_end_no_weekly_budget_could_reach(tmp_path):
     """The front's certificate cannot let a session run for ever: a cluster takes budget ends up to
     two weeks ahead (a week's budget after the next reset, at most), not year 9999."""

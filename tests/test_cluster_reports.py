@@ -104,6 +104,9 @@ class FakeCluster(cluster_grpc.ClusterServiceServicer):
     async def Get(self, request, context):
         return cluster_pb.GetResponse(session=self._session(pb.SessionSpec(user_id=request.user_id or "alice")))
 
+    async def SetBlockedUsers(self, request, context):
+        return cluster_pb.SetBlockedUsersResponse()
+
 
 def _capacity(warm: int) -> pb.ClusterCapacity:
     return pb.ClusterCapacity(cluster=CLUSTER, region=CLUSTER, healthy=True, pools=[pb.PoolCapacity(

@@ -198,3 +198,52 @@ async def test_healthy_clusters_keep_their_capacity_streams(tmp_path, caplog):
     finally:
         await handle.channel.close()
         await handle.fleet.stop(0.5)
+
+
+@pytest.mark.timeout(90)
+async def test_a_create_routed_to_a_frozen_cluster_succeeds_elsewhere_within_a_short_deadline(fleet):
+    """A cluster frozen (SIGSTOP) just before creates that prefer it: the front still routes them
+    there (keepalives notice a hung cluster only after seconds), gives the attempt a short time,
+    and places them elsewhere within the callers' 6 s deadline. Once it thaws, each request id
+    still has one session, the one its caller was told."""
+    proc = fleet.clusters[VICTIM].proc
+    deadline_s = 6.0
+    async with front_channel(fleet.data_dir, fleet.front.address) as channel:
+        stub = s_grpc.SessionServiceStub(channel)
+
+        async def create(i: int) -> tuple[str, float]:
+            spec = pb.SessionSpec(request_id=f"frozen-{i}", user_id=f"f{i}", accelerator="gpu-p100",
+                                  image="gpu:latest", region_hint=VICTIM)
+            started = time.monotonic()
+            resp = await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=deadline_s)
+            return resp.session.id, time.monotonic() - started
+
+        admin = admin_grpc.AdminServiceStub(channel)
+        warm_by = time.monotonic() + 30
+        while True:  # a warm VM there, so that a create goes there first
+            pools = (await admin.ListPools(admin_pb.ListPoolsRequest(cluster=VICTIM), timeout=5)).pools
+            if next(p for p in pools if p.name == "gpu-p100").capacity.warm >= 1:
+                break
+            assert time.monotonic() < warm_by, "the cluster never warmed up"
+            await asyncio.sleep(0.1)
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            answers = await asyncio.gather(*(create(i) for i in range(3)))
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        print("answered in " + ", ".join(f"{took:.2f} s" for _, took in answers))
+        assert all(not sid.startswith(VICTIM + ".") for sid, _ in answers)
+        assert max(took for _, took in answers) > 1.0, "no create was routed to the frozen cluster"
+        await fleet.wait_routable(timeout=10)
+        # The attempts left open at the frozen cluster are settled by the resolver (commit_by has
+        # passed); none may keep a second session.
+        deadline = time.monotonic() + 20
+        while open_attempts(fleet.data_dir) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert open_attempts(fleet.data_dir) == 0
+        per_request = sessions_per_request(fleet.data_dir)
+        for i, (sid, _) in enumerate(answers):
+            assert per_request[f"frozen-{i}"] == 1
+            again = await stub.CreateSession(s_pb.CreateSessionRequest(spec=pb.SessionSpec(
+                request_id=f"frozen-{i}", user_id=f"f{i}", accelerator="gpu-p100", image="gpu:latest")), timeout=10)
+            assert again.session.id == sid

@@ -159,3 +159,51 @@ def test_acknowledged_writes_survive_a_sigkill(store_url, tmp_path):
     finally:
         store.close()
     assert set(acked) <= set(stored)
+
+
+class _Lost(Exception):
+    """What the store raises for a lost connection (StoreUnavailable), here."""
+
+
+def _flaky(fails: int):
+    """A transaction that fails `fails` times as a lost connection would, then works (a list
+    stands for the database; a failed transaction leaves nothing in it)."""
+    from contextlib import contextmanager
+
+    db, tries = [], []
+
+    @contextmanager
+    def transaction():
+        tries.append(1)
+        pending: list = []
+        yield pending
+        if len(tries) <= fails:
+            raise _Lost("connection lost")
+        db.extend(pending)
+    return transaction, db, tries
+
+
+def test_a_batch_lost_with_its_connection_is_run_again_whole():
+    from provisioner.group_commit import GroupCommit
+
+    transaction, db, tries = _flaky(fails=2)
+    waits: list[float] = []
+    writer = GroupCommit(transaction, transient=lambda e: isinstance(e, _Lost), ride_out_s=5.0, sleep=waits.append)
+    futures = [writer.submit(lambda cur, i=i: cur.append(i) or i) for i in range(3)]
+    assert [f.result(10) for f in futures] == [0, 1, 2]
+    writer.close()
+    assert db == [0, 1, 2]  # each once, whatever the batches were
+    assert len(waits) == 2 and waits[0] < waits[1]  # two failures, waited out, backing off
+
+
+def test_a_batch_lost_for_longer_than_the_ride_out_fails_each_write():
+    from provisioner.group_commit import GroupCommit
+
+    transaction, db, tries = _flaky(fails=1000)
+    waits: list[float] = []
+    writer = GroupCommit(transaction, transient=lambda e: isinstance(e, _Lost), ride_out_s=2.0, sleep=waits.append)
+    future = writer.submit(lambda cur: cur.append("x"))
+    with pytest.raises(_Lost):
+        future.result(10)
+    writer.close()
+    assert db == [] and sum(waits) < 2.0 and len(tries) == len(waits) + 1

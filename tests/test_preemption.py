@@ -192,3 +192,27 @@ def test_no_interactive_session_is_ever_preempted(arrivals, share):
             users[s.spec.user_id] = users.get(s.spec.user_id, 0) + 1
     assert d.core._held.get("gpu-p100", {}) == users
     assert set(d.core._borrowable.get("gpu-p100", {})) == {s.id for s in holding if s.spec.kind is BATCH}
+
+
+def test_a_requeued_session_keeps_what_is_left_of_its_max_runtime():
+    d, batches = full_pool(requeue=True)
+    victim = batches[-1]
+    d.allocate("dee")
+    d.run_until(lambda: victim.state is not S.RUNNING, GRACE + 10)
+    again = d.core.sessions[victim.requeued_as]
+    ran_for = victim.ended_at - victim.ready_at if victim.ended_at else d.now - victim.ready_at
+    assert abs(again.max_runtime_s - (victim.max_runtime_s - ran_for)) <= 10  # within a tick of the stop
+    assert again.max_runtime_s < victim.max_runtime_s
+
+
+def test_a_blocked_users_preempted_session_is_not_requeued():
+    d, batches = full_pool(requeue=True)
+    d.send(ev.BlockedUsersSet(d.now, frozenset({"ben"})))
+    victim = batches[-1]
+    d.allocate("dee")
+    d.run_until(lambda: victim.state is not S.RUNNING, GRACE + 10)
+    assert not victim.requeued_as
+    assert victim.notices[-1].message == "not queued again: its user is blocked from GPU sessions"
+    assert not [s for s in d.core.sessions.values() if s.spec.request_id.startswith("requeue-")]
+    d.send(ev.BlockedUsersSet(d.now, frozenset()))  # lifted: the next preemption requeues again
+    assert d.core.blocked_users == frozenset()

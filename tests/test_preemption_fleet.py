@@ -83,3 +83,24 @@ async def test_an_interactive_session_within_its_share_preempts_an_over_share_ba
         assert dee_now.state == pb.SESSION_STATE_RUNNING and not dee_now.notices
         first_now = (await fleet.sessions.GetSession(s_pb.GetSessionRequest(session_id=first.id))).session
         assert first_now.reason.startswith("preempted: its class batch ranks below interactive")
+
+
+async def test_a_blocked_users_preempted_session_is_not_requeued(tmp_path):
+    """ben's batch sessions fill the pool; an operator blocks ben; dee's session preempts the
+    youngest, which asked to be requeued: the cluster, told of the block by the front, stops it
+    and queues nothing in its place."""
+    from provisioner.v1 import admin_service_pb2 as admin_pb
+
+    config = small_pools(tmp_path)
+    async with warm_fleet(config, tmp_path / "data", time_scale=TIME_SCALE) as fleet:
+        await fleet.create(user_id="ben", kind=pb.SESSION_KIND_BATCH, **REGION)
+        await asyncio.sleep(0.2)
+        young = await fleet.create(user_id="ben", kind=pb.SESSION_KIND_BATCH, requeue_on_preemption=True, **REGION)
+        await fleet.admin.BlockUser(admin_pb.BlockUserRequest(user_id="ben", reason="mining"))
+        dee = await fleet.create(user_id="dee", **REGION)
+        assert dee.state == pb.SESSION_STATE_QUEUED and "preempted" in dee.reason
+        end = (await fleet.watch_until(young.id, pb.SESSION_STATE_STOPPED, timeout=30))[-1]
+        assert end.reason.startswith("preempted: ") and not end.requeued_as
+        assert end.notices[-1].message == "not queued again: its user is blocked from GPU sessions"
+        listed = (await fleet.sessions.ListSessions(s_pb.ListSessionsRequest(user_id="ben"))).sessions
+        assert not [s for s in listed if s.spec.request_id.startswith("requeue-")]

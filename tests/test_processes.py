@@ -29,7 +29,7 @@ from provisioner.v1 import types_pb2 as pb
 
 PROVISIONER = Path(sys.executable).with_name("provisioner")
 CLUSTERS = ("us-central1", "europe-west4", "asia-east1")
-STARTUP_S = 20.0
+STARTUP_S = 40.0  # a cluster on PostgreSQL waits out the lease's grace (9 s) before it serves
 HEALTH = health_pb2.HealthCheckResponse
 
 

@@ -1,5 +1,6 @@
 """Two replicas of one cluster provisioner on one PostgreSQL: only the leader acts; SIGKILL it and
-the standby takes over within seconds, from the same state, without acting twice on anything.
+the standby takes over once the leader's term is out (seconds), from the same state, without
+acting twice on anything.
 
 Both replicas share the simulated cloud's inventory file, which logs every call with the
 calling process, so who acted when is visible from outside.
@@ -16,6 +17,7 @@ import grpc
 import pytest
 
 from conftest import cluster_channel, front_channel
+from provisioner.cluster.leader import GRACE_S
 from provisioner.config import default_clusters_dir
 from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
@@ -63,6 +65,10 @@ async def test_only_the_leader_acts_and_the_standby_takes_over(tmp_path, postgre
             for i in range(4):
                 spec = pb.SessionSpec(request_id=f"r{i}", user_id=f"u{i}", accelerator="gpu-p100", image="gpu:latest")
                 made.append((await stub.Allocate(c_pb.AllocateRequest(spec=spec), timeout=10)).session)
+        for _ in range(300):  # the standby starts (imports, connects) and finds the lease taken
+            if "standing by" in (tmp_path / "standby.log").read_text():
+                break
+            await asyncio.sleep(0.1)
         await asyncio.sleep(2.0)  # the leader works (fills pools, boots VMs); the standby must not
         assert not standby_line.done(), "the standby started serving while the leader was alive"
         assert "standing by" in (tmp_path / "standby.log").read_text()
@@ -76,7 +82,8 @@ async def test_only_the_leader_acts_and_the_standby_takes_over(tmp_path, postgre
         took_over_s = time.time() - killed_at
         assert b"listening on" in line, (tmp_path / "standby.log").read_text()
         print(f"standby serving {took_over_s:.2f} s after the leader was killed")
-        assert took_over_s < 10
+        # It polls once a second, then waits out the leader's term (cluster/leader.py).
+        assert took_over_s < GRACE_S + 5
 
         async with cluster_channel(data_dir, None, addresses[1], CLUSTER) as ch:
             stub = c_grpc.ClusterServiceStub(ch)
@@ -122,7 +129,6 @@ def test_postgres_lease_admits_one_holder_per_cluster(postgres):
         assert a._db.execute("SHOW tcp_keepalives_idle").fetchone()[0] in ("2", "2s")
         assert not b.try_acquire() and other.try_acquire()  # another cluster has its own lease
         a.release()  # the leader's connection ends (as when its process dies)
-        assert not a.held()
         deadline = time.monotonic() + 5  # the server frees the lock once it has seen the connection go
         while not b.try_acquire():
             assert time.monotonic() < deadline, "the lock was not freed"

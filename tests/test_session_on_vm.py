@@ -49,7 +49,7 @@ async def rig(tmp_path, loopback_only):  # noqa: F811
 
     def edit(cluster: dict) -> None:
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
-                              "retry_total_s": 10.0, "agent_package": "preinstalled"}
+                              "agent_package": "preinstalled", "retry_total_s": 10.0}
         for pool in cluster["pools"]:
             if pool["name"] == POOL:
                 pool.update(min_vms=1, max_vms=1, autoscaler="fixed", warm_vms=1, disk_cache_gb=30,

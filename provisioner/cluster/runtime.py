@@ -253,6 +253,9 @@ class ClusterRuntime:
         self.core.get(session_id)  # NotFound, with the core's wording
         return self.handle(ev.BudgetSet(self.clock.now(), session_id, ends_at)).reply
 
+    def set_blocked_users(self, user_ids: frozenset[str]) -> None:
+        self.handle(ev.BlockedUsersSet(self.clock.now(), user_ids))
+
     def discard(self, key: str, reason: str) -> bool:
         return self.handle(ev.DiscardRequested(self.clock.now(), key, reason)).reply is not None
 

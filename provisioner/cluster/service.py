@@ -207,6 +207,11 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         await self.rt.durable()
         return response
 
+    @unary
+    async def SetBlockedUsers(self, request, context):
+        self.rt.set_blocked_users(frozenset(request.user_ids))
+        return cluster_pb.SetBlockedUsersResponse()
+
     @stream
     async def WatchCapacity(self, request, context):
         interval = request.min_interval_s or DEFAULT_CAPACITY_INTERVAL_S

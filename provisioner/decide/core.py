@@ -76,6 +76,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preempti
         self._preempt_due: list[tuple[float, str]] = []  # (end of a grace period, preempted session id)
         self._preempting: dict[str, str] = {}  # preempted session in its grace period -> whom it makes room for
         self._claims: set[str] = set()  # queued sessions that preempted others, until they leave the queue
+        self.blocked_users: frozenset[str] = frozenset()  # as the front last told (none requeued)
         self._held: dict[str, dict[str, int]] = {}  # pool -> user -> sessions holding (or getting) a VM there
         self._borrowable: dict[str, dict[str, None]] = {}  # pool -> those sessions of preemptible classes
         self._watched: dict[str, Watched] = {}  # running session id -> what abuse detection still needs
@@ -138,6 +139,8 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preempti
                 return s
             case ev.BudgetSet():
                 return self._set_budget(event.session_id, event.ends_at, now)
+            case ev.BlockedUsersSet():
+                self.blocked_users = event.user_ids
             case ev.StopRequested():
                 return self._stop(event.session_id, event.reason, now, event.user_id)
             case ev.DiscardRequested():

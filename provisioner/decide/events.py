@@ -54,6 +54,13 @@ class BudgetSet:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockedUsersSet:
+    """The front's list of the users blocked from GPU sessions, whole: none of theirs is requeued."""
+    at: float
+    user_ids: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class StopRequested:
     at: float
     session_id: str

@@ -17,11 +17,13 @@ import heapq
 from provisioner.decide.preempt import (STOP_REASON, Held, Request, Share, Victim, choose_victims, grace_plan,
                                         mark_over_share)
 from provisioner.decide.states import SessionState as S
-from provisioner.errors import ProvisionerError
+from provisioner.errors import FailedPrecondition, ProvisionerError
 from provisioner.model import Notice, Session
 
 PREEMPTION = "preemption"  # the kind of the notices a preempted session's watchers get
 _THEN = "; it stops in "  # a preemption's notice is its stop reason, then when
+# A requeued session with less max runtime left than this is not worth a VM's assignment.
+MIN_REQUEUED_RUNTIME_S = 60.0
 # Sessions that hold (or have coming) a VM of their pool, so its GPUs.
 _HOLDING = frozenset({S.PROVISIONING, S.PULLING_IMAGE, S.STARTING, S.RUNNING})
 # And those whose VM is still theirs: a stopping session's until it is wiped.
@@ -139,10 +141,22 @@ class Preemption:
         self._session_changed(v)
 
     def _requeue(self, v: Session, now: float) -> None:
-        """A new session with the preempted one's spec, under a request id of its own."""
-        spec = dataclasses.replace(v.spec, request_id=f"requeue-{v.id}")
+        """A new session with the preempted one's spec, under a request id of its own, and with
+        what is left of its max runtime: a chain of requeues runs no longer than the first
+        session may. None for a blocked user (the front's list): a block stops every way to GPU
+        time, requeues too."""
+        left = v.max_runtime_s - (now - v.ready_at if v.ready_at else 0.0)
+        if v.spec.user_id in self.blocked_users:
+            why = "its user is blocked from GPU sessions"
+        elif left < MIN_REQUEUED_RUNTIME_S:
+            why = "its max runtime is used up"
+        else:
+            why = ""
         try:
-            new = self._allocate(spec, now, v.trace_context)
+            if why:
+                raise FailedPrecondition(why)
+            new = self._allocate(dataclasses.replace(v.spec, request_id=f"requeue-{v.id}", max_runtime_s=left),
+                                 now, v.trace_context)
         except ProvisionerError as err:  # draining, or the image or pool is gone since
             v.notices.append(Notice(PREEMPTION, f"not queued again: {err.message}", now, now))
             self._session_changed(v)

@@ -10,6 +10,13 @@ check, the real count would too, and the create asks no cluster. Only a user nea
 placement under way, or with many sessions not seen to end costs a check the clusters' lists;
 that check then records the ends it saw, which keeps the bound close.
 
+A cluster that does not list (unreachable, or too slow for the check) is counted by what the store
+knows of it, not as nothing: the sessions the fronts made there for the user and have not seen end
+count live (`unlisted`), so a partition cannot admit a user past their cap. The price is a user
+refused while a session of theirs there may in fact have ended; the check logs it, and the front's
+`provisioner_quota_checks_last_known_total` counts it by cluster. A session a cluster requeued
+(below) is not in the store: unlisted, it goes uncounted.
+
 A session the fronts did not make is one a cluster requeued after a preemption: it runs in place of
 the preempted one, whose record is therefore not marked ended while a requeued session of the user
 lives there.
@@ -71,3 +78,9 @@ def ends_seen(made: list[Made], listed: list, asked_after: float) -> list[tuple[
         elif not s.requeued_as:
             out.append((m.session_id, s.end_time.ToNanoseconds() / 1e9))
     return out
+
+
+def unlisted(made: list[Made], answered: set[str], placing: frozenset[str]) -> list[Made]:
+    """The made sessions not seen to end at clusters that did not list (`answered` did), less
+    those already counted as placements under way: the last known of them, counted live."""
+    return [m for m in made if m.cluster not in answered and m.request_id not in placing]

@@ -23,6 +23,11 @@ class BlockAdmin:
     def _store(self) -> Store:
         return self.sessions.store
 
+    def _push(self) -> None:
+        """The clusters hear of the change (front/blocks.py: they requeue no blocked user's session)."""
+        if (pusher := self.sessions.fleet.block_pusher) is not None:
+            pusher.soon()
+
     @unary
     async def BlockUser(self, request, context):
         _need_user(request.user_id)
@@ -31,6 +36,7 @@ class BlockAdmin:
         store = self._store
         new = await store.commit(store.block_user, request.user_id, self.sessions.clock.now(),
                                  guard.current().caller.identity, request.reason, "")
+        self._push()
         out = admin_pb.BlockUserResponse(already_blocked=not new)
         if (block := Block.read(store, request.user_id)) is not None:  # None only if unblocked meanwhile
             out.block.CopyFrom(block_pb(block))
@@ -42,6 +48,7 @@ class BlockAdmin:
         store = self._store
         lifted = await store.commit(store.unblock_user, request.user_id, self.sessions.clock.now(),
                                     guard.current().caller.identity)
+        self._push()
         out = admin_pb.UnblockUserResponse()
         if lifted is not None:
             out.block.CopyFrom(block_pb(Block(*lifted)))

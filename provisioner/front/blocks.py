@@ -5,6 +5,12 @@ an operator's (`provisioner admin user block`) or the detector's, with the reaso
 detector's, the evidence. It stays until an operator clears it. The cluster that flags a session
 makes its decision record (provisioner/abuse_record.py) and every front hears of it on its
 capacity stream; `apply` records it and blocks the user, or, in a dry run, records it only.
+
+A cluster requeues a preempted session by itself, with no create at a front: so the clusters are
+told the list of blocked users (`push`), and requeue none of theirs. A front pushes it whole when a
+cluster's capacity stream starts (a cluster restarted knows nothing), when a block is set or
+lifted at it, and with every budget sweep (so two pushes crossing, from two replicas, are put
+right within a sweep).
 """
 
 from __future__ import annotations
@@ -16,9 +22,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from provisioner.abuse_record import MAX_EVIDENCE_CHARS, Decision
+from provisioner.api.status import RemoteError
 from provisioner.errors import PermissionDenied, quote
 from provisioner.front import cluster_reports
+from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
+from provisioner.front.retry import call
 from provisioner.store import Store
+from provisioner.v1 import cluster_service_pb2 as cluster_pb
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +97,64 @@ async def apply_all(store: Store, cluster: str, decisions: list[Decision]) -> in
                         ", ".join(d.rules), "recorded only (dry run)" if d.dry_run else "user blocked",
                         extra={"session_id": d.session_id})
     return sum(new)
+
+
+BLOCKS_PAGE = 1000
+
+
+async def blocked_user_ids(store: Store) -> list[str]:
+    """Every blocked user, from the store."""
+    users: list[str] = []
+    while page := await store.read(store.blocked_users, BLOCKS_PAGE, len(users)):
+        users += [row[0] for row in page]
+        if len(page) < BLOCKS_PAGE:
+            break
+    return users
+
+
+async def push(store: Store, clients) -> None:
+    """Tells each of `clients` (ClusterClients) the whole list of blocked users. A cluster that
+    cannot be told now is logged and told at the next push."""
+    request = cluster_pb.SetBlockedUsersRequest(user_ids=await blocked_user_ids(store))
+    results = await asyncio.gather(*(call(c.sessions.SetBlockedUsers, request, ATTEMPT_TIMEOUT_S)
+                                     for c in clients), return_exceptions=True)
+    for c, result in zip(clients, results):
+        if isinstance(result, RemoteError):
+            log.warning("cluster %s was not told the blocked users; the next push tells it: %s", c.name,
+                        result.code.name)
+        elif isinstance(result, BaseException):
+            raise result
+
+
+class Pusher:
+    """Pushes in the background, so that no caller (a capacity stream, an operator's call) waits
+    on the clusters; the pushes asked for while one runs make one more after it."""
+
+    def __init__(self, store: Store, clients: dict):
+        self.store, self.clients = store, clients  # by name, as Fleet.clients
+        self._task: asyncio.Task | None = None
+        self._again = False
+
+    def soon(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self._again = False
+            try:  # a cluster not reachable now is told when its capacity stream starts again
+                await push(self.store, [c for c in self.clients.values() if c.healthy])
+            except Exception:  # noqa: BLE001 - the store away: the next push tries again
+                log.exception("could not push the blocked users to the clusters")
+            if not self._again:
+                return
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
 
 def _iso(t: float) -> str:

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 
 from provisioner import quota
 from provisioner.api import convert
+from provisioner.api.status import RemoteError
 from provisioner.config_policy import QuotaConfig
+from provisioner.errors import quote
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import CLOCK_MARGIN_S
@@ -90,7 +92,10 @@ class BudgetEnforcer:
             await self.svc.clock.sleep(ENFORCE_EVERY_S)
 
     async def sweep(self) -> int:
-        """Sends each running session whose budget end moved its new end; returns how many."""
+        """Sends each running session whose budget end moved its new end; returns how many. And
+        has the clusters told the blocked users again (front/blocks.py)."""
+        if (pusher := self.svc.fleet.block_pusher) is not None:
+            pusher.soon()
         lists = await self._list_all()
         basis: dict[str, _Basis] = {}
         sent = 0
@@ -99,7 +104,10 @@ class BudgetEnforcer:
             q = await self.svc.quotas(user)
             now_basis = _Basis(frozenset(lists.running[user]), q, self.svc._week_start(q))
             if lists.ended.get(user, set()) - self._ended or self._basis.get(user) != now_basis:
-                sent += await self._enforce(user, q, lists)
+                told, complete = await self._enforce(user, q, lists)
+                sent += told
+                if not complete:  # not remembered: the next sweep computes this user's end again
+                    continue
             basis[user] = self._basis[user] = now_basis
         self._basis = basis
         # A list asks a little further back than the last one: an end it shows again is not new.
@@ -165,11 +173,14 @@ class BudgetEnforcer:
         self._listed_at[c.name] = asked_at
         return out, asked_at
 
-    async def _enforce(self, user: str, q: QuotaConfig, lists: _Lists) -> int:
+    async def _enforce(self, user: str, q: QuotaConfig, lists: _Lists) -> tuple[int, bool]:
+        """Tells the user's running sessions their budget end; how many were told, and whether
+        every one that needed it was. A cluster that cannot be reached is left for the next sweep:
+        the sweep goes on with the user's other sessions and the other users."""
         sessions, ended = self._known_week(user, q, lists) or await self.svc._week(user, q)
         now = self.svc.clock.now()
         ends_at = quota.exhaustion_time(self.svc._usage(sessions, ended, now, q), now) or 0.0
-        sent = 0
+        sent, complete = 0, True
         for s in sessions:
             held = s.budget_end_time.ToNanoseconds() / 1e9 if s.HasField("budget_end_time") else 0.0
             if s.state != pb.SESSION_STATE_RUNNING or abs(held - ends_at) < TOLERANCE_S:
@@ -178,6 +189,12 @@ class BudgetEnforcer:
             if ends_at:
                 request.end_time.CopyFrom(convert.timestamp(ends_at))
             client = self.svc.fleet.for_session(s.id)
-            await call(client.sessions.SetBudgetEnd, request)
+            try:
+                await call(client.sessions.SetBudgetEnd, request, ATTEMPT_TIMEOUT_S)
+            except RemoteError as err:
+                log.warning("cluster %s was not told the budget end of session %s; the next sweep tells it: %s",
+                            client.name, quote(s.id), err.code.name)
+                complete = False
+                continue
             sent += 1
-        return sent
+        return sent, complete

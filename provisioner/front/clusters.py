@@ -50,16 +50,17 @@ class ClusterClient:
                  interceptors: Sequence[grpc.aio.ClientInterceptor] = (), *,
                  credentials: grpc.ChannelCredentials, server_name: str, clock: Clock,
                  on_flags: Callable[[list[Decision]], Awaitable[object]] | None = None,
-                 ceilings: Mapping[str, int] | None = None):
+                 on_connect: Callable[[], object] | None = None, ceilings: Mapping[str, int] | None = None):
         """Mutual TLS: `credentials` carry the front's certificate, and the cluster must prove it
         is `server_name` (whatever address it is reached at). `clock` runs at wall speed: the
         breaker's waits and reconnects are network time. `on_flags` is given the abuse flags
-        each push carries (blocks.apply_all), before the push's capacity is taken. `ceilings`:
-        the cluster's pools and the most VMs each may hold by the fleet's config; a push beyond
-        them (cluster_reports.capacity_problem) is not taken and ends the stream (None: not checked)."""
+        each push carries (blocks.apply_all), before the push's capacity is taken; `on_connect`
+        is called at the first push of each capacity stream (the cluster may have restarted).
+        `ceilings`: the cluster's pools and the most VMs each may hold by the fleet's config; a push
+        beyond them (cluster_reports.capacity_problem) is not taken and ends the stream (None: not checked)."""
         self.name, self.region, self.address = name, region, address
         self.clock = clock
-        self.on_flags = on_flags
+        self.on_flags, self.on_connect = on_flags, on_connect
         self.ceilings = ceilings
         self.channel = grpc.aio.secure_channel(
             address, credentials, options=[*KEEPALIVE, *RECEIVE_BUFFER, ("grpc.ssl_target_name_override", server_name)],
@@ -99,6 +100,8 @@ class ClusterClient:
                     # A flag that fails to apply ends the stream: the next one sends every flag again.
                     if resp.abuse_flags and self.on_flags is not None:
                         await self.on_flags([convert.abuse_flag_from_pb(f) for f in resp.abuse_flags])
+                    if not self.healthy and self.on_connect is not None:
+                        self.on_connect()
                     self.capacity, self.healthy = merged(self.capacity, resp), True
                     self._pools = pool_views(self.capacity)
                     self._pushes += 1

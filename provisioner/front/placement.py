@@ -120,7 +120,9 @@ class Placement:
                                              telemetry.ATTR_CLUSTER: run.cluster,
                                              telemetry.ATTR_START: pb.StartKind.Name(session.start)
                                              .removeprefix("START_KIND_").lower()})
-                    return cluster_reports.checked(run.cluster, session)
+                    # A duplicate's answer is the winner's session, fetched from the winner's cluster.
+                    return cluster_reports.checked(run.cluster if outcome == "placed" else cluster_of(session.id),
+                                                   session)
                 case GiveUp(outcome="held"):
                     self.outcomes["held"] += 1
                     raise Unavailable("this request's first placement may still make its session; retry",

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
+from collections import Counter
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -62,6 +63,10 @@ class Fleet:
 
     def __init__(self, clients: list[ClusterClient]):
         self.clients = {c.name: c for c in clients}
+        # By cluster: the quota checks that counted a user's sessions there from the front's
+        # store, the cluster not listing them (front/admission.py, unlisted).
+        self.counted_last_known: Counter[str] = Counter()
+        self.block_pusher: blocks.Pusher | None = None  # tells the clusters the blocked users
 
     def get(self, name: str, field: str = "cluster") -> ClusterClient:
         if name not in self.clients:
@@ -245,12 +250,13 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             rows.append((self._metered(s), KIND_NAMES.get(s.spec.kind, "interactive"), live))
         return quota.usage(rows, now, q.gpu_hours_per_week * 3600, window)
 
-    async def _week(self, user_id: str, q: QuotaConfig, lenient: bool = True,
-                    made: list[Made] | None = None) -> tuple[list[pb.Session], list[EndedRow]]:
+    async def _week(self, user_id: str, q: QuotaConfig, lenient: bool = True, made: list[Made] | None = None,
+                    answered: set[str] | None = None) -> tuple[list[pb.Session], list[EndedRow]]:
         """A user's sessions that meter this week: those each cluster lists (the live ones and those
         ended since the latest end this front has seen there, brief), and the rows of the ended
         ones it remembers (front/ended_sessions.py). `lenient` as for _user_sessions. The ends of
-        the `made` sessions (the store's, front/admission.py) that the lists show are recorded."""
+        the `made` sessions (the store's, front/admission.py) that the lists show are recorded.
+        `answered` is given the names of the clusters that listed."""
         week_start = self._week_start(q)
         timeout = ATTEMPT_TIMEOUT_S if lenient else None
         seen = self.ended_sessions
@@ -261,6 +267,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             out = await listed(c, cluster_pb.ListRequest(user_id=user_id, ended_after=convert.timestamp(asked_after),
                                                          brief=True), timeout)
             seen.add(user_id, c.name, self.ended_rows(out), asked_at)
+            if answered is not None:
+                answered.add(c.name)
             if made:
                 ended_made.extend(admission.ends_seen([m for m in made if m.cluster == c.name], out, asked_after))
             return [s for s in out if s.state in LIVE_STATES]
@@ -313,8 +321,12 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             span.add_event("quota: within, from the store")
             return
         span.add_event("quota: listing the clusters", {"reason": why})
-        made = await self.store.read(self.store.made_not_seen_ended, user_id)
-        sessions, ended = await self._week(user_id, q, made=[m for m in made if m.request_id != request_id])
+        made = [m for m in await self.store.read(self.store.made_not_seen_ended, user_id) if m.request_id != request_id]
+        answered: set[str] = set()
+        sessions, ended = await self._week(user_id, q, made=made, answered=answered)
+        last_known = admission.unlisted(made, answered, a.placing)
+        if last_known:
+            self._note_last_known(user_id, last_known)
         if len(self._live_when_listed) >= MAX_USERS_LISTED:
             self._live_when_listed.clear()  # a cache: forgotten users are listed a little sooner
         self._live_when_listed[user_id] = len(sessions)
@@ -324,13 +336,22 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         ended = [r for r in ended if r.request_id != request_id]
         usage = self._usage(sessions, ended, now, q)
         listed = {s.spec.request_id for s in sessions}
-        placing = len(a.placing - listed)  # not made yet, or not listed yet: one more each, of this kind
+        # Not made yet, or not listed yet, or made at a cluster that did not list: one more each, of
+        # this kind (the kind of a session only its cluster knows).
+        placing = len(a.placing - listed) + len(last_known)
         if placing:
             usage = dataclasses.replace(usage, active=usage.active | {kind: usage.active.get(kind, 0) + placing})
         refusal = quota.check_create(usage, kind, q.max_active(kind), q.min_budget_to_start_s)
         if refusal is not None:
             span.add_event("quota refused", {"quota.subject": refusal.field})
             raise QuotaExceeded(refusal.message, field=refusal.field, reset_time=refusal.reset_time)
+
+    def _note_last_known(self, user_id: str, last_known: list[Made]) -> None:
+        by_cluster = Counter(m.cluster for m in last_known)
+        self.fleet.counted_last_known.update(by_cluster.keys())
+        log.warning("quota check of user %s: %s did not list; counting their sessions made there and not "
+                    "seen to end as live", quote(user_id),
+                    ", ".join(f"cluster {c} ({n} sessions)" for c, n in sorted(by_cluster.items())))
 
     @unary
     async def GetSession(self, request, context):

@@ -7,8 +7,8 @@ VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed
 StartNotebook: NotebookStarted after notebook_start_s; StopNotebook: NotebookStopped).
 Scheduled work, each core's next tick included, sits in one heap of (time, seq, callback, args);
 each event goes to its core's `handle`, and the step it returns is carried out at once. Work due
-at the same time as a tick runs before it (a tick's seq is above every other's). Whether an answer
-still applies is the core's business, not the engine's.
+at the same time as a tick runs before it (a tick's seq is above every other's). Whether an
+answer still applies is the core's business, not the engine's.
 
 A Spot pool's running VMs are preempted at its `spot_preemptions_per_hour` (a Poisson process per
 VM, drawn from a generator of its own so runs without Spot draw exactly as before): the core

@@ -95,7 +95,10 @@ class StoreBase:
             if self._writer_closed:
                 raise WriterClosed("the store is closed")
             if self._writer is None:
-                self._writer = GroupCommit(self._grouped(self._writer_transaction()))
+                from provisioner.store.outage import RIDE_OUT_S, StoreUnavailable
+
+                self._writer = GroupCommit(self._grouped(self._writer_transaction()),
+                                           transient=lambda e: isinstance(e, StoreUnavailable), ride_out_s=RIDE_OUT_S)
             return self._writer
 
     def _grouped(self, transaction: Callable[[], Any]) -> Callable[[], Any]:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 from provisioner.private_files import DIR_MODE, create_private
 from provisioner.store.audit_records import AuditRecords
 from provisioner.store.base import StoreBase, StoreError, T
+from provisioner.store.outage import StoreUnavailable, connection_lost, ride_out
 from provisioner.store.schema import MIGRATION_LOCK
 from provisioner.store.cluster_records import ClusterRecords
 from provisioner.store.front_records import FrontRecords
@@ -75,6 +76,9 @@ class SqliteStore(Store):
                 self._writer_db.close()
 
 
+CONNECT_TIMEOUT_S = 5  # a server that does not answer at all is given up on within a ride-out
+
+
 class PostgresStore(Store):
     placeholder = "%s"
     dialect = "postgres"
@@ -82,26 +86,39 @@ class PostgresStore(Store):
     def __init__(self, url: str):
         super().__init__()
         self.url = url
-        self._db = self._connect()
+        self._db = None
         self._writer_db: list = []  # the writer's connection, once it has one
         # Reads from the event loop wait for a network round trip: they wait in this thread.
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="store-reader")
-        self._migrate()
+        try:  # a process starting while the database restarts waits for it, as a running one does
+            ride_out(self._migrate)
+        except StoreUnavailable as e:
+            raise StoreError(f"cannot connect to the database {e.detail}") from None
 
     async def read(self, read: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._reader, lambda: read(*args))
+        """As StoreBase.read, and a database away for a moment is waited out (store/outage.py)."""
+        return await asyncio.get_running_loop().run_in_executor(self._reader, ride_out, lambda: read(*args))
 
     def _connect(self):
         import psycopg  # only when PostgreSQL is asked for
 
+        with self._lost():
+            return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+
+    @contextmanager
+    def _lost(self) -> Iterator[None]:
+        """A lost connection (or none to be had) becomes StoreUnavailable, which tells callers no
+        address; the log gets the details, the URL without its password."""
         try:
-            return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
-        except psycopg.OperationalError as e:
-            raise StoreError(f"cannot connect to {redact(self.url)}: {e}") from None
+            yield
+        except Exception as e:
+            if not connection_lost(e):
+                raise
+            raise StoreUnavailable(f"{redact(self.url)}: {type(e).__name__}: {e}") from None
 
     @contextmanager
     def _transaction(self):
-        with self._lock:
+        with self._lock, self._lost():
             with self._connection().transaction(), self._db.cursor() as cur:
                 yield cur
 
@@ -110,20 +127,21 @@ class PostgresStore(Store):
 
         @contextmanager
         def transaction():
-            if not db or db[0].closed:  # as _connection: the next batch reconnects
-                db[:] = [self._connect()]
-            with db[0].transaction(), db[0].cursor() as cur:
-                yield cur
+            with self._lost():
+                if not db or db[0].closed:  # as _connection: the next batch reconnects
+                    db[:] = [self._connect()]
+                with db[0].transaction(), db[0].cursor() as cur:
+                    yield cur
         return transaction
 
     @contextmanager
     def reading(self):
-        with self._lock:
+        with self._lock, self._lost():
             with self._connection().cursor() as cur:  # autocommit: one statement, one snapshot
                 yield cur
 
     def _connection(self):
-        if self._db.closed:  # lost with a server restart or failover: the next call reconnects
+        if self._db is None or self._db.closed:  # lost with a server restart or failover: the next call reconnects
             self._db = self._connect()
         return self._db
 
@@ -134,7 +152,8 @@ class PostgresStore(Store):
         self._close_writer()
         self._reader.shutdown()
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
             for db in self._writer_db:
                 db.close()
 

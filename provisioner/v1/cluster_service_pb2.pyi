@@ -10,6 +10,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SetBlockedUsersRequest(_message.Message):
+    __slots__ = ("user_ids",)
+    USER_IDS_FIELD_NUMBER: _ClassVar[int]
+    user_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, user_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetBlockedUsersResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class SetBudgetEndRequest(_message.Message):
     __slots__ = ("session_id", "end_time")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

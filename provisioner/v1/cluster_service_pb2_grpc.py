@@ -80,6 +80,11 @@ class ClusterServiceStub:
                 request_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndRequest.SerializeToString,
                 response_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndResponse.FromString,
                 _registered_method=True)
+        self.SetBlockedUsers = channel.unary_unary(
+                '/provisioner.v1.ClusterService/SetBlockedUsers',
+                request_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -150,6 +155,16 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetBlockedUsers(self, request, context):
+        """The users blocked from GPU sessions (the front's store holds the blocks): the whole list,
+        replacing the one the cluster had. The cluster requeues no session of theirs after a
+        preemption. Idempotent; the front sends it when its capacity stream from the cluster starts,
+        when a block changes, and with every budget sweep.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +212,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.SetBudgetEnd,
                     request_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndRequest.FromString,
                     response_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndResponse.SerializeToString,
+            ),
+            'SetBlockedUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBlockedUsers,
+                    request_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +463,33 @@ class ClusterService:
             '/provisioner.v1.ClusterService/SetBudgetEnd',
             provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndRequest.SerializeToString,
             provisioner_dot_v1_dot_cluster__service__pb2.SetBudgetEndResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBlockedUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.ClusterService/SetBlockedUsers',
+            provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersRequest.SerializeToString,
+            provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersResponse.FromString,
             options,
             channel_credentials,
             insecure,
