@@ -7,6 +7,7 @@ builds cloud backends.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
