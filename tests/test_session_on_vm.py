@@ -21,6 +21,7 @@ from provisioner.cloud.gce import GceBackend
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
+from provisioner.errors import NotFound
 from provisioner.model import SessionSpec
 from provisioner.registry.catalog import RegistryCatalog
 from provisioner.registry.client import RegistryClient
@@ -120,6 +121,11 @@ async def test_a_session_runs_its_pinned_digest_behind_its_secret_and_the_wipe_l
     assert s.endpoint.startswith("http://10.128.") and port != 8888
     assert get(port, None) == 401 and get(port, "not-the-secret") == 401
     assert get(port, s.access_token) == 200
+    # Another user cannot read it: the cluster answers a read for someone else's session NOT_FOUND
+    # (the front passes the caller's user; tests/test_registry_fleet.py goes through the front).
+    with pytest.raises(NotFound):
+        runtime.get(s.id, user_id="mallory")
+    assert runtime.get(s.id, user_id="alice").access_token == s.access_token
 
     # The tag is pushed again while the session runs: the catalog moves on, the session does not.
     push_image(registry, "nb", "v2", build_image("nb:v2", page="v2, rebuilt"))
