@@ -13,8 +13,8 @@ from provisioner.decide.states import SessionState, VmState
 from provisioner.model import Session, StartKind, Vm
 
 S, V = SessionState, VmState
-_HOW = {StartKind.WARM: "warm VM with the image", StartKind.PARTIAL: "warm VM after a partial pull",
-        StartKind.COLD: "new VM"}
+_HOW = {StartKind.WARM: "a warm VM that held the image", StartKind.PARTIAL: "a warm VM that pulled the layers it "
+        "lacked", StartKind.COLD: "a new VM"}
 
 
 class NotebookSteps:
