@@ -63,6 +63,12 @@ class PermissionDenied(ProvisionerError):
     reason = "PERMISSION_DENIED"
 
 
+class UserBlocked(PermissionDenied):
+    """The user may not start GPU sessions until an operator unblocks them."""
+
+    reason = "USER_BLOCKED"
+
+
 class Aborted(ProvisionerError):
     """Nothing was done and nothing will be: the request came too late. Safe to place elsewhere."""
 

@@ -224,3 +224,43 @@ async def test_block_requests_out_of_bounds_and_at_a_cluster_are_refused(local_f
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await getattr(admin_grpc.AdminServiceStub(ch), call)(request)
             assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, call
+
+
+async def test_a_cluster_refuses_new_sessions_of_the_users_the_front_told_it_are_blocked(local_fleet):
+    """The front's certificate is not enough for a blocked user's session: a cluster the front told
+    of the block refuses an Allocate for that user even when it comes straight to it (a request it
+    already made keeps its answer), and takes them again once the block is lifted."""
+    from provisioner.v1 import cluster_service_pb2 as c_pb
+    from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
+    from provisioner.v1 import types_pb2 as pb
+
+    def allocate(request_id: str) -> c_pb.AllocateRequest:
+        return c_pb.AllocateRequest(spec=pb.SessionSpec(request_id=request_id, user_id="mal", accelerator="gpu-p100",
+                                                        image="gpu:latest"))
+
+    async def refused(stub, request_id: str) -> bool:
+        try:
+            await stub.Allocate(allocate(request_id), timeout=10)
+            return False
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "blocked" in err.details()
+            return True
+
+    async with local_fleet.cluster_channel("us-central1") as ch:
+        stub = c_grpc.ClusterServiceStub(ch)
+        made = (await stub.Allocate(allocate("r1"), timeout=10)).session
+        await local_fleet.admin.BlockUser(admin_pb.BlockUserRequest(user_id="mal", reason="mining"), timeout=10)
+        for i in range(100):  # the front tells the clusters at once, over the network
+            if await refused(stub, f"probe-{i}"):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the cluster never refused the blocked user")
+        assert (await stub.Allocate(allocate("r1"), timeout=10)).session.id == made.id
+        await local_fleet.admin.UnblockUser(admin_pb.UnblockUserRequest(user_id="mal"), timeout=10)
+        for _ in range(100):
+            if not await refused(stub, "after"):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the cluster still refuses after the block was lifted")

@@ -13,7 +13,7 @@ from provisioner.decide.assignment import choose_standby, choose_vm
 from provisioner.decide.autoscale import queued_demand
 from provisioner.decide.pools import PoolState
 from provisioner.decide.states import SessionState, VmState
-from provisioner.errors import FailedPrecondition, NotFound, quote
+from provisioner.errors import FailedPrecondition, NotFound, UserBlocked, quote
 from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.validation import priority_class, validate_spec
 
@@ -52,6 +52,9 @@ class Sessions:
         """Creates the session (idempotent by request id) and places it at once if it can."""
         if existing := self.by_request.get(spec.key):
             return self.sessions[existing]
+        if spec.user_id in self.blocked_users:  # as the front last told: one leaked certificate is not enough
+            raise UserBlocked(f"user {quote(spec.user_id)} may not start GPU sessions: blocked; an operator can "
+                              "lift the block", field="spec.user_id")
         image = self.validate(spec)
         klass = priority_class(spec, self.priority)
         if self.draining:

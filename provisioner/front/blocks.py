@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 
 from provisioner.abuse_record import MAX_EVIDENCE_CHARS, Decision
 from provisioner.api.status import RemoteError
-from provisioner.errors import PermissionDenied, quote
+from provisioner.errors import UserBlocked, quote
 from provisioner.front import cluster_reports
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.retry import call
@@ -33,12 +33,6 @@ from provisioner.v1 import cluster_service_pb2 as cluster_pb
 log = logging.getLogger(__name__)
 
 DETECTOR = "detector"  # who blocked, when the abuse detector did (else the operator's identity)
-
-
-class UserBlocked(PermissionDenied):
-    """The user may not start GPU sessions until an operator unblocks them."""
-
-    reason = "USER_BLOCKED"
 
 
 @dataclass(frozen=True, slots=True)
