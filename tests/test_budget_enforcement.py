@@ -3,6 +3,8 @@ before the budget runs out, it is stopped when it does, and the next create is r
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 import yaml
@@ -68,6 +70,9 @@ async def test_a_sweep_recomputes_only_the_users_whose_budget_end_may_have_moved
 
     async with warm_fleet(with_budget(tmp_path, 100.0), tmp_path / "data") as fleet:
         svc = fleet.fleet.front.sessions
+        # The front's own sweep stops: its lists would be counted as this one's.
+        fleet.fleet.front.budgets.cancel()
+        await asyncio.gather(fleet.fleet.front.budgets, return_exceptions=True)
         enforcer = BudgetEnforcer(svc)
 
         async def sweep() -> tuple[list[str], list[str]]:
@@ -92,13 +97,13 @@ async def test_a_sweep_recomputes_only_the_users_whose_budget_end_may_have_moved
                 del enforcer._enforce, svc._week
             return sorted(computed), sorted(listed)
 
-        await fleet.create(user_id="alice")
-        await fleet.create(user_id="bob")
+        await fleet.running(await fleet.create(user_id="alice"))
+        await fleet.running(await fleet.create(user_id="bob"))
         assert await sweep() == (["alice", "bob"], ["alice", "bob"])  # never seen
         assert await sweep() == ([], [])  # nothing changed
-        await fleet.create(user_id="alice")
+        await fleet.running(await fleet.create(user_id="alice"))
         assert await sweep() == (["alice"], [])  # a session started; what ended is known
-        brief = await fleet.create(user_id="bob")  # started and ended between two sweeps
+        brief = await fleet.running(await fleet.create(user_id="bob"))  # started and ended between two sweeps
         await fleet.sessions.StopSession(s_pb.StopSessionRequest(session_id=brief.id))
         await fleet.watch_until(brief.id, pb.SESSION_STATE_STOPPED, pb.SESSION_STATE_FAILED)
         assert await sweep() == (["bob"], [])
