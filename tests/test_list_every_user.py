@@ -13,6 +13,7 @@ from provisioner import cli
 from provisioner import client as api
 from provisioner.client.credentials import local_ca
 from provisioner.config import load_fleet
+from provisioner.v1 import types_pb2 as pb
 
 
 @pytest.fixture
@@ -37,6 +38,8 @@ async def test_an_operator_lists_every_users_sessions(local_fleet, capsys):
             made.append(s.id)
             if i < 3:
                 await c.stop_session(s.id)
+                # ended (its notebook stopped): a stopping session still counts against the cap
+                await local_fleet.watch_until(s.id, pb.SESSION_STATE_STOPPED, pb.SESSION_STATE_FAILED)
         made.append((await c.create_session(user_id="bob", accelerator="gpu-p100", image="gpu:latest")).id)
         await asyncio.sleep(1.5)  # 7 model minutes: the stopped ones are past the retention period
     base = ["--front", local_fleet.front_address, "--data-dir", str(local_fleet.data_dir), "--json"]

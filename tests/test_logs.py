@@ -62,19 +62,20 @@ def test_each_session_change_is_logged_once(capture):
     log.changed([s])
     s.vm_id = "vm-7"
     s.to(SessionState.PROVISIONING, "assigned", 1.0)
+    s.to(SessionState.STARTING, "starting its notebook", 1.5)
     s.to(SessionState.RUNNING, "ready", 2.0)
     log.changed([s])
     log.changed([s])  # nothing new
     s.to(SessionState.FAILED, "VM unhealthy", 3.0)
     log.changed([s])
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert [line["message"].split(" ")[2].rstrip(":") for line in lines] == ["queued", "provisioning", "running",
-                                                                             "failed"]
+    assert [line["message"].split(" ")[2].rstrip(":") for line in lines] == ["queued", "provisioning", "starting",
+                                                                             "running", "failed"]
     assert lines[-1]["severity"] == "WARNING" and lines[-1]["vm_id"] == "vm-7"
     assert all(line["session_id"] == s.id and line["pool"] == "gpu-p100" for line in lines)
     restored = SessionLog("us-central1")
     restored.changed([s], restored=True)  # logged by the process that saw it happen
-    assert len(out.getvalue().splitlines()) == 4
+    assert len(out.getvalue().splitlines()) == 5
 
 
 def test_the_span_file_rotates_by_size_and_reads_back_in_order(tmp_path):

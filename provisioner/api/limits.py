@@ -215,6 +215,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("provisioner.v1.ListRequest", "ended_after"): Instant(),
     ("provisioner.v1.SetBudgetEndRequest", "session_id"): SESSION_ID,
     ("provisioner.v1.SetBudgetEndRequest", "end_time"): Instant(),
+    # The whole list of blocked users, as the front pushes it (within the request's byte limit).
+    ("provisioner.v1.SetBlockedUsersRequest", "user_ids"): Text(USER_ID.max_len, USER_ID.what, USER_ID.pattern,
+                                                               max_items=10_000),
     ("provisioner.v1.TouchRequest", "session_id"): SESSION_ID,
     ("provisioner.v1.TouchRequest", "user_id"): USER_ID,
     ("provisioner.v1.StopRequest", "session_id"): SESSION_ID,
