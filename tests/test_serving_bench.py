@@ -14,7 +14,7 @@ from provisioner.perf.serving import LABELS, table
 
 
 def test_quick_benchmark_reports_every_workload():
-    out = subprocess.run([sys.executable, "-m", "provisioner.perf.serving", "--quick", "--vms", "60", "--seconds", "0.5",
+    out = subprocess.run([sys.executable, "-m", "provisioner.perf.serving", "--quick", "--vms", "60", "--seconds", "1.2",
                           "--in-flight", "2", "--json"], capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout)

@@ -32,7 +32,7 @@ def test_every_answer_equals_a_fresh_conversion_through_a_session_lifecycle():
     d.checks.append(lambda drv: _same_as_fresh(protos, drv))
     d.add_warm(d.core.catalog.latest)
     batch = [d.allocate(f"user-{i}", kind=SessionKind.BATCH) for i in range(5)]  # a warm start, cold ones, a queue
-    assert {S.RUNNING, S.QUEUED} <= {s.state for s in batch}
+    assert {S.STARTING, S.QUEUED} <= {s.state for s in batch}  # the warm start's notebook is starting
     seen = set()
     d.checks.append(lambda drv: seen.update(s.state for s in drv.sessions.values()))
     d.advance(60.0)
@@ -42,7 +42,7 @@ def test_every_answer_equals_a_fresh_conversion_through_a_session_lifecycle():
     assert batch[0].notices
     d.stop(batch[1], "done")
     d.advance(30 * 60.0)
-    assert {S.PULLING_IMAGE, S.RUNNING, S.STOPPING, S.STOPPED} <= seen
+    assert {S.PULLING_IMAGE, S.STARTING, S.RUNNING, S.STOPPING, S.STOPPED} <= seen
     assert any(s.pull_bytes_done for s in d.sessions.values())  # progress was answered on the way
 
 
@@ -61,6 +61,8 @@ def test_a_brief_proto_cut_from_the_whole_one_equals_a_fresh_brief_conversion():
     d = Driver(make_core())
     d.add_warm(d.core.catalog.latest)
     s = d.allocate("user-1")
+    d.advance(d.core.config.tick_s)  # its notebook started: a budget is a running session's
+    assert s.state is S.RUNNING
     d.send(ev.BudgetSet(d.now, s.id, d.now + 10 * 60))
     d.advance(d.core.config.tick_s)
     assert s.history and s.notices

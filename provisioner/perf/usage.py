@@ -34,7 +34,8 @@ def rss_mb(pid: int) -> float:
 
 def lag_buckets(port: int) -> dict[float, float]:
     """The event loop's lag histogram as the process at `port` serves it: cumulative counts by
-    upper bound (seconds)."""
+    upper bound (seconds). A process makes its scrape at most once every metrics.SCRAPE_CACHE_S,
+    so a window shorter than that sees the same histogram at both ends."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     return {float(s.labels["le"]): s.value for family in text_string_to_metric_families(text) if family.name == LOOP_LAG
