@@ -21,6 +21,10 @@ from provisioner.config import ClusterConfig
 SLACK = 4.0
 # ...and never under this, so a short wipe or delete is not failed by a moment of load.
 FLOOR_S = 120.0
+# A notebook's start that never answers fails its session, which a user sees: it gets longer than
+# the floor, so that a moment of load (a simulated cloud at x300 answers in milliseconds of wall
+# time, and 120 model seconds are 0.4 s of it) fails no one's session.
+NOTEBOOK_START_FLOOR_S = 600.0
 # Seconds from "create" to the cloud having the VM, as the core estimates it.
 CREATE_ESTIMATE_S = 5.0
 # A start's p99 over its median (the simulated cloud's lognormal start time, sigma 0.6): the
@@ -36,7 +40,7 @@ class Limits:
         self.wipe_s = _limit(sim.wipe_s)
         self.delete_s = _limit(sim.delete_s)
         self.stop_s = _limit(sim.stop_s)
-        self.notebook_start_s = _limit(sim.notebook_start_s)
+        self.notebook_start_s = max(NOTEBOOK_START_FLOOR_S, _limit(sim.notebook_start_s))
         self.notebook_stop_s = _limit(sim.notebook_stop_s)
         # A start's time has a long tail: the limit covers the slowest pool's median many times.
         self.start_s = _limit(max([sim.start_median_s, *sim.pool_start_median_s.values()]) * START_TAIL)
