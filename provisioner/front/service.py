@@ -20,13 +20,13 @@ from opentelemetry import trace
 
 from provisioner import quota, ratelimit, telemetry
 from provisioner.api import convert, guard
-from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page, page
+from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig
 from provisioner.config_policy import QuotaConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
-from provisioner.front import admission, blocks
+from provisioner.front import admission, blocks, listing
 from provisioner.front.cluster_reports import checked
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
 from provisioner.front.clusters import ClusterClient
@@ -254,7 +254,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                     answered: set[str] | None = None) -> tuple[list[pb.Session], list[EndedRow]]:
         """A user's sessions that meter this week: those each cluster lists (the live ones and those
         ended since the latest end this front has seen there, brief), and the rows of the ended
-        ones it remembers (front/ended_sessions.py). `lenient` as for _user_sessions. The ends of
+        ones it remembers (front/ended_sessions.py). `lenient`: a cluster that fails to answer in
+        ATTEMPT_TIMEOUT_S is left out (and logged) instead of failing the call. The ends of
         the `made` sessions (the store's, front/admission.py) that the lists show are recorded.
         `answered` is given the names of the clusters that listed."""
         week_start = self._week_start(q)
@@ -362,23 +363,6 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                                                 with_access_token=True))
         return session_pb.GetSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
-    async def _user_sessions(self, user_id: str, states, cluster: str = "", lenient: bool = False,
-                             brief: bool = False) -> list[pb.Session]:
-        """A user's sessions ("": every user's) on every reachable cluster, or on `cluster` only;
-        `brief`: without their histories and notices. `lenient`: a cluster that fails to answer in
-        ATTEMPT_TIMEOUT_S is left out (and logged) instead of failing the call, so a hung cluster
-        does not hold up the caller."""
-        timeout = ATTEMPT_TIMEOUT_S if lenient else None
-
-        async def one(c: ClusterClient) -> list[pb.Session]:
-            listing = await listed(c, cluster_pb.ListRequest(user_id=user_id, states=states, brief=brief), timeout)
-            return [checked(c.name, s) for s in listing]
-
-        live = [c for name, c in self.fleet.clients.items() if c.healthy and cluster in ("", name)]
-        sessions = await _from_each(live, one, user_id, lenient)
-        sessions.sort(key=lambda s: (-s.create_time.ToNanoseconds(), s.id))
-        return sessions
-
     @unary
     async def ListSessions(self, request, context):
         user_id = request.user_id or guard.current().owner  # "" (every user's) only for service and admin
@@ -387,9 +371,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             raise NotFound(f"no cluster {quote(request.cluster)}; clusters: {', '.join(sorted(self.fleet.clients))}")
         if request.cluster and not self.fleet.clients[request.cluster].healthy:
             raise Unavailable(f"cluster {request.cluster} is unreachable")
-        sessions = await self._user_sessions(user_id, list(request.states), request.cluster)
-        items, token = page(sessions, request.page_size, request.page_token)
-        return session_pb.ListSessionsResponse(sessions=items, next_page_token=token)
+        return await listing.list_page(self.fleet.clients, user_id, request)
 
     @stream
     async def WatchSession(self, request, context):
