@@ -75,12 +75,13 @@ def bearer_identity(verifier: TokenVerifier) -> Identify:
                 if scheme.lower() != "bearer":
                     raise Unauthenticated("the authorization header must be 'Bearer <token>'")
                 break
+        token = token.strip()
         if not token:
             return ANONYMOUS
-        if (caller := verifier.cached(token)) is not None:
+        if (caller := verifier.verify_here(token)) is not None:
             return caller
         # A first sight of a token may fetch the issuer's keys: off the event loop.
-        return await asyncio.to_thread(verifier.verify, token.strip())
+        return await asyncio.to_thread(verifier.verify, token)
 
     return identify
 

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -31,6 +32,7 @@ import grpc
 import yaml
 
 from provisioner.perf.fleet import CLUSTER, POOL, free_port, prepare_security, start_fleet, start_up, write_clusters
+from provisioner.perf.usage import cpu_s
 
 FLOODS = ("metrics", "list", "quota", "refused", "idle")
 FLEETS = ("split", "up")
@@ -142,7 +144,10 @@ def _summary(latencies: list[float]) -> dict:
             "max_ms": round(max(latencies), 1) if latencies else None}
 
 
-async def measure(front: str, metrics_ports: list[int], data_dir: Path, seconds: float, floods: list[str]) -> list[dict]:
+async def measure(front: str, procs: list, data_dir: Path, seconds: float, floods: list[str]) -> list[dict]:
+    """Bob alone, then beside each flood; each row with the CPU seconds the fleet's processes and
+    the flood's used meanwhile (on one machine, the flood's own CPU is taken from the fleet's)."""
+    metrics_ports = [p.metrics_port for p in procs]
     rows = []
     for kind in ["quiet", *floods]:
         print(f"  {kind}: {seconds:g} s of bob{'' if kind == 'quiet' else ' beside the flood'}", file=sys.stderr,
@@ -153,10 +158,15 @@ async def measure(front: str, metrics_ports: list[int], data_dir: Path, seconds:
                                       "--data-dir", str(data_dir), "--seconds", str(seconds + 2),
                                       "--metrics-ports", *map(str, metrics_ports)], stdout=subprocess.PIPE)
             await asyncio.sleep(1.0)  # the flood under way
+        fleet_cpu, flood_cpu = sum(cpu_s(p.pid) for p in procs), resource.getrusage(resource.RUSAGE_CHILDREN)
         latencies = await bob(front, data_dir, seconds)
+        fleet_cpu = sum(cpu_s(p.pid) for p in procs) - fleet_cpu
         made = int(child.communicate()[0] or 0) if child else 0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        flood_cpu = after.ru_utime + after.ru_stime - flood_cpu.ru_utime - flood_cpu.ru_stime
         # The machine's 1-minute load average as the row ends: a shared machine's other work shows.
-        rows.append({"flood": kind, **_summary(latencies), "flood_calls": made, "load": round(os.getloadavg()[0], 2)})
+        rows.append({"flood": kind, **_summary(latencies), "flood_calls": made, "fleet_cpu_s": round(fleet_cpu, 1),
+                     "flood_cpu_s": round(flood_cpu, 1), "load": round(os.getloadavg()[0], 2)})
         print(f"    {rows[-1]}", file=sys.stderr, flush=True)
     quiet = rows[0]["p50_ms"] or 1.0
     for r in rows:
@@ -165,9 +175,9 @@ async def measure(front: str, metrics_ports: list[int], data_dir: Path, seconds:
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["fleet  flood     bob creates  p50 ms  vs quiet  max ms  flood calls  load",
+    lines = ["fleet  flood     bob creates  p50 ms  vs quiet  max ms  flood calls  fleet CPU s  flood CPU s  load",
              *(f"{r['fleet']:<6} {r['flood']:<9} {r['creates']:>11}  {r['p50_ms']:>6}  {r['p50_vs_quiet']:>7}x  {r['max_ms']:>6}  "
-               f"{r['flood_calls']:>11}  {r['load']:>4}" for r in rows)]
+               f"{r['flood_calls']:>11}  {r['fleet_cpu_s']:>11}  {r['flood_cpu_s']:>11}  {r['load']:>4}" for r in rows)]
     return "\n".join(lines)
 
 
@@ -190,7 +200,7 @@ def run_fleet(kind: str, args) -> list[dict]:
             front = f"127.0.0.1:{front_port}"
             print(f"seeding {args.mallory_sessions} sessions of the flooding user...", file=sys.stderr, flush=True)
             asyncio.run(seed_mallory(front, data_dir, args.mallory_sessions))
-            return asyncio.run(measure(front, [p.metrics_port for p in procs], data_dir, args.seconds, args.floods))
+            return asyncio.run(measure(front, procs, data_dir, args.seconds, args.floods))
         finally:
             for proc in procs:
                 proc.stop()
