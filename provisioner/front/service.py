@@ -20,6 +20,7 @@ from opentelemetry import trace
 
 from provisioner import quota, ratelimit, telemetry
 from provisioner.api import convert, guard
+from provisioner.api.pacing import Pacer
 from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
@@ -121,6 +122,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.caller_reads = ratelimit.TokenBuckets(r.reads_per_caller_per_s, r.read_burst_per_caller)
         # Wall time, like a deadline: the retry delay a refusal gives is for clients to wait out.
         self.rate_clock = wall.now
+        self.pacer = Pacer(r.refusal_pause_s)  # shared with the guard's refusals (serve.py)
         self._user_locks: dict[str, asyncio.Lock] = {}
         self._user_waiters: dict[str, int] = {}
         self._streams: set = set()
@@ -134,7 +136,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             request.spec.request_id = str(uuid.uuid4())
         if owner := guard.current().owner:  # a user creates sessions for itself only
             request.spec.user_id = owner
-        self._check_rate(request.spec.user_id, guard.current().caller.identity)
+        await self._check_rate(request.spec.user_id, guard.current().caller.identity)
         request.spec.accelerator = pool_named(request.spec.accelerator, self.pool_accelerators)
         spec = convert.spec_from_pb(request.spec)
         image = validate_spec(spec, self.pools, self.catalog, self.limits.sessions.max_runtime_limit_s)
@@ -186,25 +188,27 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             raise Unavailable(f"creates of user {quote(spec.user_id)} keep arriving at other front replicas at "
                               "once; retry", retry_after_s=0.1)
 
-    def _check_rate(self, user_id: str, caller: str) -> None:
+    async def _check_rate(self, user_id: str, caller: str) -> None:
         """Refuses a create over the user's or the caller's rate, before it waits for anything."""
         r = self.limits.rate_limits
-        self._limit("creates", [(self.user_rates, user_id, r.creates_per_user_per_s, r.create_burst_per_user),
-                                (self.caller_rates, caller, r.creates_per_caller_per_s, r.create_burst_per_caller)])
+        await self._limit("creates", [(self.user_rates, user_id, r.creates_per_user_per_s, r.create_burst_per_user),
+                                      (self.caller_rates, caller, r.creates_per_caller_per_s,
+                                       r.create_burst_per_caller)])
 
-    def _check_reads(self, user_id: str) -> None:
+    async def _check_reads(self, user_id: str) -> None:
         """Refuses a read that asks every cluster (a list, a quota) over the rate of the user it
         reads ("": every user's) or of its caller."""
         r, caller = self.limits.rate_limits, guard.current().caller.identity
-        self._limit("reads", [(self.user_reads, user_id or "*", r.reads_per_user_per_s, r.read_burst_per_user),
-                              (self.caller_reads, caller, r.reads_per_caller_per_s, r.read_burst_per_caller)])
+        await self._limit("reads", [(self.user_reads, user_id or "*", r.reads_per_user_per_s, r.read_burst_per_user),
+                                    (self.caller_reads, caller, r.reads_per_caller_per_s, r.read_burst_per_caller)])
 
-    def _limit(self, what: str, limits: list[tuple[ratelimit.TokenBuckets, str, float, int]]) -> None:
+    async def _limit(self, what: str, limits: list[tuple[ratelimit.TokenBuckets, str, float, int]]) -> None:
         wait, which = ratelimit.take_all([(buckets, key) for buckets, key, _, _ in limits], self.rate_clock())
         if wait:
             _, key, rate, burst = limits[which]
             who = f"{('user', 'caller')[which]} {quote(key)}"
             trace.get_current_span().add_event("rate limited", {"rate.limit": ("user", "caller")[which]})
+            await self.pacer.pause()  # the caller's next try waits too (api/pacing.py)
             raise RateLimited(f"too many {what}: {who} may make {rate:g} a second after a burst of {burst}; "
                               f"retry in {wait:.2f} s", retry_after_s=wait)
 
@@ -366,7 +370,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     @unary
     async def ListSessions(self, request, context):
         user_id = request.user_id or guard.current().owner  # "" (every user's) only for service and admin
-        self._check_reads(user_id)
+        await self._check_reads(user_id)
         if request.cluster and request.cluster not in self.fleet.clients:
             raise NotFound(f"no cluster {quote(request.cluster)}; clusters: {', '.join(sorted(self.fleet.clients))}")
         if request.cluster and not self.fleet.clients[request.cluster].healthy:
@@ -434,7 +438,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         user_id = request.user_id or guard.current().owner
         if not user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
-        self._check_reads(user_id)
+        await self._check_reads(user_id)
         return session_pb.GetQuotaResponse(quota=await self.quota(user_id))
 
     async def quota(self, user_id: str) -> pb.Quota:

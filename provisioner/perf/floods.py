@@ -85,7 +85,14 @@ async def seed_mallory(front: str, data_dir: Path, count: int) -> None:
     async with channel:
         for i in range(count):
             spec = pb.SessionSpec(request_id=f"mallory-{i}", user_id="mallory", accelerator=POOL, image="gpu:latest")
-            s = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=30, metadata=md)).session
+            for wait in range(120):  # the front may not have heard of the pool yet
+                try:
+                    s = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=30, metadata=md)).session
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() != grpc.StatusCode.UNAVAILABLE or wait == 119:
+                        raise
+                    await asyncio.sleep(0.5)
             await stub.StopSession(s_pb.StopSessionRequest(session_id=s.id), timeout=30, metadata=md)
 
 
