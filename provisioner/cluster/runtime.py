@@ -311,11 +311,13 @@ class ClusterRuntime:
         """A page of the user's sessions after `position`, newest first, and the position of the
         next (None: the last page): from memory, and from the store for those that ended before
         the retention period (each source read from the position for a page at most)."""
-        parts = [self.index.page(user_id, want, position, limit)]
+        parts = [held := self.index.page(user_id, want, position, limit)]
         retention = self.core.sessions_config.retention_s
         if self.store is not None and retention and not want.live_only:
             cutoff = created_ns(self.clock.now() - retention)  # an older ended one was made before it
             end = cutoff if want.created_before is None else min(cutoff, want.created_before)
+            if held.more_after is not None and held.more_after >= (end, ""):
+                return held.rows, held.more_after  # the store's sessions all come after this page
             older = self.store.user_sessions_page(self.core.name, user_id, position, want.created_after, end, limit)
             more = session_key(older[-1]) if len(older) == limit else None
             self.index.rows_read += len(older)
