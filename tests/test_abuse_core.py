@@ -12,8 +12,8 @@ from provisioner.cloud.base import HealthReport
 from provisioner.decide import events as ev
 from provisioner.decide.abuse import MAX_SAMPLES
 from provisioner.decide.core import ClusterCore
-from provisioner.decide.states import SessionState as S
-from provisioner.model import Session, SessionKind
+from provisioner.model.states import SessionState as S
+from provisioner.model.records import Session, SessionKind
 
 from core_driver import Driver, make_core
 

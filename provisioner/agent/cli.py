@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from provisioner.agent.gpu import Gpus
     from provisioner.agent.host import LocalHost
     from provisioner.agent.metadata import HttpMetadata
-    from provisioner.clock import RealClock
+    from provisioner.common.clock import RealClock
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     cfg = agent_config.load(args.config)

@@ -25,7 +25,7 @@ from provisioner.agent.runtime import (ByteCallback, ContainerError, Credentials
                                        Placement, Running, SessionContainer)
 from provisioner.agent.host import Disk, Process
 from provisioner.agent.usage import Connection, Usage
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 
 
 class State:

@@ -22,7 +22,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from provisioner.errors import Unauthenticated, Unavailable
+from provisioner.model.errors import Unauthenticated, Unavailable
 from provisioner.security.auth import Caller
 
 ALGORITHMS = ["ES256", "RS256"]

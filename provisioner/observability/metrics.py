@@ -24,12 +24,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from provisioner.decide.autoscale import desired_vms
-from provisioner.loop_lag import INTERVAL_S, watch_lag
-from provisioner.ratelimit import TokenBuckets
+from provisioner.observability.loop_lag import INTERVAL_S, watch_lag
+from provisioner.rules.ratelimit import TokenBuckets
 from provisioner.cloud.base import CloudFailure
-from provisioner.model import Session
-from provisioner.port_holder import PortTaken
-from provisioner.decide.states import VM_ACTIVE, SessionState, VmState
+from provisioner.model.records import Session
+from provisioner.common.port_holder import PortTaken
+from provisioner.model.states import VM_ACTIVE, SessionState, VmState
 
 if TYPE_CHECKING:
     from provisioner.api.guard import Guard
