@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from provisioner.agent.fakes import miner
+from provisioner.agent.simulated import miner
 from provisioner.agent.usage import Connection, Usage
 from provisioner.cloud.base import HealthReport
 from provisioner.decide import events as ev

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from provisioner.rules.abuse import Sample, judge
-from provisioner.agent.fakes import MINERS, FakeHost, FakeNvml, mine, miner
+from provisioner.agent.simulated import MINERS, mine, miner
+from provisioner.agent.fakes import FakeHost, FakeNvml
 from provisioner.agent.gpu import Gpus
 from provisioner.agent.host import Process
 from provisioner.common.clock import ManualClock

@@ -12,7 +12,8 @@ import pytest
 from provisioner.rules.abuse import Sample, judge
 from provisioner.agent.agent import Agent, DoneIds
 from provisioner.agent.config import AgentConfig
-from provisioner.agent.fakes import FakeHost, FakeMetadata, FakeNvml, FakeRuntime, mine
+from provisioner.agent.fakes import FakeHost, FakeMetadata, FakeNvml, FakeRuntime
+from provisioner.agent.simulated import mine
 from provisioner.agent.gpu import Gpus
 from provisioner.agent.runtime import Credentials
 from provisioner.agent.usage import Connection, Usage

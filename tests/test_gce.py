@@ -522,7 +522,7 @@ async def test_stop_and_start_through_429s_503s_lost_answers_and_slow_operations
 
 
 async def test_health_carries_the_agents_usage_report(tmp_path, fake, loopback_only):
-    from provisioner.agent.fakes import miner
+    from provisioner.agent.simulated import miner
 
     b = backend(tmp_path, fake)
     await ready_vm(b, "vm-u")

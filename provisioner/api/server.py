@@ -124,7 +124,7 @@ class Server:
         if self.on_drain is not None:
             self.on_drain()
         if settle_s > 0:
-            await asyncio.sleep(settle_s)
+            await asyncio.sleep(settle_s)  # wall time: calls in flight on the network, not model time
         await self.server.stop(grace_s)
 
     async def _set_serving(self, status) -> None:

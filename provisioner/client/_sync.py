@@ -42,7 +42,8 @@ class Client:
         self._admin = admin_grpc.AdminServiceStub(channel)
         self.timeout = timeout
         self.max_attempts = max_attempts
-        self.sleep: Callable[[float], None] = time.sleep  # between retries; a test may record instead
+        # Between retries, in wall time (call deadlines are wall time); a test may record instead.
+        self.sleep: Callable[[float], None] = time.sleep
 
     def close(self) -> None:
         self._channel.close()

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, Protocol, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
-from provisioner.agent.fakes import miner
+from provisioner.agent.simulated import miner
 from provisioner.agent.usage import Usage
 from provisioner.common.clock import Clock
 from provisioner.cloud.base import (

@@ -130,7 +130,7 @@ class Metrics:
     def leading(self, cluster: str, leading: bool) -> None:
         self.leader.labels(cluster).set(1 if leading else 0)
         if leading:
-            self.leader_since.labels(cluster).set(time.time())
+            self.leader_since.labels(cluster).set(time.time())  # wall time: Prometheus compares it with time()
 
     def backend(self, backend, cluster: str) -> MeteredBackend:
         return MeteredBackend(backend, self, cluster)
@@ -251,6 +251,7 @@ class MetricsServer:
 
 
 def _timed(door, histogram):
+    # Wall time on purpose: how long a transaction held the store, not how much model time passed.
     @contextmanager
     def timed(*args, **kwargs) -> Iterator:
         started = time.perf_counter()
@@ -499,7 +500,7 @@ class MeteredBackend:
     @staticmethod
     def _metered(method, name: str, cluster: str, calls: _Children, seconds: _Children):
         async def call(*args, **kwargs):
-            started = time.perf_counter()
+            started = time.perf_counter()  # wall time: the cloud call's real latency
             outcome = "exception"
             try:
                 result = await method(*args, **kwargs)
