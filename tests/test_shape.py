@@ -22,7 +22,6 @@ KNOWN = {
     "provisioner/cluster/runtime.py: ",
     "provisioner/decide/core.py: class ClusterCore inherits",
     "provisioner/front/service.py: ",
-    "provisioner/observability/metrics.py: ",
     "provisioner/sim/engine.py: class Engine has",
     "provisioner/sim/replay.py: ",
     "provisioner/store/engine.py: class Store inherits",
