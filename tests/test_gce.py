@@ -18,10 +18,10 @@ import pytest
 
 from conftest import cluster_channel, fleet_config
 from fake_compute import FakeCompute
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.cloud.base import CloudFailure, CloudVm, LaunchSpec
 from provisioner.cloud.gce import GUEST_IDLE_MAX_S, GceBackend, request_id
-from provisioner.serve import start_cluster
+from provisioner.cli.serve import start_cluster
 from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
 from provisioner.v1 import types_pb2 as pb
@@ -294,7 +294,7 @@ async def test_stockout_quota_failed_operations_and_deletes(tmp_path, fake, loop
 
 
 async def test_pull_reports_progress_and_wipe_completes(tmp_path, fake, loopback_only):
-    from provisioner.decide.images import Layer
+    from provisioner.model.images import Layer
 
     b = backend(tmp_path, fake)
     assert isinstance(await b.create(spec("vm-p")), CloudVm)
@@ -354,7 +354,7 @@ async def test_a_booting_vm_is_not_lost_to_429s_on_reads(tmp_path, fake, loopbac
 
 
 async def test_agent_commands_carry_on_through_429s(tmp_path, fake, loopback_only):
-    from provisioner.decide.images import Layer
+    from provisioner.model.images import Layer
 
     b = backend(tmp_path, fake, retry_attempts=2)
     await ready_vm(b, "vm-c")
@@ -379,7 +379,7 @@ async def test_a_running_vm_has_an_endpoint(tmp_path, fake, loopback_only):
 async def test_guest_attributes_are_read_within_googles_rate(tmp_path, fake, loopback_only):
     """About 10 reads a minute per VM are allowed: boot, a 3-minute pull and a wipe stay within
     that in every minute, and a quiet agent is read less often."""
-    from provisioner.decide.images import Layer
+    from provisioner.model.images import Layer
 
     b = backend(tmp_path, fake)  # poll_s 1: operations and boot are followed every model second
     fake.command_s = 0.6  # 180 model seconds
@@ -396,7 +396,7 @@ async def test_guest_attributes_are_read_within_googles_rate(tmp_path, fake, loo
 
 
 async def test_a_health_check_reuses_a_recent_read_instead_of_queueing(tmp_path, fake, loopback_only):
-    from provisioner.decide.images import Layer
+    from provisioner.model.images import Layer
 
     b = backend(tmp_path, fake)
     await ready_vm(b, "vm-q")
@@ -417,7 +417,7 @@ async def test_a_burst_of_429s_fails_no_session_and_deletes_no_vm(tmp_path, fake
     from provisioner.decide.core import ClusterCore
     from provisioner.decide.ids import IdSource
     from provisioner.cluster.runtime import ClusterRuntime
-    from provisioner.model import SessionSpec
+    from provisioner.model.records import SessionSpec
 
     config = gce_fleet(tmp_path, fake, retry_attempts=2)
     cfg = config.cluster(CLUSTER)
@@ -522,7 +522,7 @@ async def test_stop_and_start_through_429s_503s_lost_answers_and_slow_operations
 
 
 async def test_health_carries_the_agents_usage_report(tmp_path, fake, loopback_only):
-    from provisioner.agent.fakes import miner
+    from provisioner.agent.simulated import miner
 
     b = backend(tmp_path, fake)
     await ready_vm(b, "vm-u")

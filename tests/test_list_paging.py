@@ -16,13 +16,13 @@ from core_driver import make_core
 from provisioner.api import keyset
 from provisioner.api.keyset import Part, merge
 from provisioner.api.paging import page_size
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
 from provisioner.cluster.listing import Filter
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import load_fleet
-from provisioner.errors import InvalidArgument
-from provisioner.model import SessionSpec, SessionState, created_ns
+from provisioner.model.errors import InvalidArgument
+from provisioner.model.records import SessionSpec, SessionState, created_ns
 from provisioner.store import SqliteStore, open_store
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb

@@ -1,4 +1,4 @@
-"""Refusals held before they are answered (api/pacing.py): at the front, a call with a token that
+"""Refusals held before they are answered (common/pacing.py): at the front, a call with a token that
 does not check out and a read over its rate; at the metrics port, a scrape over its rate."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from conftest import fleet_config, warm_fleet
-from provisioner.api.pacing import Pacer
+from provisioner.common.pacing import Pacer
 from provisioner.config import load_fleet
-from provisioner.metrics import Metrics
+from provisioner.observability.metrics import Metrics
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
 

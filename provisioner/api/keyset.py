@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from provisioner.errors import InvalidArgument
+from provisioner.model.errors import InvalidArgument
 
 T = TypeVar("T")
 Key = tuple[int, str]  # (creation time in ns, session id); lists run from the greatest key down

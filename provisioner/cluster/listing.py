@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from provisioner.api.keyset import Key, Part
-from provisioner.decide.states import SESSION_TERMINAL
-from provisioner.model import Session, SessionState, created_ns
+from provisioner.model.states import SESSION_TERMINAL
+from provisioner.model.records import Session, SessionState, created_ns
 
 # Rows a page may walk past without a match (a state or time filter) before it answers with what
 # it found and where it stopped: a page's cost stays bounded whatever the filter.

@@ -10,7 +10,7 @@ import logging
 from provisioner.api.keyset import Key, Part, decode_position, decode_positions, encode_position, encode_positions, \
     merge, query_fingerprint
 from provisioner.api.paging import page_size
-from provisioner.errors import quote
+from provisioner.model.errors import quote
 from provisioner.front.cluster_reports import checked
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.retry import call

@@ -1,5 +1,5 @@
 """The fleet's policy settings in clusters/fleet.yaml: quotas, rate limits, abuse detection,
-priority classes and preemption (sections of FleetSettings, which config.py assembles)."""
+priority classes and preemption (sections of FleetSettings, in fleet.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, model_validator
 
-from provisioner.config_base import Name, _At, _Model
+from provisioner.config.base import Name, _At, _Model
 
 SessionKindName = Literal["interactive", "batch"]
 
@@ -54,7 +54,7 @@ class RateLimitConfig(_Model):
     reads_per_caller_per_s: PositiveFloat = 500.0
     read_burst_per_caller: Annotated[int, Field(ge=1)] = 1000
     # Wall seconds a refusal for the rate, or for a credential that does not check out, is held
-    # before it is answered, so a refused caller cannot spend the front on refusals (api/pacing.py).
+    # before it is answered, so a refused caller cannot spend the front on refusals (common/pacing.py).
     refusal_pause_s: Annotated[float, Field(ge=0, le=5)] = 0.25
 
 
@@ -81,7 +81,7 @@ ProgramNames = Annotated[tuple[str, ...], AfterValidator(_program_names)]
 
 
 class AbuseConfig(_Model):
-    """Abuse detection (`provisioner/abuse.py`): what flags a session; see its rules there."""
+    """Abuse detection (`provisioner/rules/abuse.py`): what flags a session; see its rules there."""
 
     dry_run: bool = False  # flagged sessions are only reported: none is stopped, no user blocked
     gpu_busy_pct: Annotated[int, Field(ge=1, le=100)] = 90  # the busiest GPU at this or more is busy
