@@ -307,7 +307,8 @@ class ClusterRuntime:
         ids = self.index.user_ids(user_id)
         return self._with_older({sid: self.core.sessions[sid] for sid in ids}, user_id, ended_after)
 
-    def list_page(self, user_id: str, want: Filter, position: Key | None, limit: int) -> tuple[list[Session], Key | None]:
+    def list_page(self, user_id: str, want: Filter, position: Key | None,
+                  limit: int) -> tuple[list[Session], Key | None]:
         """A page of the user's sessions after `position`, newest first, and the position of the
         next (None: the last page): from memory, and from the store for those that ended before
         the retention period (each source read from the position for a page at most)."""

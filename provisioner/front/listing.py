@@ -59,7 +59,8 @@ async def list_page(clients: dict[str, ClusterClient], user_id: str,
     following: dict[str, Key | None] = {name: p for name, p in zip(asked, positions) if p is not None}
     skipped = [name for name in resume if name not in asked]
     if skipped:  # asked again while the listing goes on; it ends with the reachable clusters' ends
-        log.warning("listing the sessions of %s: clusters %s are unreachable", quote(user_id or "*"), ", ".join(skipped))
+        log.warning("listing the sessions of %s: clusters %s are unreachable", quote(user_id or "*"),
+                    ", ".join(skipped))
         if following:
             following.update((name, resume[name]) for name in skipped)
     return session_pb.ListSessionsResponse(
