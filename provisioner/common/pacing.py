@@ -1,13 +1,13 @@
 """Refusals answered after a pause, as a mail server pauses before an error reply.
 
-A call refused because its caller has no credential that checks out, or is over its rate, costs
-the serving process most of what an answered one does (gRPC's own work per call, the guard, the
+A call refused because its caller has no credential that checks out, or is over its rate, costs the
+serving process most of what an answered one does (gRPC's own work per call, the guard, the
 status): about 0.8 ms of the front's CPU on the 2-core benchmark machine. A client that sends the
-next call the moment it hears no could spend the serving loop on refusals at whatever rate it
-liked (four loops of calls with a bad token made 340 a second and took another user's create p50
-from 24 to 103 ms, on a machine at a load of 19). Held for a pause instead, each call the client keeps open buys it a few
-refusals a second at most. Pauses held at once are bounded; past the bound a refusal is answered
-at once, so the pauses cost memory within a bound and never CPU.
+next call the moment it hears no could spend the serving loop on refusals at whatever rate it liked
+(four loops of calls with a bad token made 340 a second and took another user's create p50 from 24
+to 103 ms, on a machine at a load of 19). Held for a pause instead, each call the client keeps open
+buys it a few refusals a second at most. Pauses held at once are bounded; past the bound a refusal
+is answered at once, so the pauses cost memory within a bound and never CPU.
 """
 
 from __future__ import annotations
