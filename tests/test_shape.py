@@ -29,8 +29,6 @@ KNOWN = {
     "tests/fake_compute.py: ",
     "tests/oci.py: ",
     "tests/test_core.py: ",
-    "tests/test_fuzz_api.py: ",
-    "tests/test_gce.py: ",
     "tests/test_metrics.py: function check",
     "tests/test_placement_protocol.py: ",
     "tests/test_sim_cloud.py: ",
