@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from oci import Blob, build_image, push_image, push_versions, registry, start_token_registry  # noqa: F401 (fixture)
+from oci import Blob, build_image, push_image, push_versions, registry  # noqa: F401 (fixture)
+from oci_tokens import start_token_registry
 from prometheus_client import generate_latest
 
 from provisioner.observability.metrics import Metrics

@@ -27,7 +27,6 @@ KNOWN = {
     "provisioner/store/engine.py: class Store inherits",
     "tests/core_driver.py: class Driver has",
     "tests/fake_compute.py: ",
-    "tests/oci.py: ",
     "tests/test_core.py: ",
     "tests/test_metrics.py: function check",
     "tests/test_placement_protocol.py: ",
