@@ -9,12 +9,12 @@ from datetime import datetime, timezone
 import pytest
 
 from provisioner.config import default_clusters_dir, load_fleet
-from provisioner.errors import InvalidArgument, QuotaExceeded, Unavailable, UserBlocked
+from provisioner.model.errors import InvalidArgument, QuotaExceeded, Unavailable, UserBlocked
 from provisioner.front import admission
 from provisioner.front.admission import Answer, CreateCheck, Listed, ListWeek, Place, Rank, Read, Refuse, Viewed
 from provisioner.front.blocks import DETECTOR, Block
 from provisioner.front.router import ClusterView, PoolView
-from provisioner.quota import Metered, Row
+from provisioner.rules.quota import Metered, Row
 from provisioner.store.front_records import Admission, Made
 from provisioner.v1 import types_pb2 as pb
 

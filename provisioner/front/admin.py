@@ -11,7 +11,7 @@ from provisioner.api import convert
 from provisioner.api.paging import audit_page
 from provisioner.api.status import RemoteError, unary
 from provisioner.audit import AuditLog
-from provisioner.errors import InvalidArgument
+from provisioner.model.errors import InvalidArgument
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
 from provisioner.front.clusters import ClusterClient

@@ -7,7 +7,7 @@ of it from what the servicer gathered (`handle(event) -> action`, as front/attem
 placement): from the store's admission record, the answer already made for the request, a block,
 the quota bound below or, when the bound cannot prove the create within quota, the week the
 clusters list; then the ranked clusters. front/service.py gathers each event's inputs (store,
-lists, capacity views) and carries each action out; the arithmetic is provisioner/quota.py's.
+lists, capacity views) and carries each action out; the arithmetic is provisioner/rules/quota.py's.
 
 The quota bound: what a check can decide from the front's store alone, without asking a cluster.
 
@@ -38,16 +38,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from provisioner import quota
+from provisioner.rules import quota
 from provisioner.api import convert
-from provisioner.config_policy import PriorityConfig, QuotaConfig
-from provisioner.decide.images import ImageCatalog
-from provisioner.errors import InvalidArgument, ProvisionerError, QuotaExceeded, Unavailable, quote
+from provisioner.config.policy import PriorityConfig, QuotaConfig
+from provisioner.model.images import ImageCatalog
+from provisioner.model.errors import InvalidArgument, ProvisionerError, QuotaExceeded, Unavailable, quote
 from provisioner.front.blocks import Block, refusal as blocked
 from provisioner.front.router import Candidate, ClusterView, rank, why_none
-from provisioner.model import SessionSpec
+from provisioner.model.records import SessionSpec
 from provisioner.store.front_records import Admission, Made
-from provisioner.validation import pool_named, priority_class, validate_spec
+from provisioner.rules.validation import pool_named, priority_class, validate_spec
 from provisioner.v1 import types_pb2 as pb
 
 KIND_NAMES = {pb.SESSION_KIND_UNSPECIFIED: "interactive", pb.SESSION_KIND_INTERACTIVE: "interactive",

@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE
-from provisioner.errors import quote
+from provisioner.model.errors import quote
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.retry import call
 from provisioner.v1 import cluster_service_pb2 as cluster_pb

@@ -1,5 +1,5 @@
 """The front's rate limits: creates, and reads that ask every cluster (a list, a quota), per user
-and per caller, refused before the call waits for anything (token buckets, provisioner/ratelimit.py)."""
+and per caller, refused before the call waits for anything (token buckets, provisioner/rules/ratelimit.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Callable
 
 from opentelemetry import trace
 
-from provisioner import ratelimit
-from provisioner.config_policy import RateLimitConfig
-from provisioner.errors import RateLimited, quote
+from provisioner.rules import ratelimit
+from provisioner.config.policy import RateLimitConfig
+from provisioner.model.errors import RateLimited, quote
 
 
 class Rates:

@@ -17,14 +17,14 @@ from typing import AsyncIterator
 import grpc
 from opentelemetry import trace
 
-from provisioner import telemetry
+from provisioner.observability import telemetry
 from provisioner.api import convert, guard
 from provisioner.api.paging import page
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig
-from provisioner.config_policy import QuotaConfig
-from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, Unavailable, quote
+from provisioner.config.policy import QuotaConfig
+from provisioner.model.errors import InvalidArgument, NotFound, QuotaExceeded, Unavailable, quote
 from provisioner.front import admission, blocks
 from provisioner.front.admin import FRONT_ONLY_ADMIN_RPCS, FrontAdminServicer
 from provisioner.front.blocks import Block
@@ -36,8 +36,8 @@ from provisioner.front.rates import Rates
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
 from provisioner.front.router import hint_note
 from provisioner.front.weeks import Weeks
-from provisioner.model import cluster_of
-from provisioner.quota import exhaustion_time
+from provisioner.model.records import cluster_of
+from provisioner.rules.quota import exhaustion_time
 from provisioner.store import SqliteStore
 from provisioner.store.front_records import Made
 from provisioner.v1 import admin_service_pb2 as admin_pb

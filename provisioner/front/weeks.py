@@ -1,6 +1,6 @@
 """A user's quota week as the front gathers it: their quotas from the shared store and their
 sessions from the clusters' lists and what the front remembers of the ended ones. The arithmetic
-is provisioner/quota.py's; the create's quota check (front/service.py with front/admission.py),
+is provisioner/rules/quota.py's; the create's quota check (front/service.py with front/admission.py),
 GetQuota and the budget sweep (front/budget_enforcer.py) all read a week through here."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from provisioner import quota
+from provisioner.rules import quota
 from provisioner.api import convert
 from provisioner.config import FleetConfig
-from provisioner.config_policy import QuotaConfig
+from provisioner.config.policy import QuotaConfig
 from provisioner.front import admission
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedSessions
 from provisioner.front.listing import KIND_NAMES, LIVE_STATES, from_each, listed
-from provisioner.model import request_key
+from provisioner.model.records import request_key
 from provisioner.store import Store
 from provisioner.store.front_records import Made
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
