@@ -36,7 +36,6 @@ lives there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
 
 from provisioner.rules import quota
 from provisioner.api import convert
@@ -118,7 +117,7 @@ def unlisted(made: list[Made], answered: set[str], placing: frozenset[str]) -> l
 class Rules:
     """What the fleet's config says of every create, as plain values."""
 
-    pool_accelerators: Mapping[str, str]  # pool name -> its accelerator type
+    pool_accelerators: dict[str, str]  # pool name -> its accelerator type
     regions: frozenset[str]
     max_runtime_limit_s: float
     priority: PriorityConfig
@@ -161,7 +160,7 @@ def ask(spec: pb.SessionSpec, owner: str, request_id: str, rules: Rules, catalog
     out.CopyFrom(spec)
     out.request_id = out.request_id or request_id
     out.user_id = user_of(out, owner)
-    out.accelerator = pool_named(out.accelerator, dict(rules.pool_accelerators))
+    out.accelerator = pool_named(out.accelerator, rules.pool_accelerators)
     model = convert.spec_from_pb(out)
     image = validate_spec(model, rules.pools, catalog, rules.max_runtime_limit_s)
     priority_class(model, rules.priority)
