@@ -21,7 +21,6 @@ KNOWN = {
     "provisioner/cloud/sim.py: ",
     "provisioner/cluster/runtime.py: ",
     "provisioner/decide/core.py: class ClusterCore inherits",
-    "provisioner/front/service.py: ",
     "provisioner/sim/engine.py: class Engine has",
     "provisioner/sim/replay.py: ",
     "provisioner/store/engine.py: class Store inherits",
