@@ -26,14 +26,14 @@ from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig
 from provisioner.config_policy import QuotaConfig
 from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
-from provisioner.front import admission, blocks
+from provisioner.front import admission, blocks, project_quota
 from provisioner.front.cluster_reports import checked
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedRow, EndedSessions
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, AdmissionChanged, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
-from provisioner.front.router import hint_note, rank, why_none
+from provisioner.front.router import hint_note, rank
 from provisioner.model import cluster_of, request_key
 from provisioner.store import SqliteStore
 from provisioner.store.front_records import Admission, Made
@@ -67,6 +67,7 @@ class Fleet:
         # store, the cluster not listing them (front/admission.py, unlisted).
         self.counted_last_known: Counter[str] = Counter()
         self.block_pusher: blocks.Pusher | None = None  # tells the clusters the blocked users
+        self.quota_relay: project_quota.Relay | None = None  # tells them the project's GPU quota
 
     def get(self, name: str, field: str = "cluster") -> ClusterClient:
         if name not in self.clients:
@@ -163,14 +164,15 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                 blocks.check(self.store, spec.user_id)  # every session is a GPU session
                 await self._check_quota(spec.user_id, spec.request_id, kind, q, stored)
                 views = [c.view() for c in self.fleet.clients.values()]
+                quota = project_quota.current(self.fleet.clients.values(), self.clock.now())
                 candidates = rank(views, spec.accelerator, image, spec.region_hint, spec.region_required,
-                                  self.limits.regions.inter_region_penalty_s)
+                                  self.limits.regions.inter_region_penalty_s, new_vms=quota is None)
                 for cand in candidates:
                     span.add_event("candidate", {"cluster": cand.cluster, "expected_s": cand.expected_s,
                                                  "how": cand.how, "region_penalty_s": cand.region_penalty_s,
                                                  "load": cand.load})
                 if not candidates:
-                    raise Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
+                    raise project_quota.no_candidate(views, spec, quota, self.clock)
                 first = self.fleet.clients[candidates[0].cluster]
                 hold = first.hold(spec.accelerator, image)
                 try:
