@@ -15,6 +15,7 @@ from provisioner.decide.commands import Launch
 from provisioner.decide.zone_memory import QUOTA_MEMORY_S, ProjectQuota
 from provisioner.errors import NoCapacity, Unavailable
 from provisioner.front import project_quota
+from provisioner.front.cluster_reports import capacity_problem
 from provisioner.front.router import ClusterView, PoolView, rank
 from provisioner.model import SessionSpec
 from provisioner.v1 import types_pb2 as pb
@@ -100,3 +101,14 @@ def test_a_create_no_cluster_can_take_says_the_quota_is_why():
     assert "GPUS_ALL_REGIONS quota is exhausted" in err.message and "europe-west4" in err.message
     assert "us-central1" in err.message and 19.0 < err.retry_after_s <= 20.0  # 600 s of fleet time at x30
     assert isinstance(project_quota.no_candidate(views, spec, None, clock), Unavailable)
+
+
+def test_a_cluster_s_quota_report_is_checked_before_the_front_relays_it():
+    cap = pb.ClusterCapacity(cluster="us-central1", time=convert.timestamp(1000.0))
+    cap.project_quota.CopyFrom(convert.project_quota_to_pb(ProjectQuota(1000.0 + QUOTA_MEMORY_S, "GPUS_ALL_REGIONS",
+                                                                        "us-central1")))
+    assert capacity_problem("us-central1", cap, {}) is None
+    cap.project_quota.until.CopyFrom(convert.timestamp(1000.0 + 7 * 86400))  # a week without GPUs for the fleet
+    assert "further ahead" in capacity_problem("us-central1", cap, {})
+    cap.project_quota.CopyFrom(convert.project_quota_to_pb(ProjectQuota(1100.0, "GPUS\x1b[2J", "us-central1")))
+    assert "not of the fleet's form" in capacity_problem("us-central1", cap, {})
