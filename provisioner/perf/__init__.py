@@ -5,3 +5,15 @@ without group commit), `history` (the front's store work as history grows), `res
 restarting with a long history), `queue` (the core under a burst that queues, then leaves),
 `watchers` (what the watches of a long queue cost a cluster as its head leaves) and `gcpause` (a
 full garbage collection with a cluster's restored state, before and after gc.freeze)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+
+def command(module: str, argv: list[str] | None) -> str:
+    """The command that ran benchmark `module` with `argv` (default: this process's), `--json`
+    left out: what a results table shows beside the figures it made."""
+    args = sys.argv[1:] if argv is None else argv
+    return shlex.join(["python", "-m", module, *(a for a in args if a != "--json")])
