@@ -6,7 +6,8 @@ from __future__ import annotations
 
 SERVING_HEADER = ("Made by `python -m provisioner.perf.tables` from `python -m provisioner.perf.serving --json` output; "
                   "do not edit by hand. Each cell: the provisioner's calls/s over the echo's in the same run, its "
-                  "calls/s in brackets, then its p99 latency; medians of the interleaved runs.")
+                  "calls/s in brackets, then its p99 latency; medians of the interleaved runs; creates that found no warm VM "
+                  "(more than the pool holds), and errors, are counted where there were any.")
 QUEUE_HEADER = ("Made by `python -m provisioner.perf.tables` from `python -m provisioner.perf.queue --json` output; "
                 "do not edit by hand. The core's own time (no I/O, commands not carried out), per stop of the session "
                 "at the head of the queue for each thousand stops, and for the step in which the rest of the queue "
@@ -30,10 +31,17 @@ def serving_rows(runs: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
             cells = []
             for k in levels:
                 row = by.get((w, k))
-                p = row["provisioner"] if row else None
-                cells.append(f"{row['ratio']:.2f} ({p['calls_per_s']:,.0f}), p99 {p['p99_ms']:.1f} ms" if row else "")
+                cells.append(_serving_cell(row) if row else "")
             out.append([LABELS.get(w, w), *cells, f"{r['runs']} x {r['seconds']:g} s", f"{r['vms']:,}", _command(r)])
     return columns, out
+
+
+def _serving_cell(row: dict) -> str:
+    p = row["provisioner"]
+    cell = f"{row['ratio']:.2f} ({p['calls_per_s']:,.0f}), p99 {p['p99_ms']:.1f} ms"
+    # Creates past the pool's warm VMs queue or start cold: the cell says how many.
+    return cell + "".join(f", {p[k]:,} {label}" for k, label in (("not_warm", "not warm"), ("errors", "errors"))
+                          if p.get(k))
 
 
 def queue_rows(runs: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:

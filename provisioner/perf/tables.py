@@ -90,12 +90,35 @@ def standby_table(runs: list[dict]) -> str:
     return _table(STANDBY_HEADER, STANDBY_COLUMNS, [standby_row(r) for r in runs])
 
 
+# The Spot table (docs/google-cloud.md): the same trace on demand and on Spot VMs at some rates.
+SPOT_HEADER = (f"{HEADER} `interactive wait p99`: the interactive sessions' (`interactive.wait_p99_s`); "
+               "`sessions ended by it`: sessions a preemption ended, the batch ones among them queued again.")
+SPOT_COLUMNS = ("capacity", "cost (USD)", "assigned cost (USD)", "VM-hours", "started within 60 s",
+                "interactive wait p99", "VMs preempted", "sessions ended by it", "batch requeued (and ran)", "wall",
+                "command")
+
+
+def spot_row(r: dict) -> list[str]:
+    words = r["command"].split()
+    rate = words[words.index("--spot") + 1] if "--spot" in words else ""
+    return [f"Spot, {rate} preemptions per VM-hour" if rate else "on demand", f"{r['cost_usd']:,.2f}",
+            f"{r['assigned_cost_usd']:,.2f}", f"{r['vm_hours']:,.0f}", f"{r['fast_start_ratio']:.2%}",
+            f"{r['interactive']['wait_p99_s']:.1f} s", f"{r['spot_preemptions']:,}",
+            f"{r['spot_preempted_sessions']:,}", f"{r['requeued']:,} ({r['requeued_started']:,})", f"{r['wall_s']:.0f} s",
+            f"`{r['command']} --json`"]
+
+
+def spot_table(runs: list[dict]) -> str:
+    runs = sorted(runs, key=lambda r: ("--spot" in r["command"], r["command"]))
+    return _table(SPOT_HEADER, SPOT_COLUMNS, [spot_row(r) for r in runs])
+
+
 def _bench_table(kind: str):
     header, rows = bench_tables.KINDS[kind]
     return lambda runs: _table(header, *rows(runs))
 
 
-KINDS = {"simulate": simulate_table, "standby": standby_table, **{k: _bench_table(k) for k in bench_tables.KINDS}}
+KINDS = {"simulate": simulate_table, "standby": standby_table, "spot": spot_table, **{k: _bench_table(k) for k in bench_tables.KINDS}}
 
 
 def _table(header: str, columns: tuple[str, ...], rows: list[list[str]]) -> str:
@@ -133,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="the Markdown file to write")
     p.add_argument("--check", action="store_true", help="only compare: exit 1 if --out differs")
     p.add_argument("--kind", choices=sorted(KINDS), default="simulate",
-                   help="simulate: one row per run; standby: the standby tier's table (docs/simulator.md); serving, "
+                   help="simulate: one row per run; standby: the standby tier's table (docs/simulator.md); spot: "
+                        "on demand against Spot (docs/google-cloud.md); serving, "
                         "queue, commits: those benchmarks' `--json` output (docs/performance.md)")
     p.add_argument("--between-markers", action="store_true",
                    help="replace only the text between the marker lines of --out, a page written around the table")
