@@ -9,15 +9,15 @@ from types import SimpleNamespace
 from core_driver import make_core
 from provisioner.api import convert
 from provisioner.cloud.base import CloudFailure
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.decide import events as ev
 from provisioner.decide.commands import Launch
 from provisioner.decide.zone_memory import QUOTA_MEMORY_S, ProjectQuota
-from provisioner.errors import NoCapacity, Unavailable
+from provisioner.model.errors import NoCapacity, Unavailable
 from provisioner.front import project_quota
 from provisioner.front.cluster_reports import capacity_problem
 from provisioner.front.router import ClusterView, PoolView, rank
-from provisioner.model import SessionSpec
+from provisioner.model.records import SessionSpec
 from provisioner.v1 import types_pb2 as pb
 
 PROJECT_WIDE = CloudFailure("quota", "QUOTA_EXCEEDED: Quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0 globally.",

@@ -10,17 +10,17 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from conftest import fleet_config, start_fleet
+from conftest import fleet_config, front_channel, start_fleet
 from fake_compute import FakeCompute
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.config import load_fleet
 from provisioner.front import project_quota
-from provisioner.serve import start_front
+from provisioner.cli.serve import start_front
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
 from provisioner.v1 import types_pb2 as pb
-from test_gce import PROJECT, TIME_SCALE, fake, loopback_only, until  # noqa: F401
-from conftest import front_channel
+from gce_fixtures import PROJECT, TIME_SCALE, until
+from gce_fixtures import fake, loopback_only  # noqa: F401 (fixtures)
 
 FIRST, SECOND = "us-central1", "europe-west4"
 

@@ -23,15 +23,15 @@ from typing import Iterable
 
 from provisioner.api import convert
 from provisioner.api.status import RemoteError
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.decide.zone_memory import ProjectQuota
-from provisioner.errors import NoCapacity, ProvisionerError, Unavailable
+from provisioner.model.errors import NoCapacity, ProvisionerError, Unavailable
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.coalesced import Coalesced
 from provisioner.front.retry import call
 from provisioner.front.router import ClusterView, why_none
-from provisioner.model import SessionSpec
+from provisioner.model.records import SessionSpec
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 
 log = logging.getLogger(__name__)
