@@ -247,24 +247,12 @@ class FrontProcess:
         await asyncio.to_thread(self.store.close)
 
 
-async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, address: str | None = None,
-                      cluster_addresses: dict[str, str] | None = None, tracer_provider=None,
-                      link_interceptors: Sequence = (), database_url: str | None = None,
-                      tls_files: TlsFiles | None = None, plaintext: bool = False,
-                      plaintext_anywhere: bool = False, metrics: Metrics | None = None,
-                      health_port: HealthPort | None = None, feed: CatalogFeed | None = None) -> FrontProcess:
-    """Serves over TLS (`tls_files`, default: the local CA's; `plaintext` only behind something
-    that terminates TLS) and dials the clusters over mutual TLS with the same certificate.
-    `link_interceptors` sit on the front's channels to the clusters (tests inject faults there)."""
-    addresses = {c.name: c.address for c in fleet_cfg.clusters} | (cluster_addresses or {})
-    files = tls_files or local_tls(fleet_cfg, data_dir, "front")
-    ca, chain, key = files.read()
-    link = tls.channel_credentials(ca, chain, key)
+def _front_fleet(fleet_cfg: FleetConfig, addresses: dict[str, str], link, store, clock: Clock, wall: Clock,
+                 tracer_provider, link_interceptors: Sequence) -> Fleet:
+    """The front's clients of the clusters, following their capacity, with what it tells them
+    in the background: the blocked users, and the project's GPU quota one of them met."""
     security = fleet_cfg.settings.security
-    # Network time (commit_by, call deadlines, the breaker) runs at wall speed, whatever `clock` does.
-    wall = RealClock()
-    store = open_store(database_url, Path(data_dir) / "front.db")
-    store.writer.start()  # the front's durable writes are all group-committed
+
     def on_flags(cluster: str):
         async def apply(decisions) -> None:
             if await blocks.apply_all(store, cluster, decisions):  # a new block: the clusters hear of it
@@ -288,6 +276,28 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     fleet.quota_relay = project_quota.Relay(fleet.clients, clock)
     for c in clients:
         c.start()
+    return fleet
+
+
+async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, address: str | None = None,
+                      cluster_addresses: dict[str, str] | None = None, tracer_provider=None,
+                      link_interceptors: Sequence = (), database_url: str | None = None,
+                      tls_files: TlsFiles | None = None, plaintext: bool = False,
+                      plaintext_anywhere: bool = False, metrics: Metrics | None = None,
+                      health_port: HealthPort | None = None, feed: CatalogFeed | None = None) -> FrontProcess:
+    """Serves over TLS (`tls_files`, default: the local CA's; `plaintext` only behind something
+    that terminates TLS) and dials the clusters over mutual TLS with the same certificate.
+    `link_interceptors` sit on the front's channels to the clusters (tests inject faults there)."""
+    addresses = {c.name: c.address for c in fleet_cfg.clusters} | (cluster_addresses or {})
+    files = tls_files or local_tls(fleet_cfg, data_dir, "front")
+    ca, chain, key = files.read()
+    link = tls.channel_credentials(ca, chain, key)
+    security = fleet_cfg.settings.security
+    # Network time (commit_by, call deadlines, the breaker) runs at wall speed, whatever `clock` does.
+    wall = RealClock()
+    store = open_store(database_url, Path(data_dir) / "front.db")
+    store.writer.start()  # the front's durable writes are all group-committed
+    fleet = _front_fleet(fleet_cfg, addresses, link, store, clock, wall, tracer_provider, link_interceptors)
     if metrics is not None:
         metrics.time_store(store, "front")
     address = address or fleet_cfg.settings.front.address
