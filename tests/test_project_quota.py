@@ -15,6 +15,7 @@ from provisioner.decide.commands import Launch
 from provisioner.decide.zone_memory import QUOTA_MEMORY_S, ProjectQuota
 from provisioner.model.errors import NoCapacity, Unavailable
 from provisioner.front import project_quota
+from provisioner.front.admission import no_candidate
 from provisioner.front.cluster_reports import capacity_problem
 from provisioner.front.router import ClusterView, PoolView, rank
 from provisioner.model.records import SessionSpec
@@ -95,12 +96,12 @@ def test_a_create_no_cluster_can_take_says_the_quota_is_why():
     spec = SessionSpec(request_id="r", user_id="ada", accelerator="gpu-p100", image="gpu:latest")
     clock = RealClock(time_scale=30.0)
     views = [view("us-central1")]
-    err = project_quota.no_candidate(views, spec, ProjectQuota(clock.now() + 600.0, "GPUS_ALL_REGIONS", "europe-west4"),
-                                     clock)
+    now = clock.now()
+    err = no_candidate(views, spec, ProjectQuota(now + 600.0, "GPUS_ALL_REGIONS", "europe-west4"), now, clock.time_scale)
     assert isinstance(err, NoCapacity) and err.grpc_code == "RESOURCE_EXHAUSTED"
     assert "GPUS_ALL_REGIONS quota is exhausted" in err.message and "europe-west4" in err.message
     assert "us-central1" in err.message and 19.0 < err.retry_after_s <= 20.0  # 600 s of fleet time at x30
-    assert isinstance(project_quota.no_candidate(views, spec, None, clock), Unavailable)
+    assert isinstance(no_candidate(views, spec, None, now, clock.time_scale), Unavailable)
 
 
 def test_a_cluster_s_quota_report_is_checked_before_the_front_relays_it():

@@ -21,15 +21,12 @@ KNOWN = {
     "provisioner/cloud/sim.py: ",
     "provisioner/cluster/runtime.py: ",
     "provisioner/decide/core.py: class ClusterCore inherits",
-    "provisioner/front/service.py: ",
     "provisioner/sim/engine.py: class Engine has",
     "provisioner/sim/replay.py: ",
     "provisioner/store/engine.py: class Store inherits",
     "tests/core_driver.py: class Driver has",
     "tests/fake_compute.py: ",
     "tests/test_core.py: ",
-    "tests/test_metrics.py: function check",
-    "tests/test_placement_protocol.py: ",
     "tests/test_sim_cloud.py: ",
 }
 

@@ -321,7 +321,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     log.info("front listening on %s", server.address)
     return FrontProcess(fleet, server, store, sessions.placement, sessions,
                         asyncio.create_task(sessions.placement.run_resolver()),
-                        asyncio.create_task(BudgetEnforcer(sessions).run()), refresh)
+                        asyncio.create_task(BudgetEnforcer(sessions.weeks, fleet).run()), refresh)
 
 
 @dataclass

@@ -50,14 +50,13 @@ class Block:
         return cls(*row) if row else None
 
 
-def check(store: Store, user_id: str) -> None:
-    """Refuses a new session of a blocked user (one indexed read)."""
-    if (block := Block.read(store, user_id)) is not None:
-        # The user is told that and since when, not the evidence: a miner told which rule caught
-        # it learns how to dodge it. Operators see it all (`admin user show`).
-        who = "abuse detection" if block.blocked_by == DETECTOR else "an operator"
-        raise UserBlocked(f"user {quote(user_id)} may not start GPU sessions: blocked by {who} since "
-                          f"{_iso(block.blocked_at)}; an operator can lift the block", field="spec.user_id")
+def refusal(block: Block) -> UserBlocked:
+    """The refusal of a blocked user's create. The user is told that and since when, not the
+    evidence: a miner told which rule caught it learns how to dodge it. Operators see it all
+    (`admin user show`)."""
+    who = "abuse detection" if block.blocked_by == DETECTOR else "an operator"
+    return UserBlocked(f"user {quote(block.user_id)} may not start GPU sessions: blocked by {who} since "
+                       f"{_iso(block.blocked_at)}; an operator can lift the block", field="spec.user_id")
 
 
 async def apply(store: Store, d: Decision) -> bool:

@@ -25,13 +25,10 @@ from provisioner.api import convert
 from provisioner.api.status import RemoteError
 from provisioner.common.clock import Clock
 from provisioner.decide.zone_memory import ProjectQuota
-from provisioner.model.errors import NoCapacity, ProvisionerError, Unavailable
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.coalesced import Coalesced
 from provisioner.front.retry import call
-from provisioner.front.router import ClusterView, why_none
-from provisioner.model.records import SessionSpec
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 
 log = logging.getLogger(__name__)
@@ -51,20 +48,6 @@ def current(clients: Iterable[ClusterClient], now: float) -> ProjectQuota | None
     if best is None or reported(best) <= now:
         return None
     return convert.project_quota_from_pb(best.capacity.project_quota)
-
-
-def no_candidate(views: list[ClusterView], spec: SessionSpec, quota: ProjectQuota | None, clock: Clock
-                 ) -> ProvisionerError:
-    """Why no cluster can take the session: UNAVAILABLE, or RESOURCE_EXHAUSTED while the project's
-    GPU quota allows no new VM and no VM of the pool will come free to queue for."""
-    if quota is None:
-        return Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
-    left_s = max(0.0, quota.until - clock.now())
-    why = (f"the project's {quota.metric} quota is exhausted (an insert of cluster {quota.cluster} was refused; "
-           f"no cluster inserts a GPU VM for about {left_s / 60:.0f} more minutes of fleet time)")
-    why = why_none(views, spec.accelerator, spec.region_hint, spec.region_required, no_new_vms=why)
-    # A client waits wall time: the fleet's clock may run faster.
-    return NoCapacity(why, retry_after_s=left_s / getattr(clock, "time_scale", 1.0))
 
 
 class Relay(Coalesced):
