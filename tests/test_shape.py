@@ -27,8 +27,6 @@ KNOWN = {
     "tests/core_driver.py: class Driver has",
     "tests/fake_compute.py: ",
     "tests/test_core.py: ",
-    "tests/test_metrics.py: function check",
-    "tests/test_placement_protocol.py: ",
     "tests/test_sim_cloud.py: ",
 }
 

@@ -33,6 +33,7 @@ from provisioner.decide.preemption import Preemption
 from provisioner.decide.sessions import Sessions
 from provisioner.model.states import SessionState, VmState
 from provisioner.decide.vms import VmLifecycle
+from provisioner.decide.zone_memory import ProjectQuota, told
 from provisioner.model.records import Session, Vm
 
 S, V = SessionState, VmState
@@ -77,6 +78,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preempti
         self._preempting: dict[str, str] = {}  # preempted session in its grace period -> whom it makes room for
         self._claims: set[str] = set()  # queued sessions that preempted others, until they leave the queue
         self.blocked_users: frozenset[str] = frozenset()  # as the front last told (none requeued)
+        self.project_quota: ProjectQuota | None = None  # the project's GPU quota, last found exhausted
         self._held: dict[str, dict[str, int]] = {}  # pool -> user -> sessions holding (or getting) a VM there
         self._borrowable: dict[str, dict[str, None]] = {}  # pool -> those sessions of preemptible classes
         self._watched: dict[str, Watched] = {}  # running session id -> what abuse detection still needs
@@ -141,6 +143,8 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preempti
                 return self._set_budget(event.session_id, event.ends_at, now)
             case ev.BlockedUsersSet():
                 self.blocked_users = event.user_ids
+            case ev.ProjectQuotaTold():
+                return self._hold_project_quota(told(event.quota, now))
             case ev.StopRequested():
                 return self._stop(event.session_id, event.reason, now, event.user_id)
             case ev.DiscardRequested():

@@ -41,7 +41,8 @@ from provisioner.rules import quota
 from provisioner.api import convert
 from provisioner.config.policy import PriorityConfig, QuotaConfig
 from provisioner.model.images import ImageCatalog
-from provisioner.model.errors import InvalidArgument, ProvisionerError, QuotaExceeded, Unavailable, quote
+from provisioner.decide.zone_memory import ProjectQuota
+from provisioner.model.errors import InvalidArgument, NoCapacity, ProvisionerError, QuotaExceeded, Unavailable, quote
 from provisioner.front.blocks import Block, refusal as blocked
 from provisioner.front.router import Candidate, ClusterView, rank, why_none
 from provisioner.model.records import SessionSpec
@@ -216,9 +217,14 @@ class Listed:
 
 @dataclass(frozen=True)
 class Viewed:
-    """The clusters' capacity as their last reports show it."""
+    """The clusters' capacity as their last reports show it, and the project-wide GPU quota one of
+    them reported exhausted (front/project_quota.py), at `now` on a clock `time_scale` times as
+    fast as the wall."""
 
     views: list[ClusterView]
+    project_quota: ProjectQuota | None = None
+    now: float = 0.0
+    time_scale: float = 1.0
 
 
 # ---- actions (what the servicer does next) --------------------------------------------------
@@ -275,7 +281,7 @@ class CreateCheck:
         if isinstance(event, Listed):
             return self._listed(self.read, event)
         if isinstance(event, Viewed):
-            return self._ranked(event.views)
+            return self._ranked(event)
         raise TypeError(f"not an event of a create's check: {event!r}")
 
     def _stored(self, r: Read) -> Answer | Refuse | ListWeek | Rank:
@@ -295,10 +301,23 @@ class CreateCheck:
             return Refuse(refused(refusal), last_known)
         return Rank(listed=True, last_known=last_known)
 
-    def _ranked(self, views: list[ClusterView]) -> Refuse | Place:
-        s = self.asked.spec
-        candidates = rank(views, s.accelerator, self.asked.image, s.region_hint, s.region_required,
-                          self.rules.inter_region_penalty_s)
+    def _ranked(self, v: Viewed) -> Refuse | Place:
+        s, quota = self.asked.spec, v.project_quota
+        candidates = rank(v.views, s.accelerator, self.asked.image, s.region_hint, s.region_required,
+                          self.rules.inter_region_penalty_s, new_vms=quota is None)
         if not candidates:
-            return Refuse(Unavailable(why_none(views, s.accelerator, s.region_hint, s.region_required)))
+            return Refuse(no_candidate(v.views, s, quota, v.now, v.time_scale))
         return Place(candidates)
+
+
+def no_candidate(views: list[ClusterView], spec: SessionSpec, quota: ProjectQuota | None, now: float,
+                 time_scale: float) -> ProvisionerError:
+    """Why no cluster can take the session: UNAVAILABLE, or RESOURCE_EXHAUSTED while the project's
+    GPU quota allows no new VM and no VM of the pool will come free to queue for."""
+    if quota is None:
+        return Unavailable(why_none(views, spec.accelerator, spec.region_hint, spec.region_required))
+    left_s = max(0.0, quota.until - now)
+    why = (f"the project's {quota.metric} quota is exhausted (an insert of cluster {quota.cluster} was refused; "
+           f"no cluster inserts a GPU VM for about {left_s / 60:.0f} more minutes of fleet time)")
+    why = why_none(views, spec.accelerator, spec.region_hint, spec.region_required, no_new_vms=why)
+    return NoCapacity(why, retry_after_s=left_s / time_scale)  # a client waits wall time

@@ -25,7 +25,7 @@ from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig
 from provisioner.config.policy import QuotaConfig
 from provisioner.model.errors import InvalidArgument, NotFound, QuotaExceeded, Unavailable, quote
-from provisioner.front import admission, blocks
+from provisioner.front import admission, blocks, project_quota
 from provisioner.front.admin import FRONT_ONLY_ADMIN_RPCS, FrontAdminServicer
 from provisioner.front.blocks import Block
 from provisioner.front.cluster_reports import checked
@@ -66,6 +66,7 @@ class Fleet:
         # store, the cluster not listing them (front/admission.py, unlisted).
         self.counted_last_known: Counter[str] = Counter()
         self.block_pusher: blocks.Pusher | None = None  # tells the clusters the blocked users
+        self.quota_relay: project_quota.Relay | None = None  # tells them the project's GPU quota
 
     def get(self, name: str, field: str = "cluster") -> ClusterClient:
         if name not in self.clients:
@@ -164,7 +165,9 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             if not action.listed:
                 span.add_event("quota: within, from the store")
             views = [c.view() for c in self.fleet.clients.values()]
-            action = check.handle(admission.Viewed(views))
+            now = self.clock.now()
+            action = check.handle(admission.Viewed(views, project_quota.current(self.fleet.clients.values(), now),
+                                                   now, getattr(self.clock, "time_scale", 1.0)))
         if isinstance(action, admission.Refuse):
             if isinstance(action.error, QuotaExceeded):
                 span.add_event("quota refused", {"quota.subject": action.error.field})
