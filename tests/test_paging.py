@@ -33,7 +33,7 @@ async def test_a_front_reads_every_page_of_a_cluster_s_list_pausing_between_page
         pauses.append(seconds)
         await real_sleep(0)
 
-    monkeypatch.setattr(service.asyncio, "sleep", sleep)
+    monkeypatch.setattr(listing.asyncio, "sleep", sleep)
     cluster = SimpleNamespace(sessions=SimpleNamespace(List=list_sessions))
     got = await listing.listed(cluster, cluster_pb.ListRequest(), None, page_size=3, pause_s=0.02)
     assert [s.id for s in got] == [s.id for s in sessions]
