@@ -25,7 +25,6 @@ KNOWN = {
     "provisioner/sim/replay.py: ",
     "provisioner/store/engine.py: class Store inherits",
     "tests/core_driver.py: class Driver has",
-    "tests/fake_compute.py: ",
     "tests/test_core.py: ",
     "tests/test_sim_cloud.py: ",
 }
