@@ -1,4 +1,4 @@
-"""The cluster core's part in abuse detection (provisioner/decide/abuse.py), driven through
+"""The cluster core's part in abuse detection (provisioner/decide/abuse_watch.py), driven through
 `handle` by the tests' driver: reports judged as they come, a flag kept on the session and acted
 on, the memory it takes bounded."""
 
@@ -10,7 +10,7 @@ from provisioner.agent.fakes import miner
 from provisioner.agent.usage import Connection, Usage
 from provisioner.cloud.base import HealthReport
 from provisioner.decide import events as ev
-from provisioner.decide.abuse import MAX_SAMPLES
+from provisioner.decide.abuse_watch import MAX_SAMPLES
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.states import SessionState as S
 from provisioner.model import Session, SessionKind

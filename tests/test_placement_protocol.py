@@ -23,7 +23,7 @@ import pytest
 
 from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, CLOCK_SKEW_S, TRANSITIONS, Allocated, Ask, Attempt,
                                         Discard, Discarded, Done, Event, FetchWinner, Fetched, Found, GiveUp,
-                                        IllegalTransition, Leave,
+                                        IllegalAttemptChange, Leave,
                                         NoReply, NotFound, PlacementRun, Record, Recorded, Refused, Remember,
                                         Remembered, ResolveRun, Send, Settle, Settled, Start, check_change,
                                         sticky_first, transition)
@@ -547,13 +547,13 @@ def test_answering_first_is_safe_only_because_the_claim_holds_back_other_records
 
 
 def test_the_machine_rejects_what_the_table_lacks():
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalAttemptChange):
         transition(Attempt.MADE, Event.SENT)
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalAttemptChange):
         check_change(Attempt.NONE, Attempt.MADE)
     store = SqliteStore(":memory:")
     try:
-        with pytest.raises(IllegalTransition):
+        with pytest.raises(IllegalAttemptChange):
             store.settle_attempt(KEY, "c1", Attempt.PENDING, expected=Attempt.MADE)
     finally:
         store.close()

@@ -77,7 +77,7 @@ class ClusterRuntime:
         # user -> ids of their sessions, so a user's List (every create's quota check) reads theirs
         # only, not every session in memory; ids of sessions that left memory are pruned on read.
         self._by_user: dict[str, set[str]] = {}
-        # Flagged sessions in memory (provisioner/decide/abuse.py), each with the number it was
+        # Flagged sessions in memory (provisioner/decide/abuse_watch.py), each with the number it was
         # noted as, in order, so a capacity stream sends each once, and once durable.
         self._flags: dict[str, tuple[int, Session]] = {}
         self._flags_noted = 0

@@ -19,7 +19,7 @@ from provisioner.cloud.base import CloudFailure
 from provisioner.config import ClusterConfig, SessionsConfig
 from provisioner.config_policy import AbuseConfig, PriorityConfig
 from provisioner.decide import events as ev
-from provisioner.decide.abuse import AbuseWatch, Watched
+from provisioner.decide.abuse_watch import AbuseWatch, Watched
 from provisioner.decide.budgets import Budgets
 from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop,
                                          StopNotebook, Wipe)
@@ -48,7 +48,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preempti
         self.name = cluster.name
         self.catalog = catalog
         self.sessions_config = sessions
-        self.priority = priority or PriorityConfig()  # the fleet's classes and shares (decide/preempt.py)
+        self.priority = priority or PriorityConfig()  # the fleet's classes and shares (decide/preemption_rules.py)
         self._ranks = {name: c.rank for name, c in self.priority.classes.items()}  # the queue's order
         self.abuse = abuse or AbuseConfig()  # the fleet's abuse thresholds (provisioner/abuse.py)
         self.ids = ids or IdSource(cluster.name)

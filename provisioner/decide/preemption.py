@@ -1,5 +1,5 @@
 """ClusterCore's part in priority and preemption: a session within its owner's share that finds
-its pool full makes preemptible sessions give their GPUs back (decide/preempt.py chooses which
+its pool full makes preemptible sessions give their GPUs back (decide/preemption_rules.py chooses which
 and in what order), each after a grace period in which its watchers are warned.
 
 While in its grace period a victim keeps running, and the session it makes room for waits at the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
-from provisioner.decide.preempt import (STOP_REASON, Held, Request, Share, Victim, choose_victims, grace_plan,
+from provisioner.decide.preemption_rules import (STOP_REASON, Held, Request, Share, Victim, choose_victims, grace_plan,
                                         mark_over_share)
 from provisioner.decide.states import SessionState as S
 from provisioner.errors import FailedPrecondition, ProvisionerError

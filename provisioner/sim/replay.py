@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.budgets import USED_UP
 from provisioner.cloud.base import PREEMPTED as SPOT_PREEMPTED
-from provisioner.decide.preempt import STOP_REASON as PREEMPTED
+from provisioner.decide.preemption_rules import STOP_REASON as PREEMPTED
 from provisioner.decide.events import BudgetSet, SessionForgotten, SessionRequested, SessionTouched, StopRequested
 from provisioner.decide.ids import IdSource
 from provisioner.config import FleetConfig
