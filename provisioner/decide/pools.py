@@ -273,7 +273,7 @@ class Pools:
         missing = tuple(vm.cache.missing(image, self.catalog))
         if missing:
             vm.pulling = image
-            self._vm_changed(vm)
+            self._changes.vm(vm)
             self._pull(now, vm, image, missing)
 
     def _prewarm_request(self, name: str, image: str, count: int, now: float) -> list[str]:
