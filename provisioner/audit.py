@@ -14,8 +14,8 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from provisioner.clock import Clock
-from provisioner.errors import InvalidArgument
+from provisioner.common.clock import Clock
+from provisioner.model.errors import InvalidArgument
 from provisioner.store import Store
 
 MAX_TEXT = 256  # characters kept of each string of a record

@@ -4,7 +4,7 @@ check asks each cluster only for what changed since the last one."""
 from __future__ import annotations
 
 from provisioner.front.ended_sessions import CLOCK_MARGIN_S, EndedRow, EndedSessions
-from provisioner.quota import Metered
+from provisioner.rules.quota import Metered
 
 WEEK = 1_000.0
 

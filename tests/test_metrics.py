@@ -12,7 +12,7 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import fleet_config, quick_warm_up, warm_fleet
-from provisioner.metrics import MAX_SCRAPERS, SCRAPE_BURST, SCRAPE_CACHE_S, Metrics
+from provisioner.observability.metrics import MAX_SCRAPERS, SCRAPE_BURST, SCRAPE_CACHE_S, Metrics
 from provisioner.v1 import admin_service_pb2 as a_pb
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb

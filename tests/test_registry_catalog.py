@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from oci import Blob, build_image, push_image, push_versions, registry, start_token_registry  # noqa: F401 (fixture)
+from oci import Blob, build_image, push_image, push_versions, registry  # noqa: F401 (fixture)
+from oci_tokens import start_token_registry
 from prometheus_client import generate_latest
 
-from provisioner.metrics import Metrics
+from provisioner.observability.metrics import Metrics
 from provisioner.registry.catalog import CatalogFeed, RegistryCatalog, natural_key
 from provisioner.registry.client import OCI_INDEX, RegistryClient, RegistryError
 

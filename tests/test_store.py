@@ -9,7 +9,7 @@ import pytest
 
 from core_driver import Driver, make_core
 from provisioner.decide.events import DiscardRequested, StopRequested
-from provisioner.model import Session, Vm
+from provisioner.model.records import Session, Vm
 from provisioner.store import MIGRATIONS, MADE, UNRESOLVED, StoreError, open_store, redact
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from provisioner.abuse_record import Decision
+from provisioner.model.abuse_record import Decision
 from provisioner.audit import AuditRecord
-from provisioner.errors import InvalidArgument
-from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.decide.states import SessionState, StateChange, VmState
+from provisioner.model.errors import InvalidArgument
+from provisioner.model.records import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.model.states import SessionState, StateChange, VmState
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb

@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from provisioner.decide.images import parse_ref
-from provisioner.errors import InvalidArgument, quote
-from provisioner.safe_text import is_printable
+from provisioner.model.images import parse_ref
+from provisioner.model.errors import InvalidArgument, quote
+from provisioner.common.safe_text import is_printable
 from provisioner.v1 import admin_service_pb2, cluster_service_pb2, session_service_pb2
 
 SERVICES = tuple(

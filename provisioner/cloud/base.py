@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
 from provisioner.agent.usage import Usage
-from provisioner.decide.images import Layer
+from provisioner.model.images import Layer
 
 # Labels every VM carries, so a restarted cluster can match VMs to its records and find leaks.
 LABEL_CLUSTER = "provisioner-cluster"

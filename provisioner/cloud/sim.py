@@ -18,9 +18,9 @@ from typing import Any, NamedTuple, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
-from provisioner.agent.fakes import miner
+from provisioner.agent.simulated import miner
 from provisioner.agent.usage import Usage
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
     LABEL_POOL,
@@ -35,7 +35,7 @@ from provisioner.cloud.base import (
 from provisioner.cloud.sim_faults import OPS, RAISE_AS, Faults
 from provisioner.cloud.sim_inventory import Inventory, SimVm
 from provisioner.cloud.sim_physics import SimConfigLike, SimPhysics
-from provisioner.decide.images import Layer
+from provisioner.model.images import Layer
 
 _tracer = trace.get_tracer(__name__)
 

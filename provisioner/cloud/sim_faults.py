@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from provisioner.cloud.base import CloudFailure
-from provisioner.errors import InvalidArgument, NoCapacity, NotFound, ProvisionerError, QuotaExceeded, Unavailable
+from provisioner.model.errors import InvalidArgument, NoCapacity, NotFound, ProvisionerError, QuotaExceeded, Unavailable
 
 OPS = frozenset({"create", "wait_ready", "pull", "wipe", "stop", "start", "delete", "list_vms", "start_notebook",
                  "stop_notebook"})

@@ -21,8 +21,8 @@ from typing import AsyncIterator, Awaitable, Callable, Iterable
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from provisioner import telemetry
-from provisioner.clock import Clock
+from provisioner.observability import telemetry
+from provisioner.common.clock import Clock
 from provisioner.cluster.capacity import CapacityCounts
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
@@ -42,10 +42,10 @@ from provisioner.decide.core import ClusterCore
 from provisioner.decide.pools import PoolState
 from provisioner.decide.policy import FIELDS, merge_policy
 from provisioner.decide.reconcile import Plan, reconcile
-from provisioner.decide.states import SessionState, VmState
-from provisioner.errors import ProvisionerError, Unavailable
-from provisioner.logs import SessionLog
-from provisioner.model import Session, SessionSpec, Vm
+from provisioner.model.states import SessionState, VmState
+from provisioner.model.errors import ProvisionerError, Unavailable
+from provisioner.observability.logs import SessionLog
+from provisioner.model.records import Session, SessionSpec, Vm
 from provisioner.store import SqliteStore
 
 log = logging.getLogger(__name__)

@@ -9,19 +9,19 @@ from collections import OrderedDict
 
 from opentelemetry import trace
 
-from provisioner import telemetry
+from provisioner.observability import telemetry
 from provisioner.api import convert
 from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page, page
 from provisioner.audit import AuditLog
 from provisioner.api.status import stream, unary
-from provisioner.clock import Clock, RealClock
+from provisioner.common.clock import Clock, RealClock
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.cluster.session_protos import SessionProtos
 from provisioner.decide.pools import PoolState
-from provisioner.decide.states import SESSION_TERMINAL
-from provisioner.errors import Aborted, InvalidArgument, NotFound, quote
-from provisioner.model import Session, request_key
-from provisioner.quota import WEEK_S
+from provisioner.model.states import SESSION_TERMINAL
+from provisioner.model.errors import Aborted, InvalidArgument, NotFound, quote
+from provisioner.model.records import Session, request_key
+from provisioner.rules.quota import WEEK_S
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb

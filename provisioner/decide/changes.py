@@ -6,7 +6,7 @@ whose place alone moved. Pure.
 from __future__ import annotations
 
 from provisioner.decide.commands import Command, Step
-from provisioner.model import Session, Vm
+from provisioner.model.records import Session, Vm
 
 
 class Changes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from provisioner.cloud.base import CloudFailure
 from provisioner.config import ClusterConfig, SessionsConfig
-from provisioner.config_policy import AbuseConfig, PriorityConfig
+from provisioner.config.policy import AbuseConfig, PriorityConfig
 from provisioner.decide import events as ev
 from provisioner.decide.abuse_watch import AbuseWatch
 from provisioner.decide.budgets import Budgets
@@ -26,14 +26,14 @@ from provisioner.decide.eventlog import EventLog
 from provisioner.decide.holdings import Holdings
 from provisioner.decide.ids import IdSource
 from provisioner.decide.in_flight import InFlight
-from provisioner.decide.images import ImageCatalog
+from provisioner.model.images import ImageCatalog
 from provisioner.decide.notebooks import NotebookSteps
 from provisioner.decide.pools import Pools, PoolState
 from provisioner.decide.preemption import Preemption
 from provisioner.decide.sessions import Sessions
-from provisioner.decide.states import SessionState, VmState
+from provisioner.model.states import SessionState, VmState
 from provisioner.decide.vms import VmLifecycle
-from provisioner.model import Session, Vm
+from provisioner.model.records import Session, Vm
 
 S, V = SessionState, VmState
 # A VM leaving for good takes its other work with it: answers to that work no longer apply.
@@ -69,7 +69,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
         self._in_flight = InFlight(cluster)
         self.blocked_users: frozenset[str] = frozenset()  # as the front last told (none requeued)
         self._changes = Changes()
-        # Judges running sessions' usage by the fleet's abuse thresholds (provisioner/abuse.py).
+        # Judges running sessions' usage by the fleet's abuse thresholds (provisioner/rules/abuse.py).
         self.abuse_watch = AbuseWatch(abuse or AbuseConfig(), self.sessions, self.vms, self._changes.session,
                                       self._stop)
         self.holdings = Holdings(self.pools, self.priority)

@@ -13,9 +13,9 @@ from typing import Mapping
 
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.config import PoolConfig
-from provisioner.decide.images import ImageCatalog
+from provisioner.model.images import ImageCatalog
 from provisioner.decide.reconcile import Plan
-from provisioner.model import Session, SessionSpec, Vm
+from provisioner.model.records import Session, SessionSpec, Vm
 
 # ---- requests -------------------------------------------------------------------------------
 

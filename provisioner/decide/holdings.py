@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from provisioner.config_policy import PriorityConfig
+from provisioner.config.policy import PriorityConfig
 from provisioner.decide.pools import PoolState
-from provisioner.decide.states import SessionState as S
-from provisioner.model import Session
+from provisioner.model.states import SessionState as S
+from provisioner.model.records import Session
 
 # Sessions that hold (or have coming) a VM of their pool, so its GPUs.
 HOLDING = frozenset({S.PROVISIONING, S.PULLING_IMAGE, S.STARTING, S.RUNNING})

@@ -16,11 +16,11 @@ from typing import Callable, Mapping
 
 from provisioner.decide.preemption_rules import (STOP_REASON, Held, Request, Share, Victim, choose_victims, grace_plan,
                                         mark_over_share)
-from provisioner.decide.states import SessionState as S
-from provisioner.config_policy import PriorityConfig
+from provisioner.model.states import SessionState as S
+from provisioner.config.policy import PriorityConfig
 from provisioner.decide.holdings import HOLDING, Holdings
 from provisioner.decide.pools import PoolState
-from provisioner.model import Notice, Session
+from provisioner.model.records import Notice, Session
 
 PREEMPTION = "preemption"  # the kind of the notices a preempted session's watchers get
 _THEN = "; it stops in "  # a preemption's notice is its stop reason, then when

@@ -10,13 +10,13 @@ from __future__ import annotations
 from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
 from provisioner.decide.autoscale import pick_zone, zones_available
 from provisioner.decide.commands import Delete, Launch, Pull, Start, StartNotebook, Stop, StopNotebook, Wipe
-from provisioner.decide.images import LayerCache
+from provisioner.model.images import LayerCache
 from provisioner.decide.pools import PoolState
 from provisioner.decide.reconcile import Plan
-from provisioner.decide.states import SessionState, VmState
+from provisioner.model.states import SessionState, VmState
 from provisioner.decide.zone_memory import remember
-from provisioner.errors import FailedPrecondition, NotFound, quote
-from provisioner.model import Session, SessionKind, StartKind, Vm
+from provisioner.model.errors import FailedPrecondition, NotFound, quote
+from provisioner.model.records import Session, SessionKind, StartKind, Vm
 
 S, V = SessionState, VmState
 

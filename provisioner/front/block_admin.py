@@ -7,7 +7,7 @@ from __future__ import annotations
 from provisioner.api import convert, guard
 from provisioner.api.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from provisioner.api.status import unary
-from provisioner.errors import InvalidArgument
+from provisioner.model.errors import InvalidArgument
 from provisioner.front.blocks import Block
 from provisioner.store import Store
 from provisioner.v1 import admin_service_pb2 as admin_pb

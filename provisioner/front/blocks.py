@@ -3,7 +3,7 @@
 A block is a row of the front's store (shared by every front replica), read on each create:
 an operator's (`provisioner admin user block`) or the detector's, with the reason and, for the
 detector's, the evidence. It stays until an operator clears it. The cluster that flags a session
-makes its decision record (provisioner/abuse_record.py) and every front hears of it on its
+makes its decision record (provisioner/model/abuse_record.py) and every front hears of it on its
 capacity stream; `apply` records it and blocks the user, or, in a dry run, records it only.
 
 A cluster requeues a preempted session by itself, with no create at a front: so the clusters are
@@ -21,9 +21,9 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from provisioner.abuse_record import MAX_EVIDENCE_CHARS, Decision
+from provisioner.model.abuse_record import MAX_EVIDENCE_CHARS, Decision
 from provisioner.api.status import RemoteError
-from provisioner.errors import UserBlocked, quote
+from provisioner.model.errors import UserBlocked, quote
 from provisioner.front import cluster_reports
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.retry import call

@@ -25,11 +25,11 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from provisioner import quota
+from provisioner.rules import quota
 from provisioner.api import convert
 from provisioner.api.status import RemoteError
-from provisioner.config_policy import QuotaConfig
-from provisioner.errors import quote
+from provisioner.config.policy import QuotaConfig
+from provisioner.model.errors import quote
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import CLOCK_MARGIN_S

@@ -19,12 +19,12 @@ import re
 from typing import Mapping
 from urllib.parse import urlsplit
 
-from provisioner.abuse_record import MAX_EVIDENCE_CHARS, MAX_REASON_CHARS, Decision
+from provisioner.model.abuse_record import MAX_EVIDENCE_CHARS, MAX_REASON_CHARS, Decision
 from provisioner.api.limits import SESSION_ID, USER_ID
-from provisioner.decide.images import parse_ref
-from provisioner.errors import InvalidArgument, ProvisionerError
-from provisioner.model import cluster_of
-from provisioner.safe_text import is_printable
+from provisioner.model.images import parse_ref
+from provisioner.model.errors import InvalidArgument, ProvisionerError
+from provisioner.model.records import cluster_of
+from provisioner.common.safe_text import is_printable
 from provisioner.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -11,14 +11,14 @@ from typing import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
-from provisioner import telemetry
-from provisioner.abuse_record import Decision
+from provisioner.observability import telemetry
+from provisioner.model.abuse_record import Decision
 from provisioner.api import convert
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.front.breaker import CircuitBreaker
 from provisioner.front.cluster_reports import ReportRefused, capacity_problem
 from provisioner.front.router import ClusterView, PoolView
-from provisioner.grpc_options import RECEIVE_BUFFER
+from provisioner.common.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from provisioner.quota import Metered
+from provisioner.rules.quota import Metered
 
 # Sessions that ended this long before the latest end seen are asked for again.
 CLOCK_MARGIN_S = 60.0

@@ -18,14 +18,18 @@ from typing import AsyncIterator
 import grpc
 from opentelemetry import trace
 
-from provisioner import quota, ratelimit, telemetry
+from provisioner.rules import quota
+
+from provisioner.rules import ratelimit
+
+from provisioner.observability import telemetry
 from provisioner.api import convert, guard
 from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page, page
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.audit import AuditLog
 from provisioner.config import FleetConfig
-from provisioner.config_policy import QuotaConfig
-from provisioner.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
+from provisioner.config.policy import QuotaConfig
+from provisioner.model.errors import InvalidArgument, NotFound, QuotaExceeded, RateLimited, Unavailable, quote
 from provisioner.front import admission, blocks
 from provisioner.front.cluster_reports import checked
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
@@ -34,10 +38,10 @@ from provisioner.front.ended_sessions import EndedRow, EndedSessions
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, AdmissionChanged, Placement
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
 from provisioner.front.router import hint_note, rank, why_none
-from provisioner.model import cluster_of, request_key
+from provisioner.model.records import cluster_of, request_key
 from provisioner.store import SqliteStore
 from provisioner.store.front_records import Admission, Made
-from provisioner.validation import pool_named, priority_class, validate_spec
+from provisioner.rules.validation import pool_named, priority_class, validate_spec
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb

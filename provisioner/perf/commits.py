@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner.decide.states import SessionState
-from provisioner.model import Session, SessionSpec
+from provisioner.model.states import SessionState
+from provisioner.model.records import Session, SessionSpec
 from provisioner.store import open_store
 
 

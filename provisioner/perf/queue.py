@@ -23,7 +23,7 @@ from provisioner.config import load_fleet
 from provisioner.decide import events as ev
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
-from provisioner.model import SessionSpec
+from provisioner.model.records import SessionSpec
 
 CLUSTER, POOL = "us-central1", "gpu-p100"
 BLOCK = 1000

@@ -17,8 +17,8 @@ from provisioner.decide.core import ClusterCore
 from provisioner.decide.events import BudgetSet, SessionForgotten, SessionRequested, SessionTouched, StopRequested
 from provisioner.decide.ids import IdSource
 from provisioner.decide.preemption_rules import STOP_REASON as PREEMPTED
-from provisioner.decide.states import SESSION_TERMINAL, VM_ACTIVE, SessionState, VmState
-from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm, cluster_of
+from provisioner.model.states import SESSION_TERMINAL, VM_ACTIVE, SessionState, VmState
+from provisioner.model.records import Session, SessionKind, SessionSpec, StartKind, Vm, cluster_of
 from provisioner.sim.cost import prices
 from provisioner.sim.engine import Engine
 from provisioner.sim.quotas import QuotaMeter

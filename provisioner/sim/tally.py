@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from provisioner.model import StartKind
+from provisioner.model.records import StartKind
 from provisioner.sim.cost import Price, PoolKey, VmTime, costs
 
 FAST_START_S = 60.0

@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.model import SessionKind
+from provisioner.model.records import SessionKind
 
 HEADER = ["arrival_s", "user", "kind", "accelerator", "image", "region_hint", "duration_s", "abandon"]
 # Model time past the last session's end, so wipes and deletes finish inside the run.

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from provisioner.decide.states import VM_ACTIVE, VmState
-from provisioner.model import Vm
+from provisioner.model.states import VM_ACTIVE, VmState
+from provisioner.model.records import Vm
 from provisioner.sim.cost import PoolKey, VmTime
 
 V = VmState

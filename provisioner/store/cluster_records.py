@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from provisioner.decide.states import SESSION_TERMINAL, SessionState, VmState
-from provisioner.model import Session, Vm
+from provisioner.model.states import SESSION_TERMINAL, SessionState, VmState
+from provisioner.model.records import Session, Vm
 from provisioner.store.base import _marks, _values
 
 _LIVE = frozenset(SessionState) - SESSION_TERMINAL  # sessions not ended

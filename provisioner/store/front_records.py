@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from provisioner.front.attempts import SETTLED, STICKY, UNSETTLED, Attempt, Event, check_change, sources
-from provisioner.model import request_key, split_request_key
+from provisioner.model.records import request_key, split_request_key
 from provisioner.store.base import _marks, _values
 
 # The front's attempt states; their transitions are the table in front/attempts.py.

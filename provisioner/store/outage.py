@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Callable, TypeVar
 
-from provisioner.errors import Unavailable
+from provisioner.model.errors import Unavailable
 from provisioner.group_commit import backoff
 from provisioner.store.base import StoreError
 

@@ -1,7 +1,7 @@
 """What TLS and token checks cost on the serving path: warm CreateSession throughput with every
 check on, against the same fleet with none (plaintext, no guard), in one run.
 
-    python -m provisioner.security.bench [--runs 3] [--seconds 10] [--in-flight 8]
+    python -m provisioner.perf.auth_overhead [--runs 3] [--seconds 10] [--in-flight 8]
 
 The fleet (the front and one cluster on the simulated cloud, with a pool kept warm far beyond
 the load) runs in a process of its own; this process is the client: `--in-flight` concurrent
@@ -64,13 +64,13 @@ def _fleet_dir(root: Path, cluster_port: int, front_port: int) -> Path:
 
 def serve(mode: str, clusters: Path, data_dir: Path) -> None:
     """Runs the front and the cluster in this process until killed; prints `ready` once warm."""
-    from provisioner import serve as serving
+    from provisioner.cli import serve as serving
 
     if mode == "none":
         _without_security(serving)
 
     async def main() -> None:
-        from provisioner.clock import RealClock
+        from provisioner.common.clock import RealClock
         from provisioner.config import load_fleet
 
         fleet = load_fleet(clusters)
@@ -177,7 +177,7 @@ def one_run(mode: str, seconds: float, in_flight: int) -> dict:
         front_port = _free_port()
         clusters = _fleet_dir(root, _free_port(), front_port)
         data_dir = root / "data"
-        proc = subprocess.Popen([sys.executable, "-m", "provisioner.security.bench", "--serve", mode, str(clusters),
+        proc = subprocess.Popen([sys.executable, "-m", "provisioner.perf.auth_overhead", "--serve", mode, str(clusters),
                                  str(data_dir)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "PROVISIONER_TRACES": "none"})
         try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
-from provisioner.abuse_record import Decision
-from provisioner.decide.images import LayerCache
-from provisioner.decide.states import (
+from provisioner.model.abuse_record import Decision
+from provisioner.model.images import LayerCache
+from provisioner.model.states import (
     SESSION_TRANSITIONS,
     VM_TRANSITIONS,
     SessionState,

@@ -1,6 +1,6 @@
 """Regenerates the Python code for protos/ into provisioner/v1/.
 
-    python -m provisioner.protogen
+    python -m provisioner.v1.protogen
 
 The generated modules are committed so that installing the package needs no build step;
 tests/test_protos.py fails when they no longer match the .proto files.
@@ -12,7 +12,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "protos"
 
 

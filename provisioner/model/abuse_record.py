@@ -1,4 +1,4 @@
-"""The decision record of a flagged session (provisioner/abuse.py judges, this keeps).
+"""The decision record of a flagged session (provisioner/rules/abuse.py judges, this keeps).
 
 The cluster core makes it when a session is flagged and keeps it on the session's record; the
 capacity stream carries it to every front, which records it and blocks the user
@@ -9,13 +9,45 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Literal
 
-from provisioner.abuse import Finding, Verdict
+from provisioner.agent.usage import Connection
 
+Rule = Literal["miner_program", "pool_connection", "busy_without_activity", "unknown_gpu_program"]
 MAX_REASON_CHARS = 512
 MAX_EVIDENCE_CHARS = 4096  # a finding is at most ~600 characters, and there are four rules
 MAX_DETAIL_CHARS = 256
 MAX_NAME_CHARS = 64  # a process name or a connection
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    rule: Rule
+    detail: str
+    first_at: float  # the reports that show it: from, to, how many
+    last_at: float
+    samples: int
+    process: str = ""
+    connection: Connection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    findings: tuple[Finding, ...] = ()  # every rule that fired, in the order of the module's doc
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.findings)
+
+    @property
+    def rule(self) -> str:
+        """The first rule that fired ("" when the session is fine)."""
+        return self.findings[0].rule if self.findings else ""
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(f"{f.rule}: {f.detail}" for f in self.findings)
+
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ class LongLivedFreezer:
         if info["generation"] != 2:
             return
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started = time.perf_counter()  # wall time: how long a collection held the process
         elif time.perf_counter() - self._started >= self.slow_s:
             if info["collected"] < self.freed_below * max(1, _tracked_old()):
                 gc.freeze()  # the collection is over: its generations are whole lists again

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Collection
 
-from provisioner.errors import InvalidArgument, quote
-from provisioner.decide.images import ImageCatalog
-from provisioner.model import SessionKind, SessionSpec
+from provisioner.model.errors import InvalidArgument, quote
+from provisioner.model.images import ImageCatalog
+from provisioner.model.records import SessionKind, SessionSpec
 
 if TYPE_CHECKING:
-    from provisioner.config_policy import PriorityConfig
+    from provisioner.config.policy import PriorityConfig
 
 
 def pool_named(asked: str, pool_accelerators: dict[str, str]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from provisioner.errors import IllegalTransition
+from provisioner.model.errors import IllegalTransition
 
 
 class VmState(StrEnum):

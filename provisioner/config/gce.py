@@ -1,5 +1,5 @@
 """The Compute Engine side of a cluster's config: how its VMs are made (clusters/<name>.yaml,
-`backend` and each pool). Kept apart from config.py so the cloud's vocabulary stays in one place.
+`backend` and each pool). Kept apart from cluster.py so the cloud's vocabulary stays in one place.
 
 Disk prices are Compute Engine's list prices per GB-month (us-central1), billed hourly over 730 h:
 a pool's stopped-VM price follows from its disk's type and size unless it is given.
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, model_validator
 
-from provisioner.config_base import _Model
+from provisioner.config.base import _Model
 
 # Any VM created by the gce backend may call Google APIs as its service account; what it may do
 # is then the account's roles (Google's recommended practice), not the scopes.

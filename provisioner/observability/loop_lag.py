@@ -12,7 +12,8 @@ INTERVAL_S = 0.25
 
 
 async def watch_lag(observe: Callable[[float], None], interval_s: float = INTERVAL_S) -> None:
-    """Calls `observe(seconds late)` once per `interval_s`, until cancelled."""
+    """Calls `observe(seconds late)` once per `interval_s`, until cancelled. The loop's own time
+    (wall time on purpose): lateness is what callers feel, whatever the model clock's speed."""
     loop = asyncio.get_running_loop()
     while True:
         due = loop.time() + interval_s

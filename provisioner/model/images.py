@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Collection, Iterable, KeysView, Mapping, Sequence
 
-from provisioner.errors import InvalidArgument, quote
+from provisioner.model.errors import InvalidArgument, quote
 
 LATEST = "latest"
 # name:tag, lower-case name as in container registries; the tag is the immutable version.

@@ -18,7 +18,7 @@ from typing import Sequence
 from provisioner.api.guard import Guard, bearer_identity, certificate_identity, stream_caps
 from provisioner.api.server import HealthPort, Server
 from provisioner.audit import AuditLog
-from provisioner.clock import Clock, RealClock
+from provisioner.common.clock import Clock, RealClock
 from provisioner.cloud.base import CloudBackend
 from provisioner.cluster import service as cluster_service
 from provisioner.decide.core import ClusterCore
@@ -29,10 +29,10 @@ from provisioner.front import blocks
 from provisioner.front import service as front_service
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
-from provisioner.gc_freeze import LongLivedFreezer
+from provisioner.common.gc_freeze import LongLivedFreezer
 from provisioner.front.service import Fleet
 from provisioner.front.budget_enforcer import BudgetEnforcer
-from provisioner.metrics import Metrics
+from provisioner.observability.metrics import Metrics
 from provisioner.registry.catalog import CatalogFeed
 from provisioner.cluster import leader
 from provisioner.security import auth, tls
@@ -61,7 +61,7 @@ def freeze_startup_heap() -> LongLivedFreezer:
     what is alive now lives as long as the process, so it leaves the collector's generations
     and full collections stop walking it again and again. What accumulates later (a warming
     pool's VMs, sessions) follows it after a full collection that found it all alive
-    (provisioner/gc_freeze.py), until the freezer returned is exited."""
+    (provisioner/common/gc_freeze.py), until the freezer returned is exited."""
     gc.collect()
     gc.freeze()
     return LongLivedFreezer().start()

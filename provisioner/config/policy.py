@@ -1,5 +1,5 @@
 """The fleet's policy settings in clusters/fleet.yaml: quotas, rate limits, abuse detection,
-priority classes and preemption (sections of FleetSettings, which config.py assembles)."""
+priority classes and preemption (sections of FleetSettings, in fleet.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, model_validator
 
-from provisioner.config_base import Name, _At, _Model
+from provisioner.config.base import Name, _At, _Model
 
 SessionKindName = Literal["interactive", "batch"]
 
@@ -78,7 +78,7 @@ ProgramNames = Annotated[tuple[str, ...], AfterValidator(_program_names)]
 
 
 class AbuseConfig(_Model):
-    """Abuse detection (`provisioner/abuse.py`): what flags a session; see its rules there."""
+    """Abuse detection (`provisioner/rules/abuse.py`): what flags a session; see its rules there."""
 
     dry_run: bool = False  # flagged sessions are only reported: none is stopped, no user blocked
     gpu_busy_pct: Annotated[int, Field(ge=1, le=100)] = 90  # the busiest GPU at this or more is busy

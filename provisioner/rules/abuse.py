@@ -28,12 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Literal, Sequence
 
-from provisioner.agent.usage import Connection, Usage
+from provisioner.agent.usage import Usage
+from provisioner.model.abuse_record import Finding, Verdict
 
 if TYPE_CHECKING:
-    from provisioner.config_policy import AbuseConfig
+    from provisioner.config.policy import AbuseConfig
 
-Rule = Literal["miner_program", "pool_connection", "busy_without_activity", "unknown_gpu_program"]
 Kind = Literal["interactive", "batch"]
 
 
@@ -41,35 +41,6 @@ Kind = Literal["interactive", "batch"]
 class Sample:
     at: float  # when the cluster read it, on the cluster's clock
     usage: Usage
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    rule: Rule
-    detail: str
-    first_at: float  # the reports that show it: from, to, how many
-    last_at: float
-    samples: int
-    process: str = ""
-    connection: Connection | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    findings: tuple[Finding, ...] = ()  # every rule that fired, in the order of the module's doc
-
-    @property
-    def flagged(self) -> bool:
-        return bool(self.findings)
-
-    @property
-    def rule(self) -> str:
-        """The first rule that fired ("" when the session is fine)."""
-        return self.findings[0].rule if self.findings else ""
-
-    @property
-    def reason(self) -> str:
-        return "; ".join(f"{f.rule}: {f.detail}" for f in self.findings)
 
 
 def matches(name: str, programs: Iterable[str]) -> str:

@@ -1,10 +1,10 @@
 """OpenTelemetry tracing: one trace follows a request from the client through the front, the
 cluster and every cloud call.
 
-W3C trace context travels in gRPC metadata, carried by `provisioner.rpc_tracing` on the servers
+W3C trace context travels in gRPC metadata, carried by `provisioner.observability.rpc_tracing` on the servers
 and the front's channels (a span per call on each side, named and described as OpenTelemetry's
 gRPC instrumentation names them) and by that instrumentation in the CLI. The exporter is chosen
-per process: none, console, otlp (OTLP over gRPC) or file (JSON lines, readable with `provisioner.traceview`). Spans leave
+per process: none, console, otlp (OTLP over gRPC) or file (JSON lines, readable with `provisioner.observability.traceview`). Spans leave
 through a batch processor for every exporter, so exporting never runs on the request path; a
 trace is kept or dropped where it starts (a ratio of new traces) and every hop follows that
 choice, carried in the trace context.
@@ -37,8 +37,8 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-from provisioner import rpc_tracing
-from provisioner.private_files import open_private
+from provisioner.observability import rpc_tracing
+from provisioner.common.private_files import open_private
 
 # Span attribute keys for the domain.
 ATTR_SESSION_ID = "session.id"

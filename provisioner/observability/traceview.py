@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from provisioner.telemetry import (
+from provisioner.observability.telemetry import (
     ATTR_CLUSTER,
     ATTR_IMAGE,
     ATTR_POOL,

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from opentelemetry import trace
 
-from provisioner.safe_text import printable
+from provisioner.common.safe_text import printable
 
 FORMATS = ("text", "json")
 FIELDS = ("session_id", "vm_id", "cluster", "pool", "request_id")
