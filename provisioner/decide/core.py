@@ -20,6 +20,7 @@ from provisioner.decide import events as ev
 from provisioner.decide.abuse_watch import AbuseWatch
 from provisioner.decide.budgets import Budgets
 from provisioner.decide.changes import Changes
+from provisioner.decide.culling import Culling
 from provisioner.decide.commands import Command, Pull, Step
 from provisioner.decide.deadlines import Limits
 from provisioner.decide.eventlog import EventLog
@@ -29,6 +30,7 @@ from provisioner.decide.in_flight import InFlight
 from provisioner.model.images import ImageCatalog
 from provisioner.decide.notebooks import NotebookSteps
 from provisioner.decide.pools import Pools, PoolState
+from provisioner.decide.prewarming import Prewarming
 from provisioner.decide.preemption import Preemption
 from provisioner.decide.sessions import Sessions
 from provisioner.model.states import SessionState, VmState
@@ -52,30 +54,29 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
         self._ranks = {name: c.rank for name, c in self.priority.classes.items()}  # the queue's order
         self.ids = ids or IdSource(cluster.name)
         self.event_log = event_log
+        # The records: what the shells read through the core (get, get_by_request, sessions, vms, pools).
         self.pools = {p.name: PoolState(p, p) for p in cluster.pools}
         self.sessions: dict[str, Session] = {}
         self.by_request: dict[str, str] = {}  # request key (SessionSpec.key) -> session id
         self.vms: dict[str, Vm] = {}
         self.draining = False
+        self.blocked_users: frozenset[str] = frozenset()  # as the front last told (none requeued)
         self.dropped = 0  # answers to commands no longer in flight
-        # (time, session id) when a running session may need culling; checked lazily by the tick.
-        self._cull_due: list[tuple[float, str]] = []
         self._queue_due: list[tuple[float, str]] = []  # (time, session id) when a queued session times out
         self._forget_due: list[tuple[float, str]] = []  # (time, session id) when an ended one leaves memory
         self._failed_tries: dict[str, int] = {}  # session id -> its VMs that failed before it ran
-        self._age = {v: i for i, v in enumerate(catalog.newest(len(catalog)))}
-        # vm id -> (ranking_gen, position in the ranking up to which the VM holds every image).
-        self._filled: dict[str, tuple[int, int]] = {}
+        # The parts, each owning its state: given the records it reads and the acts it may ask for.
         self._in_flight = InFlight(cluster)
-        self.blocked_users: frozenset[str] = frozenset()  # as the front last told (none requeued)
         self._changes = Changes()
-        # Judges running sessions' usage by the fleet's abuse thresholds (provisioner/rules/abuse.py).
-        self.abuse_watch = AbuseWatch(abuse or AbuseConfig(), self.sessions, self.vms, self._changes.session,
-                                      self._stop)
+        self.culling = Culling(self.sessions, self._stop)
+        self.prewarming = Prewarming(self.name, self.pools, lambda: self.catalog, self._changes, self._pull)
         self.holdings = Holdings(self.pools, self.priority)
         self.preemption = Preemption(self.sessions, self.pools, self.priority, self.holdings, self._at_user_ceiling,
                                      self._changes.session, self._stop, self._requeue)
-        self._budgets = Budgets(self.sessions, sessions.budget_warnings_s, self._changes.session, self._stop)
+        self.budgets = Budgets(self.sessions, sessions.budget_warnings_s, self._changes.session, self._stop)
+        # Judges running sessions' usage by the fleet's abuse thresholds (provisioner/rules/abuse.py).
+        self.abuse_watch = AbuseWatch(abuse or AbuseConfig(), self.sessions, self.vms, self._changes.session,
+                                      self._stop)
 
     # ---- the way in ----------------------------------------------------------------------
 
@@ -97,14 +98,14 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
             case ev.Tick():
                 if self._in_flight.due(now):
                     self._expire(now)
-                if self._cull_due and self._cull_due[0][0] <= now:
-                    self._cull(now)
+                if self.culling.due(now):
+                    self.culling.cull(now)
                 if self._queue_due and self._queue_due[0][0] <= now:
                     self._expire_queue(now)
                 if self._forget_due and self._forget_due[0][0] <= now:
                     self._forget_ended(now)
-                if self._budgets.due(now):
-                    self._budgets.enforce(now)
+                if self.budgets.due(now):
+                    self.budgets.enforce(now)
                 if self.preemption.due(now):
                     self.preemption.enforce(now)
                 self._tick_pools(now)
@@ -119,7 +120,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
                 self.abuse_watch.touched(s, now)
                 return s
             case ev.BudgetSet():
-                return self._budgets.set(event.session_id, event.ends_at, now)
+                return self.budgets.set(event.session_id, event.ends_at, now)
             case ev.BlockedUsersSet():
                 self.blocked_users = event.user_ids
             case ev.StopRequested():
@@ -140,7 +141,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
             case ev.CatalogChanged():
                 self._set_catalog(event.catalog, now)
             case ev.PrewarmRequested():
-                return self._prewarm_request(event.pool, event.image, event.count, now)
+                return self.prewarming.request(event.pool, event.image, event.count, now)
             case ev.EvictRequested():
                 return self._evict(event.vm_id, event.reason, now)
             case ev.Restored():
@@ -204,8 +205,8 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
                 self.pools[s.pool].order.stale()
                 self._watch_queue(s, s.history[-1].time)
             elif s.state is S.RUNNING:
-                self._watch_cull(s)
-                self._budgets.watch(s, now)
+                self.culling.watch(s)
+                self.budgets.watch(s, now)
             if not s.terminal:
                 self.holdings.change(s, None)
                 self.preemption.restore(s)
@@ -225,9 +226,9 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
         for pool in self.pools.values():
             in_use.update(pool.demand.decayed(now), pool.ranking)
         self.catalog = catalog.keeping(self.catalog, in_use)
-        self._age = {v: i for i, v in enumerate(self.catalog.newest(len(self.catalog)))}
+        self.prewarming.catalog_changed()
         for pool in self.pools.values():
-            self._refresh_ranking(pool, now)  # new releases get their baseline demand now
+            self.prewarming.refresh_ranking(pool, now)  # new releases get their baseline demand now
 
     def _pull(self, now: float, vm: Vm, image: str, layers: tuple, session_id: str = "") -> Command:
         """Pulls `image` onto the VM: for a session, the digest it was pinned to at creation."""
@@ -271,7 +272,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
             self._in_flight.settle_vm(vm.id)
         if state is V.DELETED:
             del self.vms[vm.id]
-            self._filled.pop(vm.id, None)
+            self.prewarming.forget(vm.id)
         else:
             pool.count_in(vm)
 

@@ -40,7 +40,7 @@ class NotebookSteps:
         vm = self.vms[cmd.vm_id]
         s.ready_at = s.last_activity_at = s.estimated_ready_at = now
         s.endpoint = endpoint or vm.endpoint
-        self._watch_cull(s)
+        self.culling.watch(s)
         self._set_session(s, S.RUNNING, f"running on {_HOW[s.start or StartKind.COLD]} (VM {vm.id})", now)
 
     def _notebook_start_failed(self, cmd: StartNotebook, failure: CloudFailure, now: float) -> None:

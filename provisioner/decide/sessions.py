@@ -12,6 +12,7 @@ from typing import Mapping
 
 from provisioner.decide.assignment import choose_standby, choose_vm
 from provisioner.decide.autoscale import queued_demand
+from provisioner.decide.culling import minutes
 from provisioner.decide.pools import PoolState
 from provisioner.model.states import SessionState, VmState
 from provisioner.decide.preemption import PREEMPTION
@@ -288,7 +289,7 @@ class Sessions:
             if s is None or s.state is not S.QUEUED or s.history[-1].time + timeout > now:
                 continue
             self._dequeue(s)
-            self._end(s, S.FAILED, f"waited {_minutes(timeout)} in the queue without getting a VM", now)
+            self._end(s, S.FAILED, f"waited {minutes(timeout)} in the queue without getting a VM", now)
             left[s.pool] = self.pools[s.pool]
         for pool in left.values():
             self._renumber_queue(pool)
@@ -353,39 +354,6 @@ class Sessions:
         if placed:
             self._renumber_queue(pool)
 
-    # ---- culling -------------------------------------------------------------------------
-
-    def _watch_cull(self, s: Session) -> None:
-        heapq.heappush(self._cull_due, (self._cull_at(s), s.id))
-
-    @staticmethod
-    def _cull_at(s: Session) -> float:
-        """When a running session is next due for culling, as things stand."""
-        due = s.ready_at + s.max_runtime_s if s.max_runtime_s else float("inf")
-        if s.spec.kind is SessionKind.INTERACTIVE:
-            due = min(due, s.last_activity_at + s.idle_timeout_s)
-        return due
-
-    def _cull(self, now: float) -> None:
-        """Stops sessions idle too long or past their max runtime. A touch moves a deadline
-        later without touching the heap: an entry found early is pushed back at the new time."""
-        heap = self._cull_due
-        while heap and heap[0][0] <= now:
-            _, sid = heapq.heappop(heap)
-            s = self.sessions.get(sid)
-            if s is None or s.state is not S.RUNNING:
-                continue
-            if (due := self._cull_at(s)) > now:
-                heapq.heappush(heap, (due, sid))
-            elif s.spec.kind is SessionKind.INTERACTIVE and now - s.last_activity_at >= s.idle_timeout_s:
-                self._stop(s.id, f"idle for {_minutes(s.idle_timeout_s)}", now)
-            else:
-                self._stop(s.id, f"reached its max runtime of {_minutes(s.max_runtime_s)}", now)
-
 
 def _gb(nbytes: int) -> str:
     return f"{nbytes / 1e9:.1f} GB"
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.0f}h"

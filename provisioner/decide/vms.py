@@ -191,7 +191,7 @@ class VmLifecycle:
         vm, image = self.vms[cmd.vm_id], cmd.image
         # The layers are on disk, even if superseded; eviction spares the pool's top images.
         if vm.cache.add_layers(self.catalog.layers(image), now, spare=self.pools[vm.pool].keep_layers):
-            self._filled.pop(vm.id, None)  # something was evicted: look again from the top
+            self.prewarming.forget(vm.id)  # something was evicted: look again from the top
         if vm.pulling == image:
             vm.pulling = ""
         self._changes.vm(vm)
@@ -336,7 +336,7 @@ class VmLifecycle:
             self._delete(vm, f"unhealthy: {vm.health_detail}", now)
             return
         self._dispatch_queue(self.pools[vm.pool], now)
-        self._fill(vm, now)
+        self.prewarming.fill(vm, now)
 
     # ---- operators -----------------------------------------------------------------------
 
