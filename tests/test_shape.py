@@ -26,7 +26,6 @@ KNOWN = {
     "tests/test_core.py: ",
     "tests/test_metrics.py: function check",
     "tests/test_placement_protocol.py: ",
-    "tests/test_sim_cloud.py: ",
 }
 
 
