@@ -190,14 +190,9 @@ async def local_fleet(tmp_path):
 @pytest.fixture(scope="session")
 def postgres():
     """A PostgreSQL server for the whole run (see tests/pg.py); skipped loudly if none can start."""
-    from pg import skip_or_fail, start_server
+    from pg import serving
 
-    try:
-        server = start_server()
-    except RuntimeError as e:
-        skip_or_fail(str(e))
-    yield server
-    server.stop()
+    yield from serving()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -10,7 +10,8 @@ import pytest
 
 from provisioner.v1 import protogen
 from provisioner.cluster.service import ClusterAdminServicer, ClusterServicer
-from provisioner.front.service import FRONT_ONLY_ADMIN_RPCS, FrontAdminServicer, SessionServicer
+from provisioner.front.admin import FRONT_ONLY_ADMIN_RPCS, FrontAdminServicer
+from provisioner.front.service import SessionServicer
 from provisioner.v1 import admin_service_pb2, admin_service_pb2_grpc
 from provisioner.v1 import cluster_service_pb2, cluster_service_pb2_grpc
 from provisioner.v1 import session_service_pb2, session_service_pb2_grpc

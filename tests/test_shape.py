@@ -20,12 +20,9 @@ COMPOSED = ("provisioner/decide", "provisioner/store")  # where parts are compos
 KNOWN = {
     "provisioner/cluster/runtime.py: ",
     "provisioner/decide/core.py: class ClusterCore inherits",
-    "provisioner/front/service.py: ",
     "provisioner/store/engine.py: class Store inherits",
     "tests/fake_compute.py: ",
     "tests/test_core.py: ",
-    "tests/test_metrics.py: function check",
-    "tests/test_placement_protocol.py: ",
 }
 
 

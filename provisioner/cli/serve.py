@@ -25,7 +25,7 @@ from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import ClusterConfig, FleetConfig
-from provisioner.front import blocks
+from provisioner.front import blocks, project_quota
 from provisioner.front import service as front_service
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.placement import Placement
@@ -239,11 +239,44 @@ class FrontProcess:
         self.budgets.cancel()
         await asyncio.gather(self.resolver, self.budgets, return_exceptions=True)
         await self.fleet.block_pusher.close()
+        await self.fleet.quota_relay.close()
         await self.sessions.flush()
         for client in self.fleet.clients.values():
             await client.close()
         # Commits the writes still queued (the group committer drains), off the event loop.
         await asyncio.to_thread(self.store.close)
+
+
+def _front_fleet(fleet_cfg: FleetConfig, addresses: dict[str, str], link, store, clock: Clock, wall: Clock,
+                 tracer_provider, link_interceptors: Sequence) -> Fleet:
+    """The front's clients of the clusters, following their capacity, with what it tells them
+    in the background: the blocked users, and the project's GPU quota one of them met."""
+    security = fleet_cfg.settings.security
+
+    def on_flags(cluster: str):
+        async def apply(decisions) -> None:
+            if await blocks.apply_all(store, cluster, decisions):  # a new block: the clusters hear of it
+                fleet.block_pusher.soon()
+        return apply
+
+    def on_connect(cluster: str):
+        def connected() -> None:  # the cluster may have restarted: it is told what it may have forgotten
+            fleet.block_pusher.soon()
+            fleet.quota_relay.connected(cluster)
+        return connected
+
+    clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
+                             credentials=link, server_name=security.cluster_name(c.name), clock=wall,
+                             on_flags=on_flags(c.name), on_connect=on_connect(c.name),
+                             on_push=lambda: fleet.quota_relay.pushed(),
+                             ceilings={p.name: p.vm_ceiling for p in c.pools})
+               for c in fleet_cfg.clusters]
+    fleet = Fleet(clients)
+    fleet.block_pusher = blocks.Pusher(store, fleet.clients)
+    fleet.quota_relay = project_quota.Relay(fleet.clients, clock)
+    for c in clients:
+        c.start()
+    return fleet
 
 
 async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, address: str | None = None,
@@ -264,21 +297,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     wall = RealClock()
     store = open_store(database_url, Path(data_dir) / "front.db")
     store.writer.start()  # the front's durable writes are all group-committed
-    def on_flags(cluster: str):
-        async def apply(decisions) -> None:
-            if await blocks.apply_all(store, cluster, decisions):  # a new block: the clusters hear of it
-                fleet.block_pusher.soon()
-        return apply
-
-    clients = [ClusterClient(c.name, c.region, addresses[c.name], tracer_provider, link_interceptors,
-                             credentials=link, server_name=security.cluster_name(c.name), clock=wall,
-                             on_flags=on_flags(c.name), on_connect=lambda: fleet.block_pusher.soon(),
-                             ceilings={p.name: p.vm_ceiling for p in c.pools})
-               for c in fleet_cfg.clusters]
-    fleet = Fleet(clients)
-    fleet.block_pusher = blocks.Pusher(store, fleet.clients)
-    for c in clients:
-        c.start()
+    fleet = _front_fleet(fleet_cfg, addresses, link, store, clock, wall, tracer_provider, link_interceptors)
     if metrics is not None:
         metrics.time_store(store, "front")
     address = address or fleet_cfg.settings.front.address
@@ -302,7 +321,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     log.info("front listening on %s", server.address)
     return FrontProcess(fleet, server, store, sessions.placement, sessions,
                         asyncio.create_task(sessions.placement.run_resolver()),
-                        asyncio.create_task(BudgetEnforcer(sessions).run()), refresh)
+                        asyncio.create_task(BudgetEnforcer(sessions.weeks, fleet).run()), refresh)
 
 
 @dataclass

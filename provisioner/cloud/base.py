@@ -46,6 +46,8 @@ class CloudFailure:
     shared_by: str = ""
     # A stockout's hint: the zones that have the shape now (Compute's `zonesAvailable`).
     zones_available: tuple[str, ...] = ()
+    # A quota's metric as the cloud named it (GPUS_ALL_REGIONS, NVIDIA_T4_GPUS), when it did.
+    metric: str = ""
 
     @property
     def retryable(self) -> bool:

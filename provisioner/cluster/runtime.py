@@ -43,6 +43,7 @@ from provisioner.decide.pools import PoolState
 from provisioner.decide.policy import FIELDS, merge_policy
 from provisioner.decide.reconcile import Plan, reconcile
 from provisioner.model.states import SessionState, VmState
+from provisioner.decide.zone_memory import ProjectQuota
 from provisioner.model.errors import ProvisionerError, Unavailable
 from provisioner.observability.logs import SessionLog
 from provisioner.model.records import Session, SessionSpec, Vm
@@ -255,6 +256,14 @@ class ClusterRuntime:
 
     def set_blocked_users(self, user_ids: frozenset[str]) -> None:
         self.handle(ev.BlockedUsersSet(self.clock.now(), user_ids))
+
+    def tell_project_quota(self, quota: ProjectQuota) -> None:
+        """A front relays the project-wide GPU quota another cluster found exhausted."""
+        if self.handle(ev.ProjectQuotaTold(self.clock.now(), quota)).reply:
+            log.warning("cluster %s: the project's %s quota is exhausted (found by %s): no GPU VM is inserted or "
+                        "started until it may have been freed", self.core.name, quota.metric, quota.cluster,
+                        extra={"cluster": self.core.name})
+            self._notify_capacity()  # the fronts hear this cluster holds it, even from a quiet cluster
 
     def discard(self, key: str, reason: str) -> bool:
         return self.handle(ev.DiscardRequested(self.clock.now(), key, reason)).reply is not None

@@ -212,6 +212,13 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         self.rt.set_blocked_users(frozenset(request.user_ids))
         return cluster_pb.SetBlockedUsersResponse()
 
+    @unary
+    async def SetProjectQuota(self, request, context):
+        if not request.quota.HasField("until"):
+            raise InvalidArgument("quota.until must be set", field="quota.until")
+        self.rt.tell_project_quota(convert.project_quota_from_pb(request.quota))
+        return cluster_pb.SetProjectQuotaResponse()
+
     @stream
     async def WatchCapacity(self, request, context):
         interval = request.min_interval_s or DEFAULT_CAPACITY_INTERVAL_S
@@ -249,10 +256,12 @@ def pool_capacity_pb(rt: ClusterRuntime, pool: PoolState) -> pb.PoolCapacity:
 
 
 def capacity_pb(rt: ClusterRuntime) -> pb.ClusterCapacity:
+    now, quota = rt.clock.now(), rt.core.project_quota
     return pb.ClusterCapacity(
         cluster=rt.name, region=rt.region, healthy=True, draining=rt.draining,
         pools=[pool_capacity_pb(rt, p) for p in rt.pools()],
-        time=convert.timestamp(rt.clock.now()),
+        time=convert.timestamp(now),
+        project_quota=convert.project_quota_to_pb(quota) if quota is not None and quota.until > now else None,
     )
 
 

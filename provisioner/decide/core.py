@@ -35,6 +35,7 @@ from provisioner.decide.preemption import Preemption
 from provisioner.decide.sessions import Sessions
 from provisioner.model.states import SessionState, VmState
 from provisioner.decide.vms import VmLifecycle
+from provisioner.decide.zone_memory import ProjectQuota, told
 from provisioner.model.records import Session, Vm
 
 S, V = SessionState, VmState
@@ -61,6 +62,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
         self.vms: dict[str, Vm] = {}
         self.draining = False
         self.blocked_users: frozenset[str] = frozenset()  # as the front last told (none requeued)
+        self.project_quota: ProjectQuota | None = None  # the project's GPU quota, last found exhausted
         self.dropped = 0  # answers to commands no longer in flight
         self._queue_due: list[tuple[float, str]] = []  # (time, session id) when a queued session times out
         self._forget_due: list[tuple[float, str]] = []  # (time, session id) when an ended one leaves memory
@@ -123,6 +125,8 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools):
                 return self.budgets.set(event.session_id, event.ends_at, now)
             case ev.BlockedUsersSet():
                 self.blocked_users = event.user_ids
+            case ev.ProjectQuotaTold():
+                return self._hold_project_quota(told(event.quota, now))
             case ev.StopRequested():
                 return self._stop(event.session_id, event.reason, now, event.user_id)
             case ev.DiscardRequested():

@@ -17,17 +17,14 @@ server for the VM's service account's access token (as Artifact Registry wants, 
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+from provisioner.agent.metadata import HttpMetadata, MetadataError
 from provisioner.common.clock import Clock
 from provisioner.config.registry import RegistryAuthConfig, RegistryImagesConfig
 from provisioner.registry.catalog import CatalogFeed, RegistryCatalog
 from provisioner.registry.client import Credentials, RegistryClient, RegistryError
 
-TOKEN_PATH = "/instance/service-accounts/default/token"
 ACCESS_TOKEN_USER = "oauth2accesstoken"
 
 
@@ -41,13 +38,12 @@ def credentials(auth: RegistryAuthConfig) -> Credentials:
     return lambda: None
 
 
-def metadata_access_token(base_url: str, timeout_s: float = 10.0) -> str:
-    req = urllib.request.Request(base_url.rstrip("/") + TOKEN_PATH, headers={"Metadata-Flavor": "Google"})
+def metadata_access_token(base_url: str) -> str:
+    """The VM's service-account token, from the metadata server (the agent's own reader)."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read())["access_token"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
-        raise RegistryError(f"no access token from the metadata server: {getattr(e, 'reason', e)}") from e
+        return HttpMetadata(base_url).access_token_now()
+    except MetadataError as e:
+        raise RegistryError(f"no access token from the metadata server: {e}") from e
 
 
 def registry_catalog(cfg: RegistryImagesConfig) -> RegistryCatalog:

@@ -2,15 +2,27 @@
 
 Usage is never accumulated in memory: it is recomputed from each session's durable times
 (ready, end, or `now` while it runs), so a restart of any process loses no metered time and
-counts none twice. The front gathers the records and enforces what `check_create` decides.
+counts none twice. The front gathers the records (front/weeks.py), decides with these functions
+(front/admission.py) and enforces what they decide; the budget sweep (front/budget_enforcer.py)
+and the simulator's meter (sim/quotas.py) use the same arithmetic.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Iterable, Protocol
 
 WEEK_S = 7 * 24 * 3600.0
+
+
+class Limits(Protocol):
+    """What the arithmetic reads of a user's quotas (config_policy.QuotaConfig, overrides applied)."""
+
+    gpu_hours_per_week: float
+    reset_weekday: int
+    reset_hour_utc: int
 
 
 def week_window(now: float, reset_weekday: int = 0, reset_hour_utc: int = 0) -> tuple[float, float]:
@@ -35,6 +47,11 @@ def _week_window(now: float, reset_weekday: int, reset_hour_utc: int) -> tuple[f
         start -= timedelta(days=7)
     begin = start.timestamp()
     return begin, begin + WEEK_S
+
+
+def week_start(now: float, q: Limits) -> float:
+    """When the quota week holding `now` began: sessions that ended before it meter nothing."""
+    return week_window(now, q.reset_weekday, q.reset_hour_utc)[0]
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,38 @@ def usage(sessions: list[tuple[Metered, str, bool]], now: float, limit_s: float,
     used = sum(gpu_seconds(m, window, now) for m, _, _ in sessions)
     running = sum(m.gpus for m, _, _ in sessions if m.ready_at is not None and m.ended_at is None)
     return Usage(used_s=used, limit_s=limit_s, reset_time=window[1], active=active, running_gpus=running)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One session of a user's week, as metering counts it."""
+
+    metered: Metered
+    kind: str  # "interactive" or "batch"
+    request_id: str
+    live: bool = False  # counts against the cap on active sessions
+
+
+def user_usage(rows: Iterable[Row], now: float, q: Limits) -> Usage:
+    """A user's week from the rows of their sessions (the ended ones remembered, then those the
+    clusters list). Two live sessions of one request (a duplicate the resolver is discarding) are
+    one session to the user; both meter, as both held a GPU."""
+    window = week_window(now, q.reset_weekday, q.reset_hour_utc)
+    counted, live_requests = [], set()
+    for r in rows:
+        live = r.live and r.request_id not in live_requests
+        if live:
+            live_requests.add(r.request_id)
+        counted.append((r.metered, r.kind, live))
+    return usage(counted, now, q.gpu_hours_per_week * 3600, window)
+
+
+def with_placing(u: Usage, kind: str, placing: int) -> Usage:
+    """`u` with `placing` more live sessions of `kind`: placements whose sessions no list shows
+    yet (or made at a cluster that did not list), each counted as one more."""
+    if not placing:
+        return u
+    return dataclasses.replace(u, active=u.active | {kind: u.active.get(kind, 0) + placing})
 
 
 def exhaustion_time(u: Usage, now: float) -> float | None:
