@@ -22,8 +22,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
 from provisioner.observability import telemetry
+from provisioner.api.keyset import Key, Part, merge
 from provisioner.common.clock import Clock
 from provisioner.cluster.capacity import CapacityCounts
+from provisioner.cluster.listing import Filter, SessionIndex, session_key
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
     LABEL_POOL,
@@ -46,7 +48,7 @@ from provisioner.model.states import SessionState, VmState
 from provisioner.decide.zone_memory import ProjectQuota
 from provisioner.model.errors import ProvisionerError, Unavailable
 from provisioner.observability.logs import SessionLog
-from provisioner.model.records import Session, SessionSpec, Vm
+from provisioner.model.records import Session, SessionSpec, Vm, created_ns
 from provisioner.store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -75,9 +77,9 @@ class ClusterRuntime:
         # Replaced on every notice, so each capacity stream sees every change (none clears it for others).
         self._capacity_changed = asyncio.Event()
         self.capacity = CapacityCounts(core)
-        # user -> ids of their sessions, so a user's List (every create's quota check) reads theirs
-        # only, not every session in memory; ids of sessions that left memory are pruned on read.
-        self._by_user: dict[str, set[str]] = {}
+        # Each user's sessions in memory in list order, so a user's List (every create's quota
+        # check, a page of ListSessions) reads theirs only, not every session in memory.
+        self.index = SessionIndex(core.sessions)
         # Flagged sessions in memory (provisioner/decide/abuse_watch.py), each with the number it was
         # noted as, in order, so a capacity stream sends each once, and once durable.
         self._flags: dict[str, tuple[int, Session]] = {}
@@ -112,7 +114,7 @@ class ClusterRuntime:
             sessions, vms = self.store.load_sessions(name, ended_since), self.store.load_vms(name)
             step = self.core.handle(ev.Restored(self.clock.now(), tuple(sessions), tuple(vms)))
             self.capacity.recount()
-            self._index_users(self.core.sessions.values())
+            self.index.note(self.core.sessions.values())
             for observe in self.observers:
                 observe(list(self.core.sessions.values()), True)
             self._note_flags(self.core.sessions.values())  # what the fronts may not have heard
@@ -311,14 +313,29 @@ class ClusterRuntime:
             return list(self.core.sessions.values())
         if not user_id:
             return self._with_older(dict(self.core.sessions), "", None)
-        ids = self._by_user.get(user_id, set())
-        # Pruned by walking the user's ids, not every session in memory (set.intersection_update
-        # with a dict walks the dict: 8.5% of the cluster's samples under creates, growing with
-        # the sessions that ended within the retention period).
-        ids.difference_update([sid for sid in ids if sid not in self.core.sessions])
-        if not ids:
-            self._by_user.pop(user_id, None)
+        ids = self.index.user_ids(user_id)
         return self._with_older({sid: self.core.sessions[sid] for sid in ids}, user_id, ended_after)
+
+    def list_page(self, user_id: str, want: Filter, position: Key | None,
+                  limit: int) -> tuple[list[Session], Key | None]:
+        """A page of the user's sessions after `position`, newest first, and the position of the
+        next (None: the last page): from memory, and from the store for those that ended before
+        the retention period (each source read from the position for a page at most)."""
+        parts = [held := self.index.page(user_id, want, position, limit)]
+        retention = self.core.sessions_config.retention_s
+        if self.store is not None and retention and not want.live_only:
+            cutoff = created_ns(self.clock.now() - retention)  # an older ended one was made before it
+            end = cutoff if want.created_before is None else min(cutoff, want.created_before)
+            if held.more_after is not None and held.more_after >= (end, ""):
+                return held.rows, held.more_after  # the store's sessions all come after this page
+            older = self.store.user_sessions_page(self.core.name, user_id, position, want.created_after, end, limit)
+            more = session_key(older[-1]) if len(older) == limit else None
+            self.index.rows_read += len(older)
+            parts.append(Part([s for s in older if s.id not in self.core.sessions and want.matches(s, session_key(s))],
+                              more))
+        rows, positions = merge(parts, session_key, limit)
+        going_on = [p for p in positions if p is not None]
+        return rows, (max(going_on) if going_on else None)
 
     def _with_older(self, held: dict[str, Session], user_id: str, ended_after: float | None) -> list[Session]:
         # Memory holds every live session and every one that ended within the retention period
@@ -329,10 +346,6 @@ class ClusterRuntime:
             return list(held.values())
         older = self.store.load_user_ended_sessions(self.core.name, user_id, ended_after, cutoff)
         return [*held.values(), *(s for s in older if s.id not in held)]
-
-    def _index_users(self, sessions: Iterable[Session]) -> None:
-        for session in sessions:
-            self._by_user.setdefault(session.spec.user_id, set()).add(session.id)
 
     def _stored(self, session_id: str, user_id: str = "") -> Session | None:
         """A session no longer in memory, from the store (None if it is in memory, or nowhere)."""
@@ -468,7 +481,7 @@ class ClusterRuntime:
         """Queues the step's changes for writing; what follows from them waits until they are
         durable (and after the steps before it, whose transactions commit first)."""
         self.capacity.changed(step.vms)
-        self._index_users(step.sessions)
+        self.index.note(step.sessions)
         if self.store is None:
             self._carry_out(step)
             return
