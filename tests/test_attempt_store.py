@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from provisioner.front.attempts import TRANSITIONS, Attempt, Event, IllegalTransition
+from provisioner.front.attempts import TRANSITIONS, Attempt, Event, IllegalAttemptChange
 from provisioner.store import open_store
 
 
@@ -59,7 +59,7 @@ def test_a_chosen_change_lands_only_on_the_row_it_was_decided_from(store):
     store.note_attempt("r1", "c1", 130.0)
     assert not store.settle_attempt("r1", "c1", Attempt.NONE, expected=Attempt.REFUSED, commit_by=100.0)
     assert state(store, "r1") is Attempt.PENDING
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalAttemptChange):
         store.settle_attempt("r1", "c1", Attempt.MADE, expected=Attempt.NONE)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pytest
 
 from placement_world import CALLS, KEY, World
-from provisioner.front.attempts import TRANSITIONS, Attempt, Event, IllegalTransition, check_change, transition
+from provisioner.front.attempts import TRANSITIONS, Attempt, Event, IllegalAttemptChange, check_change, transition
 from provisioner.store import SqliteStore
 
 
@@ -190,13 +190,13 @@ def test_answering_first_is_safe_only_because_the_claim_holds_back_other_records
 
 
 def test_the_machine_rejects_what_the_table_lacks():
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalAttemptChange):
         transition(Attempt.MADE, Event.SENT)
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalAttemptChange):
         check_change(Attempt.NONE, Attempt.MADE)
     store = SqliteStore(":memory:")
     try:
-        with pytest.raises(IllegalTransition):
+        with pytest.raises(IllegalAttemptChange):
             store.settle_attempt(KEY, "c1", Attempt.PENDING, expected=Attempt.MADE)
     finally:
         store.close()

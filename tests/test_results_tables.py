@@ -12,7 +12,7 @@ import pytest
 
 from provisioner.cli import main
 from provisioner.perf import bench_tables, tables
-from provisioner.sim.replay import HEADER, first_days, read_trace
+from provisioner.sim.trace import HEADER, first_days, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"

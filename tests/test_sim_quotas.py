@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_simulate import write_trace
 
 from provisioner.sim.parallel import Run, simulate
-from provisioner.sim.replay import FLOOD_USER, read_trace, with_flood
+from provisioner.sim.trace import FLOOD_USER, read_trace, with_flood
 
 HOUR = 3600
 

@@ -80,7 +80,7 @@ class ClusterRuntime:
         # Each user's sessions in memory in list order, so a user's List (every create's quota
         # check, a page of ListSessions) reads theirs only, not every session in memory.
         self.index = SessionIndex(core.sessions)
-        # Flagged sessions in memory (provisioner/decide/abuse.py), each with the number it was
+        # Flagged sessions in memory (provisioner/decide/abuse_watch.py), each with the number it was
         # noted as, in order, so a capacity stream sends each once, and once durable.
         self._flags: dict[str, tuple[int, Session]] = {}
         self._flags_noted = 0

@@ -112,7 +112,7 @@ class PriorityClassConfig(_Model):
 
 
 class PriorityConfig(_Model):
-    """Priority classes and preemption (`provisioner/decide/preempt.py`). A user's sessions in a pool
+    """Priority classes and preemption (`provisioner/decide/preemption_rules.py`). A user's sessions in a pool
     are guaranteed `share_gpus_per_user` GPUs; beyond it a session borrows idle GPUs, and a
     preemptible one may be stopped for a session within its owner's share. A share of 0 guarantees
     nothing, so nothing is preempted."""

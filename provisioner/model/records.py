@@ -112,7 +112,7 @@ class Session:
     # the warnings its watchers were given.
     budget_ends_at: float = 0.0
     notices: list[Notice] = field(default_factory=list)
-    # Its priority class, resolved at creation (decide/preempt.py). While preempted and not yet
+    # Its priority class, resolved at creation (decide/preemption_rules.py). While preempted and not yet
     # stopped: when its grace period ends and the session it makes room for.
     priority_class: str = ""
     preempt_at: float = 0.0
@@ -120,7 +120,7 @@ class Session:
     # A preempted session queued again as a new session (spec.requeue), and the other way.
     requeued_as: str = ""
     requeued_from: str = ""
-    # Abuse detection flagged it (provisioner/decide/abuse.py): the record every front applies.
+    # Abuse detection flagged it (provisioner/decide/abuse_watch.py): the record every front applies.
     abuse: Decision | None = None
     # The manifest digest `image` named at creation: what the session runs for its whole life,
     # whatever the tag names later.

@@ -1,4 +1,4 @@
-"""ClusterCore's part in abuse detection: keep each running session's recent usage reports and
+"""The cluster core's part in abuse detection: keep each running session's recent usage reports and
 touches, judge them at each new report (provisioner/rules/abuse.py), and act on a flag.
 
 The agent's usage comes with its VM's health (`HealthReported`). What the rules still need of a
@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from provisioner.rules.abuse import Sample, judge
 from provisioner.model.abuse_record import Decision, decision
 from provisioner.agent.usage import Usage
 from provisioner.model.states import SessionState as S
 from provisioner.model.states import VmState as V
-from provisioner.model.records import Session
+from provisioner.config.policy import AbuseConfig
+from provisioner.model.records import Session, Vm
 
 # Reports kept per session: the longest default window (an hour) at one report a minute is 61; an
 # agent reporting far more often has the oldest cut, which can only make a run shorter.
@@ -50,34 +52,51 @@ class Watched:
 
 
 class AbuseWatch:
-    def _usage_reported(self, vm_id: str, usage: Usage | None, now: float) -> None:
-        vm = self.vms.get(vm_id)
+    """What the rules still need of each running session, judged at each of its usage reports."""
+
+    def __init__(self, config: AbuseConfig, sessions: Mapping[str, Session], vms: Mapping[str, Vm],
+                 changed: Callable[[Session], None], stop: Callable[[str, str, float], object]):
+        self.config = config
+        self._sessions, self._vms = sessions, vms  # the core's, read only
+        self._changed = changed  # a session's record changed (its decision record)
+        self._stop = stop  # stops a session (id, reason, now) as a user's stop does
+        self._watched: dict[str, Watched] = {}  # running session id -> what abuse detection still needs
+
+    def reported(self, vm_id: str, usage: Usage | None, now: float) -> None:
+        vm = self._vms.get(vm_id)
         if usage is None or vm is None or vm.state is not V.ASSIGNED:
             return
-        s = self.sessions.get(vm.session_id)
+        s = self._sessions.get(vm.session_id)
         if s is None or s.state is not S.RUNNING or s.abuse is not None:
             return
         w = self._watched.get(s.id)
         if w is None:
             w = self._watched[s.id] = Watched()
         w.samples.append(Sample(now, usage))
-        w.forget_before(now - self._abuse_horizon_s())
-        verdict = judge(w.samples, w.touches, s.spec.kind.value, self.abuse)
+        w.forget_before(now - self.horizon_s())
+        verdict = judge(w.samples, w.touches, s.spec.kind.value, self.config)
         if verdict.flagged:
-            self._flag(s, decision(verdict, s.id, s.spec.user_id, now, self.abuse.dry_run), now)
+            self._flag(s, decision(verdict, s.id, s.spec.user_id, now, self.config.dry_run), now)
 
-    def _abuse_touch(self, s: Session, now: float) -> None:
+    def touched(self, s: Session, now: float) -> None:
         # A touch before the session's first report breaks no run: nothing to keep.
         if (w := self._watched.get(s.id)) is not None:
             w.touched(now)
 
-    def _abuse_horizon_s(self) -> float:
-        cfg = self.abuse
+    def left_running(self, session_id: str) -> None:
+        """The session no longer runs: nothing of it is judged any more."""
+        self._watched.pop(session_id, None)
+
+    def watching(self, session_id: str) -> Watched | None:
+        return self._watched.get(session_id)
+
+    def horizon_s(self) -> float:
+        cfg = self.config
         return max(cfg.idle_busy_window_s, cfg.batch_busy_window_s, cfg.pool_connection_min_s) + cfg.max_sample_gap_s
 
     def _flag(self, s: Session, record: Decision, now: float) -> None:
         s.abuse = record
         del self._watched[s.id]
-        self._session_changed(s)
+        self._changed(s)
         if not record.dry_run:
             self._stop(s.id, f"stopped for abuse: {', '.join(record.rules)}", now)
