@@ -21,7 +21,6 @@ KNOWN = {
     "provisioner/cluster/runtime.py: ",
     "provisioner/decide/core.py: class ClusterCore inherits",
     "provisioner/store/engine.py: class Store inherits",
-    "tests/test_core.py: ",
 }
 
 
