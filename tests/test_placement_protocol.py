@@ -27,6 +27,7 @@ from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, CLOCK_SKEW_S, TRANSIT
                                         NoReply, NotFound, PlacementRun, Record, Recorded, Refused, Remember,
                                         Remembered, ResolveRun, Send, Settle, Settled, Start, check_change,
                                         sticky_first, transition)
+from provisioner.front.records import FrontRecords
 from provisioner.store import SqliteStore
 
 KEY = "ada/r1"
@@ -104,6 +105,7 @@ class World:
         self.now = 1_000.0
         self.clusters = {name: ModelCluster(name, cap) for name, cap in scenario.capacity.items()}
         self.store = scenario.store
+        self.records = FrontRecords(scenario.store)
         self.fronts = scenario.fronts
         self.clients = [Client(f"client{i}", fronts, cands) for i, (fronts, cands) in enumerate(scenario.clients)]
         self.runs: list[Run] = []
@@ -196,7 +198,7 @@ class World:
         """The create's admission read: the request's answer if it has one, else where an earlier
         attempt at it may have made its session."""
         run.lookup = False
-        seen = self.store.admission(KEY, 0.0, self.now)
+        seen = self.records.admission(KEY, 0.0, self.now)
         if seen.answer:
             run.machine, run.action = None, FetchWinner(seen.answer)
             return
@@ -261,22 +263,22 @@ class World:
         match a:
             case Record():
                 self.edges.add((self.attempt(a.cluster), Event.SENT))
-                noted = self.store.note_attempt(KEY, a.cluster, a.commit_by)
+                noted = self.records.note_attempt(KEY, a.cluster, a.commit_by)
                 return Recorded(noted.state, noted.first)
             case Settle():
-                applied = self.store.settle_attempt(KEY, a.cluster, a.to, a.expected, a.commit_by, a.waive)
+                applied = self.records.settle_attempt(KEY, a.cluster, a.to, a.expected, a.commit_by, a.waive)
                 if applied:
                     self.edges.add((a.expected, a.event))
                 return Settled(applied)
             case Remember():
                 self.now += a.wait_s
                 before = self.attempt(a.cluster)
-                winner = self.store.remember_request(KEY, a.session_id, a.cluster, self.now)
+                winner = self.records.remember_request(KEY, a.session_id, a.cluster, self.now)
                 if winner == a.session_id and before != Attempt.MADE:
                     self.edges.add((before, Event.WON))
                 return Remembered(winner)
             case FetchWinner():
-                sid = a.session_id or self.store.session_for_request(KEY)
+                sid = a.session_id or self.records.session_for_request(KEY)
                 return Fetched(sid)
         raise AssertionError(f"unexpected {a!r}")
 
@@ -315,14 +317,14 @@ class World:
     # -- a front's resolver, one open attempt at a time
 
     def due(self, front: int) -> bool:
-        return any(self.now >= by + CLOCK_SKEW_S for _, _, _, by in self.store.attempts_to_resolve()) \
+        return any(self.now >= by + CLOCK_SKEW_S for _, _, _, by in self.records.attempts_to_resolve()) \
             and not self.locked(front)
 
     def start_resolver(self, front: int, budget: bool) -> bool:
         """A pass over every open attempt, in the store's order, as front/placement.py's resolve()."""
         if budget:
             self.resolves -= 1
-        return self.next_attempt(front, [(c, state, by) for _, c, state, by in self.store.attempts_to_resolve()])
+        return self.next_attempt(front, [(c, state, by) for _, c, state, by in self.records.attempts_to_resolve()])
 
     def next_attempt(self, front: int, todo: list) -> bool:
         while todo:
@@ -375,7 +377,7 @@ class World:
         while self.in_flight:
             self.deliver_late(0)
         for _ in range(50):
-            if not self.store.attempts_to_resolve():
+            if not self.records.attempts_to_resolve():
                 break
             for f in range(self.fronts):
                 if f in self.resolving or self.start_resolver(f, budget=False):
@@ -460,12 +462,12 @@ def check(world: World, trail: list[str]) -> None:
     why = "\n  ".join(trail)
     kept = [sid for c in world.clusters.values() for key, sid in c.by_key.items() if sid not in c.discarded]
     assert len(kept) <= 1, f"two sessions kept for one request: {kept}; schedule:\n  {why}"
-    recorded = world.store.session_for_request(KEY)
+    recorded = world.records.session_for_request(KEY)
     assert kept == ([recorded] if recorded else []), f"kept {kept}, recorded {recorded}; schedule:\n  {why}"
     for c in world.clients:
         assert all(a == recorded for a in c.answers), f"{c.name} told {c.answers}, kept {kept}:\n  {why}"
         assert c.answers or len(c.errors) == CALLS, f"{c.name} ended with neither a session nor an error:\n  {why}"
-    assert world.store.open_attempts() == [], f"attempts left open: {world.store.attempts_to_resolve()}:\n  {why}"
+    assert world.records.open_attempts() == [], f"attempts left open: {world.records.attempts_to_resolve()}:\n  {why}"
     assert not world.lost_records, f"{world.lost_records}:\n  {why}"
 
 
@@ -554,6 +556,6 @@ def test_the_machine_rejects_what_the_table_lacks():
     store = SqliteStore(":memory:")
     try:
         with pytest.raises(IllegalTransition):
-            store.settle_attempt(KEY, "c1", Attempt.PENDING, expected=Attempt.MADE)
+            FrontRecords(store).settle_attempt(KEY, "c1", Attempt.PENDING, expected=Attempt.MADE)
     finally:
         store.close()

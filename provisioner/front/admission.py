@@ -24,7 +24,7 @@ lives there.
 
 from __future__ import annotations
 
-from provisioner.store.front_records import Admission, Made
+from provisioner.front.records import Admission, Made
 
 REQUEUED_PREFIX = "requeue-"  # the request id of a session a cluster requeued (decide/preemption.py)
 

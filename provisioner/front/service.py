@@ -32,11 +32,11 @@ from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedRow, EndedSessions
 from provisioner.front.placement import ATTEMPT_TIMEOUT_S, AdmissionChanged, Placement
+from provisioner.front.records import Admission, Made
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
 from provisioner.front.router import hint_note, rank, why_none
 from provisioner.model import cluster_of, request_key
 from provisioner.store import SqliteStore
-from provisioner.store.front_records import Admission, Made
 from provisioner.validation import pool_named, priority_class, validate_spec
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -100,6 +100,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.store = store
         self.clock = clock
         self.placement = Placement(fleet.clients, store, wall)
+        self.records = self.placement.records
         self.pools = {p.name for c in config.clusters for p in c.pools}
         self.pool_accelerators = {p.name: p.accelerator for c in config.clusters for p in c.pools}
         self.regions = {c.region for c in config.clusters}
@@ -149,13 +150,13 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         # A user's creates are checked and placed one at a time in this front (a lock). Across
         # replicas, a create's attempt is recorded only if no other create of the user was recorded
         # since its check read the user's admission version; else it checks again, now counting
-        # that one (front_records.admission). So two creates cannot both pass the check for the
+        # that one (front/records.py: admission). So two creates cannot both pass the check for the
         # last slot, and no write is spent on taking turns.
         async with self._one_user(spec.user_id), self.placement.exclusive(spec.key):
             await self.placement.recorded(spec.user_id)
             for _ in range(ADMISSION_TRIES):
                 q = await self.quotas(spec.user_id)
-                stored = await self.store.read(self.store.admission, spec.key, self._week_start(q), self.clock.now())
+                stored = await self.store.read(self.records.admission, spec.key, self._week_start(q), self.clock.now())
                 if known := stored.answer:
                     span.add_event("duplicate request", {"session.id": known})
                     resp = await call(self.fleet.for_session(known).sessions.Get, cluster_pb.GetRequest(session_id=known))
@@ -230,7 +231,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     async def quotas(self, user_id: str) -> QuotaConfig:
         """The fleet's quotas with what operators set for this user, read from the shared store on
         each call, so that every front replica applies a change at once."""
-        return self.limits.quotas.with_override((await self.store.read(self.store.quota_override, user_id))[0])
+        return self.limits.quotas.with_override((await self.store.read(self.store.operator.quota_override, user_id))[0])
 
     def _week_start(self, q: QuotaConfig) -> float:
         """Sessions that ended before this meter nothing this week."""
@@ -293,7 +294,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         """Records the ends a check saw, in the background: the check that saw them has its answer."""
         by_session = {m.session_id: m.request_id for m in made}
         rows = [(request_key(user_id, by_session[sid]), sid, at) for sid, at in ended]
-        task = asyncio.create_task(self.store.commit(self.store.mark_ended, rows))
+        task = asyncio.create_task(self.store.commit(self.records.mark_ended, rows))
         self._noting.add(task)
         task.add_done_callback(self._noted)
 
@@ -321,7 +322,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
             span.add_event("quota: within, from the store")
             return
         span.add_event("quota: listing the clusters", {"reason": why})
-        made = [m for m in await self.store.read(self.store.made_not_seen_ended, user_id) if m.request_id != request_id]
+        made = [m for m in await self.store.read(self.records.made_not_seen_ended, user_id) if m.request_id != request_id]
         answered: set[str] = set()
         sessions, ended = await self._week(user_id, q, made=made, answered=answered)
         last_known = admission.unlisted(made, answered, a.placing)
@@ -569,7 +570,7 @@ class FrontAdminServicer(BlockAdmin, admin_grpc.AdminServiceServicer):
         if not request.user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
         store = self.sessions.store
-        body = {} if request.clear else (await store.read(store.quota_override, request.user_id))[0]
+        body = {} if request.clear else (await store.read(store.operator.quota_override, request.user_id))[0]
         if request.HasField("gpu_hours_per_week"):
             body["gpu_hours_per_week"] = request.gpu_hours_per_week
         caps = body.get("max_active_sessions_per_user", {})
@@ -578,7 +579,7 @@ class FrontAdminServicer(BlockAdmin, admin_grpc.AdminServiceServicer):
                 caps[kind] = getattr(request, name)
         if caps:
             body["max_active_sessions_per_user"] = caps
-        await store.commit(store.save_quota_override, request.user_id, body, self.sessions.clock.now())
+        await store.commit(store.operator.save_quota_override, request.user_id, body, self.sessions.clock.now())
         return admin_pb.SetUserQuotaResponse(override=await self._override(request.user_id),
                                              quota=await self.sessions.quota(request.user_id))
 
@@ -591,7 +592,7 @@ class FrontAdminServicer(BlockAdmin, admin_grpc.AdminServiceServicer):
 
     async def _override(self, user_id: str) -> admin_pb.QuotaOverride:
         store = self.sessions.store
-        body, updated = await store.read(store.quota_override, user_id)
+        body, updated = await store.read(store.operator.quota_override, user_id)
         out = admin_pb.QuotaOverride(user_id=user_id)
         if "gpu_hours_per_week" in body:
             out.gpu_hours_per_week = body["gpu_hours_per_week"]
