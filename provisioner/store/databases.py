@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from provisioner.private_files import DIR_MODE, create_private
+from provisioner.store import outage
 from provisioner.store.engine import Store, StoreError, T
 from provisioner.store.outage import StoreUnavailable, connection_lost, ride_out
 from provisioner.store.schema import MIGRATION_LOCK
@@ -138,6 +139,10 @@ class PostgresStore(Store):
 
     def _lock_schema(self, cur) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+
+    def _rides_out(self):
+        """A batch that lost the connection is tried again whole, for up to a ride-out (store/outage.py)."""
+        return (lambda e: isinstance(e, StoreUnavailable)), outage.RIDE_OUT_S
 
     def close(self) -> None:
         self._close_writer()

@@ -103,11 +103,15 @@ class Store:
             if self._writer_closed:
                 raise WriterClosed("the store is closed")
             if self._writer is None:
-                from provisioner.store.outage import RIDE_OUT_S, StoreUnavailable
-
+                transient, ride_out_s = self._rides_out()
                 self._writer = GroupCommit(self._grouped(self._writer_transaction()),
-                                           transient=lambda e: isinstance(e, StoreUnavailable), ride_out_s=RIDE_OUT_S)
+                                           transient=transient, ride_out_s=ride_out_s)
             return self._writer
+
+    def _rides_out(self) -> tuple[Callable[[BaseException], bool], float]:
+        """Which failures of a grouped batch are the database's, the batch tried again whole, and
+        for how long: none here (a database on this machine is not away for a moment)."""
+        return (lambda e: False), 0.0
 
     def _grouped(self, transaction: Callable[[], Any]) -> Callable[[], Any]:
         @contextmanager
