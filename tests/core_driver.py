@@ -20,9 +20,9 @@ from provisioner.decide.commands import Command, Launch, Pull, Start, Step, Wipe
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.eventlog import EventLog
 from provisioner.decide.ids import IdSource
-from provisioner.decide.images import LayerCache
-from provisioner.decide.states import SessionState, VmState
-from provisioner.model import Session, SessionKind, SessionSpec, Vm
+from provisioner.model.images import LayerCache
+from provisioner.model.states import SessionState, VmState
+from provisioner.model.records import Session, SessionKind, SessionSpec, Vm
 from provisioner.sim.engine import Engine
 
 POOL = "gpu-p100"

@@ -34,6 +34,7 @@ class FakeMetadataServer:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self.writes_per_minute = writes_per_minute
         self.identity: FakeIdentity | None = None  # the service account's ID tokens, when set
+        self.access_token: str | None = None  # the service account's OAuth access token, when set
         self.written_at: list[float] = []  # wall times of the guest attribute writes kept
         self.dropped: list[tuple[str, str]] = []  # (method, key) of those dropped
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -110,6 +111,10 @@ class FakeMetadataServer:
         if path == "instance/service-accounts/default/identity" and self.identity is not None:
             status, token = self.identity.token(query)
             return status, token, {}
+        if path == "instance/service-accounts/default/token" and self.access_token is not None:
+            # As Google answers: the token, its lifetime in seconds and its type, as JSON.
+            return 200, json.dumps({"access_token": self.access_token, "expires_in": 3599,
+                                    "token_type": "Bearer"}).encode(), {"Content-Type": "application/json"}
         cond = self.compute.metadata_changed
         with cond:
             if self._instance() is None:

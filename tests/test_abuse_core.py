@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 
-from provisioner.agent.fakes import miner
+from provisioner.agent.simulated import miner
 from provisioner.agent.usage import Connection, Usage
 from provisioner.cloud.base import HealthReport
 from provisioner.decide import events as ev
 from provisioner.decide.abuse import MAX_SAMPLES
 from provisioner.decide.core import ClusterCore
-from provisioner.decide.states import SessionState as S
-from provisioner.model import Session, SessionKind
+from provisioner.model.states import SessionState as S
+from provisioner.model.records import Session, SessionKind
 
 from core_driver import Driver, make_core
 

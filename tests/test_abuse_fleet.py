@@ -15,9 +15,9 @@ from conftest import TIME_SCALE, fleet_config, quick_warm_up, warm_fleet
 from provisioner import client as api
 from provisioner.agent.usage import Usage
 from provisioner.client.credentials import local_ca
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.config import load_fleet
-from provisioner.serve import start_front
+from provisioner.cli.serve import start_front
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb

@@ -14,12 +14,12 @@ import yaml
 from conftest import TIME_SCALE, cluster_channel, fleet_config, quick_warm_up
 from provisioner import client as api
 from provisioner.client.credentials import local_ca
-from provisioner.clock import ManualClock, RealClock
+from provisioner.common.clock import ManualClock, RealClock
 from provisioner.cloud.sim import Inventory, SimCloud
 from provisioner.config import load_fleet
-from provisioner.model import request_key
+from provisioner.model.records import request_key
 from provisioner.security.client import dev_token
-from provisioner.serve import start_front
+from provisioner.cli.serve import start_front
 from provisioner.front.records import FrontRecords
 from provisioner.store import SqliteStore
 from provisioner.v1 import cluster_service_pb2 as c_pb

@@ -7,7 +7,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from provisioner.errors import Unauthenticated
+from provisioner.model.errors import Unauthenticated
 from provisioner.security.auth import (ADMIN, ANONYMOUS, FRONT, FRONT_POLICY, SERVICE, USER, Caller, Rule,
                                        authorize, with_admin_service, with_cluster_service)
 from provisioner.security.tokens import Issuer, TokenVerifier, mint

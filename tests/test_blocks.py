@@ -11,16 +11,18 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.util._once import Once
 
-from provisioner import abuse_record, cli
+from provisioner import cli
+
+from provisioner.model.records import abuse_record
 from provisioner import client as api
-from provisioner.abuse import Finding, Verdict
+from provisioner.model.abuse_record import Finding, Verdict
 from provisioner.agent.usage import Connection
 from provisioner.cli import render_admin
 from provisioner.client.credentials import local_ca
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.config import load_fleet
 from provisioner.front import blocks
-from provisioner.serve import start_front
+from provisioner.cli.serve import start_front
 from provisioner.store import open_store
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc

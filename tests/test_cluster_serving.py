@@ -12,11 +12,11 @@ import pytest
 from core_driver import make_core
 
 from provisioner.api import convert
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
 from provisioner.cluster import runtime as runtime_module
 from provisioner.cluster.runtime import ClusterRuntime
-from provisioner.model import SessionSpec
+from provisioner.model.records import SessionSpec
 from provisioner.store import SqliteStore
 
 

@@ -14,11 +14,11 @@ from provisioner.cloud.base import CloudFailure
 from provisioner.decide.commands import Delete, Launch, Pull, StartNotebook, StopNotebook, Wipe
 from provisioner.decide import events as ev
 from provisioner.decide.events import Restored, SessionForgotten
-from provisioner.errors import FailedPrecondition
-from provisioner.decide.images import ImageCatalog
-from provisioner.model import Session, SessionKind, StartKind, Vm
-from provisioner.decide.states import SessionState as S
-from provisioner.decide.states import VmState as V
+from provisioner.model.errors import FailedPrecondition
+from provisioner.model.images import ImageCatalog
+from provisioner.model.records import Session, SessionKind, StartKind, Vm
+from provisioner.model.states import SessionState as S
+from provisioner.model.states import VmState as V
 
 CATALOG = fleet().catalog
 LATEST = CATALOG.latest  # gpu:v160

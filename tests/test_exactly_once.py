@@ -21,9 +21,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
+from provisioner.cli.serve import start_cluster, start_front
 from provisioner.front.records import FrontRecords
-from provisioner.serve import start_cluster, start_front
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
 from provisioner.v1 import types_pb2 as pb

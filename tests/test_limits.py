@@ -12,7 +12,7 @@ from provisioner.api import limits
 from provisioner.api.limits import check_request
 from provisioner.decide.ids import IdSource
 from provisioner.api.paging import page
-from provisioner.errors import InvalidArgument, quote
+from provisioner.model.errors import InvalidArgument, quote
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import session_service_pb2 as session_pb

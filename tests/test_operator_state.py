@@ -15,13 +15,14 @@ from opentelemetry.util._once import Once
 from conftest import fleet_config, start_fleet
 from provisioner.client.errors import from_rpc_error
 from provisioner import cli
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
-from provisioner.errors import InvalidArgument
-from provisioner.decide.policy import MAX_HEADROOM_FRACTION, merge_policy
-from provisioner.serve import make_backend
+from provisioner.model.errors import InvalidArgument
+from provisioner.config.cluster import MAX_HEADROOM_FRACTION
+from provisioner.decide.policy import merge_policy
+from provisioner.cli.serve import make_backend
 from provisioner.store import open_store
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import types_pb2 as pb

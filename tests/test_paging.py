@@ -16,7 +16,7 @@ async def test_a_front_reads_every_page_of_a_cluster_s_list_pausing_between_page
     import asyncio
     from types import SimpleNamespace
 
-    from provisioner.front import service
+    from provisioner.front import listing as service
     from provisioner.v1 import cluster_service_pb2 as cluster_pb
     from provisioner.v1 import types_pb2 as pb
 

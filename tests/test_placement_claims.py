@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.front.breaker import CircuitBreaker
 from provisioner.front.placement import Placement
 from provisioner.front.router import Candidate

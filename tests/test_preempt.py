@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.config import ConfigError, FleetSettings, default_clusters_dir, load_fleet, load_settings
-from provisioner.config_policy import PriorityClassConfig
+from provisioner.config.policy import PriorityClassConfig
 from provisioner.decide import preempt
 from provisioner.decide.preempt import Held, Request, Running, Share, Victim, choose_victims, grace_plan, mark_over_share
 

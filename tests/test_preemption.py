@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from core_driver import Driver, make_core
 
 from provisioner.decide import events as ev
-from provisioner.decide.states import SessionState as S
-from provisioner.model import Session, SessionKind, Vm
+from provisioner.model.states import SessionState as S
+from provisioner.model.records import Session, SessionKind, Vm
 
 GRACE = 120.0
 BATCH, INTERACTIVE = SessionKind.BATCH, SessionKind.INTERACTIVE

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from core_driver import make_core
 
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
 from provisioner.cluster.runtime import ClusterRuntime
-from provisioner.model import SessionSpec
+from provisioner.model.records import SessionSpec
 from provisioner.store import SqliteStore
 
 RETENTION_S = 600.0

@@ -16,13 +16,13 @@ from conftest import fleet_config
 from fake_compute import FakeCompute
 from oci import TOKEN_ENV, build_image, push_image, push_versions, require_tools, start_registry
 from podman import skip_or_fail, start_podman
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.cloud.gce import GceBackend
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
-from provisioner.errors import NotFound
-from provisioner.model import SessionSpec
+from provisioner.model.errors import NotFound
+from provisioner.model.records import SessionSpec
 from provisioner.registry.catalog import RegistryCatalog
 from provisioner.registry.client import RegistryClient
 from test_agent_e2e import CLUSTER, POOL, PROJECT, TIME_SCALE, Agents, until

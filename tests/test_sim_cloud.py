@@ -11,12 +11,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.base import LABEL_CLUSTER, LABEL_POOL, CloudFailure, CloudVm, LaunchSpec
 from provisioner.cloud import sim
 from provisioner.cloud.sim import Inventory, SimCall, SimCloud, SimPhysics
-from provisioner.errors import Unavailable
-from provisioner.decide.images import Layer
+from provisioner.model.errors import Unavailable
+from provisioner.model.images import Layer
 
 GB = 1_000_000_000
 

@@ -1,4 +1,4 @@
-"""Quotas in a replay: the front's checks (provisioner.quota) applied to each create, and a flood."""
+"""Quotas in a replay: the front's checks (provisioner.rules.quota) applied to each create, and a flood."""
 
 from __future__ import annotations
 

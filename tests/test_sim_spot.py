@@ -61,7 +61,7 @@ def test_cli_replays_spot(tmp_path, capsys):
 
 
 async def test_the_sim_backend_preempts_a_spot_pool_s_vms_at_its_rate():
-    from provisioner.clock import ManualClock
+    from provisioner.common.clock import ManualClock
     from provisioner.cloud.sim import SimCloud
     from test_sim_cloud import Cfg, ready, spec
 

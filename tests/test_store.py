@@ -9,8 +9,9 @@ import pytest
 
 from core_driver import Driver, make_core
 from provisioner.decide.events import DiscardRequested, StopRequested
+from provisioner.model.records import Session, Vm
 from provisioner.front.records import MADE, UNRESOLVED, FrontRecords
-from provisioner.model import Session, Vm
+from provisioner.front.records import FrontRecords
 from provisioner.store import MIGRATIONS, StoreError, open_store, redact
 
 

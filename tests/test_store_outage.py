@@ -24,14 +24,9 @@ AWAY_S = 2.0
 @pytest.fixture(scope="module")
 def own_postgres():
     """A server of this module's own: it is shut down and started again."""
-    from pg import skip_or_fail, start_server
+    from pg import serving
 
-    try:
-        server = start_server()
-    except RuntimeError as e:
-        skip_or_fail(str(e))
-    yield server
-    server.stop()
+    yield from serving()
 
 
 def away_for(server, seconds: float) -> threading.Thread:

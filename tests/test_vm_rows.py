@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from core_driver import Driver, make_core
-from provisioner.decide.states import StateChange, VmState
+from provisioner.model.states import StateChange, VmState
 from provisioner.store import open_store
 
 IMAGES = ("gpu:v150", "gpu:v155", "gpu:v160")

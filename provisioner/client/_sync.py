@@ -12,7 +12,7 @@ import grpc
 from provisioner.client import _base, errors
 from provisioner.client.credentials import front_credentials, resolve, server_name_options
 from provisioner.client.types import Quota, Session, SessionKind, SessionState
-from provisioner.grpc_options import RECEIVE_BUFFER
+from provisioner.common.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as session_pb
 from provisioner.v1 import session_service_pb2_grpc as session_grpc
@@ -42,7 +42,8 @@ class Client:
         self._admin = admin_grpc.AdminServiceStub(channel)
         self.timeout = timeout
         self.max_attempts = max_attempts
-        self.sleep: Callable[[float], None] = time.sleep  # between retries; a test may record instead
+        # Between retries, in wall time (call deadlines are wall time); a test may record instead.
+        self.sleep: Callable[[float], None] = time.sleep
 
     def close(self) -> None:
         self._channel.close()

@@ -13,7 +13,7 @@ import grpc
 from provisioner.client import _base, errors
 from provisioner.client.credentials import front_credentials, resolve, server_name_options
 from provisioner.client.types import Quota, Session, SessionKind, SessionState
-from provisioner.grpc_options import RECEIVE_BUFFER
+from provisioner.common.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as session_pb
 from provisioner.v1 import session_service_pb2_grpc as session_grpc

@@ -25,9 +25,9 @@ from typing import Any, NamedTuple, Protocol, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
-from provisioner.agent.fakes import miner
+from provisioner.agent.simulated import miner
 from provisioner.agent.usage import Usage
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
     LABEL_POOL,
@@ -39,7 +39,7 @@ from provisioner.cloud.base import (
     NotebookRequest,
     ProgressCallback,
 )
-from provisioner.errors import (
+from provisioner.model.errors import (
     InvalidArgument,
     NoCapacity,
     NotFound,
@@ -47,7 +47,7 @@ from provisioner.errors import (
     QuotaExceeded,
     Unavailable,
 )
-from provisioner.decide.images import Layer
+from provisioner.model.images import Layer
 
 _tracer = trace.get_tracer(__name__)
 

@@ -11,8 +11,8 @@ from typing import Callable, Iterable
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from provisioner import telemetry
-from provisioner.clock import Clock
+from provisioner.observability import telemetry
+from provisioner.common.clock import Clock
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
     LABEL_POOL,

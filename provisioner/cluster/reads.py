@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.pools import PoolState
-from provisioner.model import Session, Vm
+from provisioner.model.records import Session, Vm
 from provisioner.store import Store
 
 

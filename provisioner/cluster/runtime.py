@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 from opentelemetry import propagate, trace
 
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.cloud.base import CloudBackend
 from provisioner.cluster.capacity import CapacityCounts
 from provisioner.cluster.executor import CommandRunner
@@ -31,10 +31,11 @@ from provisioner.decide.commands import Step
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.policy import FIELDS, merge_policy
 from provisioner.decide.reconcile import Plan, reconcile
-from provisioner.decide.states import VmState
-from provisioner.errors import ProvisionerError
-from provisioner.logs import SessionLog
-from provisioner.model import Session, SessionSpec, Vm
+from provisioner.decide.zone_memory import ProjectQuota
+from provisioner.model.states import VmState
+from provisioner.model.errors import ProvisionerError
+from provisioner.observability.logs import SessionLog
+from provisioner.model.records import Session, SessionSpec, Vm
 from provisioner.store import Store
 
 log = logging.getLogger(__name__)
@@ -206,6 +207,22 @@ class ClusterRuntime:
 
     def set_blocked_users(self, user_ids: frozenset[str]) -> None:
         self.handle(ev.BlockedUsersSet(self.clock.now(), user_ids))
+
+    def tell_project_quota(self, quota: ProjectQuota) -> None:
+        """A front relays the project-wide GPU quota another cluster found exhausted."""
+        if self.handle(ev.ProjectQuotaTold(self.clock.now(), quota)).reply:
+            log.warning("cluster %s: the project's %s quota is exhausted (found by %s): no GPU VM is inserted or "
+                        "started until it may have been freed", self.core.name, quota.metric, quota.cluster,
+                        extra={"cluster": self.core.name})
+            self._notify_capacity()  # the fronts hear this cluster holds it, even from a quiet cluster
+
+    def tell_project_quota(self, quota: ProjectQuota) -> None:
+        """A front relays the project-wide GPU quota another cluster found exhausted."""
+        if self.handle(ev.ProjectQuotaTold(self.clock.now(), quota)).reply:
+            log.warning("cluster %s: the project's %s quota is exhausted (found by %s): no GPU VM is inserted or "
+                        "started until it may have been freed", self.core.name, quota.metric, quota.cluster,
+                        extra={"cluster": self.core.name})
+            self.watchers.notify_capacity()  # the fronts hear this cluster holds it, even from a quiet cluster
 
     def discard(self, key: str, reason: str) -> bool:
         return self.handle(ev.DiscardRequested(self.clock.now(), key, reason)).reply is not None

@@ -9,19 +9,19 @@ from collections import OrderedDict
 
 from opentelemetry import trace
 
-from provisioner import telemetry
+from provisioner.observability import telemetry
 from provisioner.api import convert
 from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page, page
-from provisioner.audit import AuditLog
+from provisioner.store.audit_log import AuditLog
 from provisioner.api.status import stream, unary
-from provisioner.clock import Clock, RealClock
+from provisioner.common.clock import Clock, RealClock
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.cluster.session_protos import SessionProtos
 from provisioner.decide.pools import PoolState
-from provisioner.decide.states import SESSION_TERMINAL
-from provisioner.errors import Aborted, InvalidArgument, NotFound, quote
-from provisioner.model import Session, request_key
-from provisioner.quota import WEEK_S
+from provisioner.model.states import SESSION_TERMINAL
+from provisioner.model.errors import Aborted, InvalidArgument, NotFound, quote
+from provisioner.model.records import Session, request_key
+from provisioner.rules.quota import WEEK_S
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -212,6 +212,13 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         self.rt.set_blocked_users(frozenset(request.user_ids))
         return cluster_pb.SetBlockedUsersResponse()
 
+    @unary
+    async def SetProjectQuota(self, request, context):
+        if not request.quota.HasField("until"):
+            raise InvalidArgument("quota.until must be set", field="quota.until")
+        self.rt.tell_project_quota(convert.project_quota_from_pb(request.quota))
+        return cluster_pb.SetProjectQuotaResponse()
+
     @stream
     async def WatchCapacity(self, request, context):
         interval = request.min_interval_s or DEFAULT_CAPACITY_INTERVAL_S
@@ -249,10 +256,12 @@ def pool_capacity_pb(rt: ClusterRuntime, pool: PoolState) -> pb.PoolCapacity:
 
 
 def capacity_pb(rt: ClusterRuntime) -> pb.ClusterCapacity:
+    now, quota = rt.clock.now(), rt.core.project_quota
     return pb.ClusterCapacity(
         cluster=rt.reads.name, region=rt.reads.region, healthy=True, draining=rt.reads.draining,
         pools=[pool_capacity_pb(rt, p) for p in rt.reads.pools()],
-        time=convert.timestamp(rt.clock.now()),
+        time=convert.timestamp(now),
+        project_quota=convert.project_quota_to_pb(quota) if quota is not None and quota.until > now else None,
     )
 
 

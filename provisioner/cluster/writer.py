@@ -13,7 +13,7 @@ import logging
 from typing import Callable
 
 from provisioner.decide.commands import Step
-from provisioner.model import Session, Vm
+from provisioner.model.records import Session, Vm
 from provisioner.store import Store
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
 """ClusterCore's part in abuse detection: keep each running session's recent usage reports and
-touches, judge them at each new report (provisioner/abuse.py), and act on a flag.
+touches, judge them at each new report (provisioner/rules/abuse.py), and act on a flag.
 
 The agent's usage comes with its VM's health (`HealthReported`). What the rules still need of a
 session is kept in memory only, bounded by time (the longest window plus the gap that breaks a
 run) and by count: after a restart a session's history starts again. A flagged session keeps its
-decision record (provisioner/abuse_record.py), durable with the session, and is judged no more;
+decision record (provisioner/model/abuse_record.py), durable with the session, and is judged no more;
 unless `abuse.dry_run` it is stopped. The fronts learn of it from the capacity stream.
 """
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from provisioner.abuse import Sample, judge
-from provisioner.abuse_record import Decision, decision
+from provisioner.rules.abuse import Sample, judge
+from provisioner.model.abuse_record import Decision, decision
 from provisioner.agent.usage import Usage
-from provisioner.decide.states import SessionState as S
-from provisioner.decide.states import VmState as V
-from provisioner.model import Session
+from provisioner.model.states import SessionState as S
+from provisioner.model.states import VmState as V
+from provisioner.model.records import Session
 
 # Reports kept per session: the longest default window (an hour) at one report a minute is 61; an
 # agent reporting far more often has the oldest cut, which can only make a run shorter.

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import heapq
 
-from provisioner.decide.states import SessionState as S
-from provisioner.model import Notice, Session
+from provisioner.model.states import SessionState as S
+from provisioner.model.records import Notice, Session
 
 GPU_BUDGET = "gpu_budget"
 USED_UP = "weekly GPU budget is used up"  # the end of a stopped session's reason

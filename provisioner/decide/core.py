@@ -17,7 +17,7 @@ import heapq
 
 from provisioner.cloud.base import CloudFailure
 from provisioner.config import ClusterConfig, SessionsConfig
-from provisioner.config_policy import AbuseConfig, PriorityConfig
+from provisioner.config.policy import AbuseConfig, PriorityConfig
 from provisioner.decide import events as ev
 from provisioner.decide.abuse import AbuseWatch, Watched
 from provisioner.decide.budgets import Budgets
@@ -26,14 +26,15 @@ from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, S
 from provisioner.decide.deadlines import Limits
 from provisioner.decide.eventlog import EventLog
 from provisioner.decide.ids import IdSource
-from provisioner.decide.images import ImageCatalog
+from provisioner.model.images import ImageCatalog
 from provisioner.decide.notebooks import NotebookSteps
 from provisioner.decide.pools import Pools, PoolState
 from provisioner.decide.preemption import Preemption
 from provisioner.decide.sessions import Sessions
-from provisioner.decide.states import SessionState, VmState
+from provisioner.model.states import SessionState, VmState
 from provisioner.decide.vms import VmLifecycle
-from provisioner.model import Session, Vm
+from provisioner.decide.zone_memory import ProjectQuota, told
+from provisioner.model.records import Session, Vm
 
 S, V = SessionState, VmState
 # A VM leaving for good takes its other work with it: answers to that work no longer apply.
@@ -50,7 +51,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preempti
         self.sessions_config = sessions
         self.priority = priority or PriorityConfig()  # the fleet's classes and shares (decide/preempt.py)
         self._ranks = {name: c.rank for name, c in self.priority.classes.items()}  # the queue's order
-        self.abuse = abuse or AbuseConfig()  # the fleet's abuse thresholds (provisioner/abuse.py)
+        self.abuse = abuse or AbuseConfig()  # the fleet's abuse thresholds (provisioner/rules/abuse.py)
         self.ids = ids or IdSource(cluster.name)
         self.event_log = event_log
         self.limits = Limits(cluster)
@@ -77,6 +78,7 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preempti
         self._preempting: dict[str, str] = {}  # preempted session in its grace period -> whom it makes room for
         self._claims: set[str] = set()  # queued sessions that preempted others, until they leave the queue
         self.blocked_users: frozenset[str] = frozenset()  # as the front last told (none requeued)
+        self.project_quota: ProjectQuota | None = None  # the project's GPU quota, last found exhausted
         self._held: dict[str, dict[str, int]] = {}  # pool -> user -> sessions holding (or getting) a VM there
         self._borrowable: dict[str, dict[str, None]] = {}  # pool -> those sessions of preemptible classes
         self._watched: dict[str, Watched] = {}  # running session id -> what abuse detection still needs
@@ -141,6 +143,8 @@ class ClusterCore(Sessions, VmLifecycle, NotebookSteps, Pools, Budgets, Preempti
                 return self._set_budget(event.session_id, event.ends_at, now)
             case ev.BlockedUsersSet():
                 self.blocked_users = event.user_ids
+            case ev.ProjectQuotaTold():
+                return self._hold_project_quota(told(event.quota, now))
             case ev.StopRequested():
                 return self._stop(event.session_id, event.reason, now, event.user_id)
             case ev.DiscardRequested():

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from provisioner.cloud.base import CloudFailure
 from provisioner.decide.commands import StartNotebook, StopNotebook
-from provisioner.decide.states import SessionState, VmState
-from provisioner.model import Session, StartKind, Vm
+from provisioner.model.states import SessionState, VmState
+from provisioner.model.records import Session, StartKind, Vm
 
 S, V = SessionState, VmState
 _HOW = {StartKind.WARM: "a warm VM that held the image", StartKind.PARTIAL: "a warm VM that pulled the layers it "

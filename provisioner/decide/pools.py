@@ -25,9 +25,9 @@ from provisioner.decide.assignment import QueueOrder, choose_standby
 from provisioner.decide.deadlines import CREATE_ESTIMATE_S
 from provisioner.decide.forecast import Forecast
 from provisioner.decide.prewarm import RECENT_RELEASES, Demand, holdable, next_pull, rank_images
-from provisioner.decide.states import VM_ACTIVE, VmState
-from provisioner.errors import NotFound, quote
-from provisioner.model import Vm
+from provisioner.model.states import VM_ACTIVE, VmState
+from provisioner.model.errors import NotFound, quote
+from provisioner.model.records import Vm
 
 V = VmState
 # Read on every tick: an Enum's attribute lookup (V.WARM) goes through its metaclass's __getattr__.

@@ -16,9 +16,9 @@ import heapq
 
 from provisioner.decide.preempt import (STOP_REASON, Held, Request, Share, Victim, choose_victims, grace_plan,
                                         mark_over_share)
-from provisioner.decide.states import SessionState as S
-from provisioner.errors import FailedPrecondition, ProvisionerError
-from provisioner.model import Notice, Session
+from provisioner.model.states import SessionState as S
+from provisioner.model.errors import FailedPrecondition, ProvisionerError
+from provisioner.model.records import Notice, Session
 
 PREEMPTION = "preemption"  # the kind of the notices a preempted session's watchers get
 _THEN = "; it stops in "  # a preemption's notice is its stop reason, then when

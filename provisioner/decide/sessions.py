@@ -12,10 +12,10 @@ from typing import Mapping
 from provisioner.decide.assignment import choose_standby, choose_vm
 from provisioner.decide.autoscale import queued_demand
 from provisioner.decide.pools import PoolState
-from provisioner.decide.states import SessionState, VmState
-from provisioner.errors import FailedPrecondition, NotFound, UserBlocked, quote
-from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.validation import priority_class, validate_spec
+from provisioner.model.states import SessionState, VmState
+from provisioner.model.errors import FailedPrecondition, NotFound, UserBlocked, quote
+from provisioner.model.records import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.rules.validation import priority_class, validate_spec
 
 S, V = SessionState, VmState
 # A session whose VM failed this many times before it ran (a create, boot or pull failed, or

@@ -10,13 +10,13 @@ from __future__ import annotations
 from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
 from provisioner.decide.autoscale import pick_zone, zones_available
 from provisioner.decide.commands import Delete, Launch, Pull, Start, StartNotebook, Stop, StopNotebook, Wipe
-from provisioner.decide.images import LayerCache
+from provisioner.model.images import LayerCache
 from provisioner.decide.pools import PoolState
 from provisioner.decide.reconcile import Plan
-from provisioner.decide.states import SessionState, VmState
-from provisioner.decide.zone_memory import remember
-from provisioner.errors import FailedPrecondition, NotFound, quote
-from provisioner.model import Session, SessionKind, StartKind, Vm
+from provisioner.model.states import SessionState, VmState
+from provisioner.decide.zone_memory import ProjectQuota, hold_project_quota, project_quota_of, remember
+from provisioner.model.errors import FailedPrecondition, NotFound, quote
+from provisioner.model.records import Session, SessionKind, StartKind, Vm
 
 S, V = SessionState, VmState
 
@@ -96,6 +96,22 @@ class VmLifecycle:
                 missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
                 self._pull(now, vm, vm.pulling, missing, vm.session_id)
 
+    def _remember(self, pool: PoolState, failure: CloudFailure, zone: str, now: float) -> None:
+        """A stockout or quota failure: the zones it reaches are skipped for a while, and a
+        project-wide quota is held for the fleet too (the capacity stream reports it)."""
+        remember(self.pools, pool, failure, zone, now)
+        if (quota := project_quota_of(failure, self.name, now)) is not None:
+            self._hold_project_quota(quota)
+
+    def _hold_project_quota(self, quota: ProjectQuota) -> bool:
+        """Holds the later of the quota known and `quota` (learned here or told by a front);
+        whether it changed."""
+        if self.project_quota is not None and self.project_quota.until >= quota.until:
+            return False
+        self.project_quota = quota
+        hold_project_quota(self.pools, quota)
+        return True
+
     # ---- answers -------------------------------------------------------------------------
 
     def _vm_created(self, cmd: Launch, endpoint: str, now: float) -> None:
@@ -146,7 +162,7 @@ class VmLifecycle:
         what = f"{failure.code}: {failure.message}"
         stockout = failure.zone_exhausted and not expired
         if stockout:
-            remember(self.pools, pool, failure, vm.zone, now)
+            self._remember(pool, failure, vm.zone, now)
             self._set_vm(vm, V.STANDBY, f"start failed ({what}); stays stopped", now)
         else:
             self._delete(vm, f"start failed: {what}", now)
@@ -161,7 +177,7 @@ class VmLifecycle:
         pool = self.pools[vm.pool]
         if failure.zone_exhausted:
             # The cloud's word on where (a GKE node pool has its own zone), else where we asked.
-            remember(self.pools, pool, failure, vm.zone, now)
+            self._remember(pool, failure, vm.zone, now)
         created = maybe_there or vm.state is V.BOOTING
         self._set_vm(vm, V.FAILED, f"{failure.code}: {failure.message}", now)
         if created:  # something may be left in the cloud

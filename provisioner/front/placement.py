@@ -20,10 +20,10 @@ from typing import AsyncIterator, Callable
 import grpc
 from opentelemetry import trace
 
-from provisioner import telemetry
+from provisioner.observability import telemetry
 from provisioner.api.status import RemoteError
-from provisioner.clock import Clock
-from provisioner.errors import Unavailable
+from provisioner.common.clock import Clock
+from provisioner.model.errors import Unavailable
 from provisioner.front import cluster_reports
 from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, Allocated, Ask, Discard, Discarded, Done, FetchWinner,
                                         Fetched, Found, GiveUp, Invalid, Leave, NoReply, NotFound, PlacementRun,
@@ -33,7 +33,7 @@ from provisioner.front.clusters import ClusterClient
 from provisioner.front.retry import ambiguous, call
 from provisioner.front.router import Candidate
 from provisioner.front.records import FrontRecords
-from provisioner.model import cluster_of, request_key, split_request_key
+from provisioner.model.records import cluster_of, request_key, split_request_key
 from provisioner.store import Store
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from provisioner.front.attempts import SETTLED, STICKY, UNSETTLED, Attempt, Event, check_change, sources
-from provisioner.model import request_key, split_request_key
+from provisioner.model.records import request_key, split_request_key
 from provisioner.store.sql import marks, values
 
 if TYPE_CHECKING:

@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner.decide.states import SessionState
-from provisioner.model import Session, SessionSpec
+from provisioner.model.states import SessionState
+from provisioner.model.records import Session, SessionSpec
+from provisioner.perf import command
 from provisioner.store import open_store
 
 
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = run(args.writers, args.seconds, args.database_url)
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"rows": rows, "store": "PostgreSQL" if args.database_url else "SQLite",
+                          "command": command("provisioner.perf.commits", argv)}))
         return 0
     print(f"{'writers':>7}  {'ungrouped/s':>11}  {'grouped/s':>9}  {'writes per transaction':>22}")
     for r in rows:

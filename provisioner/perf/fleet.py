@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from provisioner.config import default_clusters_dir, load_fleet
-from provisioner.telemetry import ENV_SAMPLE
+from provisioner.observability.telemetry import ENV_SAMPLE
 
 CLUSTER = "us-central1"
 POOL = "gpu-p100"
@@ -71,7 +71,7 @@ def prepare_security(clusters: Path, data_dir: Path) -> str:
     """Makes the local CA, every process's certificate and the token key; returns the name the
     cluster's certificate carries (what a client of it checks)."""
     from provisioner.security.tokens import ensure_local_key
-    from provisioner.serve import local_tls
+    from provisioner.cli.serve import local_tls
 
     fleet = load_fleet(clusters)
     local_tls(fleet, data_dir, "front")

@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.config import load_fleet
-from provisioner.decide.states import StateChange, SessionState
-from provisioner.model import Session, SessionSpec, StartKind
+from provisioner.model.states import StateChange, SessionState
+from provisioner.model.records import Session, SessionSpec, StartKind
 from provisioner.perf.usage import rss_mb
 
 NOW = 1_800_000_000.0  # the restart's model time

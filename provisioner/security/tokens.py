@@ -22,7 +22,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from provisioner.errors import Unauthenticated, Unavailable
+from provisioner.model.errors import Unauthenticated, Unavailable
 from provisioner.security.auth import Caller
 
 ALGORITHMS = ["ES256", "RS256"]
@@ -152,7 +152,7 @@ def ensure_local_key(directory: Path) -> None:
 def mint(private_key_pem: bytes, subject: str, *, ttl_s: float = 3600.0, issuer: str = LOCAL_ISSUER,
          audience: str = LOCAL_AUDIENCE, now: float | None = None) -> str:
     """A signed dev token for `subject`."""
-    now = time.time() if now is None else now
+    now = time.time() if now is None else now  # wall time: every verifier checks `exp` against its own
     key = serialization.load_pem_private_key(private_key_pem, None)
     claims = {"iss": issuer, "aud": audience, "sub": subject, "iat": int(now), "exp": int(now + ttl_s),
               "jti": uuid.uuid4().hex}

@@ -36,8 +36,8 @@ from provisioner.decide.events import (
     CommandFailed, Event, HealthReported, NotebookStarted, NotebookStopped, PullDone, Tick, VmCreated, VmDeleted,
     VmReady, VmStarted, VmStopped, WipeDone,
 )
-from provisioner.decide.states import VmState
-from provisioner.model import Session, Vm
+from provisioner.model.states import VmState
+from provisioner.model.records import Session, Vm
 
 # A tick's place among work due at the same time: after all of it (events are numbered from 0 in
 # the order they are scheduled), and the cores' ticks in the cores' order.

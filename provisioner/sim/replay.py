@@ -22,11 +22,11 @@ from provisioner.decide.preempt import STOP_REASON as PREEMPTED
 from provisioner.decide.events import BudgetSet, SessionForgotten, SessionRequested, SessionTouched, StopRequested
 from provisioner.decide.ids import IdSource
 from provisioner.config import FleetConfig
-from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm, cluster_of
+from provisioner.model.records import Session, SessionKind, SessionSpec, StartKind, Vm, cluster_of
 from provisioner.sim.cost import Price, PoolKey, VmTime, costs, prices
 from provisioner.sim.quotas import QuotaMeter
 from provisioner.sim.engine import Engine
-from provisioner.decide.states import SESSION_TERMINAL, VM_ACTIVE, SessionState, VmState
+from provisioner.model.states import SESSION_TERMINAL, VM_ACTIVE, SessionState, VmState
 
 HEADER = ["arrival_s", "user", "kind", "accelerator", "image", "region_hint", "duration_s", "abandon"]
 FAST_START_S = 60.0

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
 
 
 class AuditRecords:
-    """The audit log's rows, over the store's engine (provisioner/audit.py writes and prunes them)."""
+    """The audit log's rows, over the store's engine (store/audit_log.py writes and prunes them)."""
 
     def __init__(self, db: Store):
         self._db = db

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from provisioner.private_files import DIR_MODE, create_private
+from provisioner.common.private_files import DIR_MODE, create_private
 from provisioner.store import outage
 from provisioner.store.engine import Store, StoreError, T
 from provisioner.store.outage import StoreUnavailable, connection_lost, ride_out

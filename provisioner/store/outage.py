@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Callable, TypeVar
 
-from provisioner.errors import Unavailable
+from provisioner.model.errors import Unavailable
 from provisioner.store.engine import StoreError
 from provisioner.store.group_commit import backoff
 

@@ -2,7 +2,7 @@
 
 from typing import Callable
 
-from provisioner.model import split_request_key
+from provisioner.model.records import split_request_key
 
 _CLAIMS = """CREATE TABLE front_claims (
     request_id TEXT PRIMARY KEY,

@@ -10,6 +10,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SetProjectQuotaRequest(_message.Message):
+    __slots__ = ("quota",)
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    quota: _types_pb2.ProjectQuota
+    def __init__(self, quota: _Optional[_Union[_types_pb2.ProjectQuota, _Mapping]] = ...) -> None: ...
+
+class SetProjectQuotaResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class SetBlockedUsersRequest(_message.Message):
     __slots__ = ("user_ids",)
     USER_IDS_FIELD_NUMBER: _ClassVar[int]
