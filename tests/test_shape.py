@@ -19,11 +19,9 @@ COMPOSED = ("provisioner/decide", "provisioner/store")  # where parts are compos
 # only shrinks).
 KNOWN = {
     "provisioner/cloud/sim.py: ",
-    "provisioner/cluster/runtime.py: ",
     "provisioner/decide/core.py: class ClusterCore inherits",
     "provisioner/sim/engine.py: class Engine has",
     "provisioner/sim/replay.py: ",
-    "provisioner/store/engine.py: class Store inherits",
     "tests/core_driver.py: class Driver has",
     "tests/fake_compute.py: ",
     "tests/test_core.py: ",
