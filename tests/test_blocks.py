@@ -13,7 +13,7 @@ from opentelemetry.util._once import Once
 
 from provisioner import cli
 
-from provisioner.model.records import abuse_record
+from provisioner.model import abuse_record
 from provisioner import client as api
 from provisioner.model.abuse_record import Finding, Verdict
 from provisioner.agent.usage import Connection

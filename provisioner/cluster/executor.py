@@ -99,6 +99,11 @@ class CommandRunner:
                 failure = CloudFailure("internal", f"{type(e).__name__}: {e}"[:500], cmd.zone)
                 self._handle(ev.CommandFailed(self._clock.now(), cmd.id, failure))
 
+    def _reported(self, cmd: Command, outcome, done: Callable[[float], ev.Event]) -> None:
+        """The core hears `done(now)` of an outcome, or that the command failed if the cloud failed it."""
+        now = self._clock.now()
+        self._handle(ev.CommandFailed(now, cmd.id, outcome) if isinstance(outcome, CloudFailure) else done(now))
+
     def _answered(self, cmd: Command, failure: CloudFailure | None, done: type) -> None:
         now = self._clock.now()
         self._handle(done(now, cmd.id) if failure is None else ev.CommandFailed(now, cmd.id, failure))
@@ -117,10 +122,7 @@ class CommandRunner:
             return
         self._handle(ev.VmCreated(self._clock.now(), cmd.id, created.endpoint))
         ready = await self._backend.wait_ready(cmd.vm_id, cmd.zone)
-        if isinstance(ready, CloudFailure):
-            self._handle(ev.CommandFailed(self._clock.now(), cmd.id, ready))
-        else:
-            self._handle(ev.VmReady(self._clock.now(), cmd.id, ready.endpoint))
+        self._reported(cmd, ready, lambda now: ev.VmReady(now, cmd.id, ready.endpoint))
 
     async def _start_notebook(self, cmd: StartNotebook) -> None:
         vm, s = self._core.vms.get(cmd.vm_id), self._core.sessions.get(cmd.session_id)
@@ -131,19 +133,13 @@ class CommandRunner:
                                   s.access_token if s is not None else "", pool.notebook_cpus if pool else 0.0,
                                   int(pool.notebook_memory_gb * 2**30) if pool else 0)
         started = await self._backend.start_notebook(cmd.vm_id, cmd.zone, request)
-        if isinstance(started, CloudFailure):
-            self._handle(ev.CommandFailed(self._clock.now(), cmd.id, started))
-        else:
-            self._handle(ev.NotebookStarted(self._clock.now(), cmd.id, started))
+        self._reported(cmd, started, lambda now: ev.NotebookStarted(now, cmd.id, started))
 
     async def _start(self, cmd: Start) -> None:
         started = await self._backend.start(cmd.vm_id, cmd.zone)
         if not isinstance(started, CloudFailure):
             started = await self._backend.wait_ready(cmd.vm_id, cmd.zone)
-        if isinstance(started, CloudFailure):
-            self._handle(ev.CommandFailed(self._clock.now(), cmd.id, started))
-        else:
-            self._handle(ev.VmStarted(self._clock.now(), cmd.id, started.endpoint))
+        self._reported(cmd, started, lambda now: ev.VmStarted(now, cmd.id, started.endpoint))
 
     async def _pull(self, cmd: Pull) -> None:
         def progress(done: int) -> None:
