@@ -11,7 +11,6 @@ from typing import Callable, Iterable
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from provisioner.observability import telemetry
 from provisioner.common.clock import Clock
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
@@ -27,6 +26,7 @@ from provisioner.decide import events as ev
 from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop,
                                          StopNotebook, Wipe)
 from provisioner.decide.core import ClusterCore
+from provisioner.observability import telemetry
 
 log = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ from provisioner.decide.core import ClusterCore
 from provisioner.decide.policy import FIELDS, merge_policy
 from provisioner.decide.reconcile import Plan, reconcile
 from provisioner.decide.zone_memory import ProjectQuota
-from provisioner.model.states import VmState
 from provisioner.model.errors import ProvisionerError
-from provisioner.observability.logs import SessionLog
 from provisioner.model.records import Session, SessionSpec, Vm
+from provisioner.model.states import VmState
+from provisioner.observability.logs import SessionLog
 from provisioner.store import Store
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ from typing import AsyncIterator, Iterable
 
 from provisioner.cluster.reads import ClusterReads
 from provisioner.decide.commands import Step
-from provisioner.model.states import SessionState
 from provisioner.model.errors import Unavailable
 from provisioner.model.records import Session
+from provisioner.model.states import SessionState
 
 MOVE_REPORT_S = 2.0  # wall time between two reports to a watcher of its session moving up the queue
 

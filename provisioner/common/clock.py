@@ -10,9 +10,10 @@ speed, and say so at the spot: lease terms and grace periods held against the da
 (cluster/leader.py); retry backoff, ride-outs and deadlines of calls to a database or another
 process (front/retry.py, client/, store/outage.py, store/group_commit.py, cluster/writer.py);
 commit batching (store/group_commit.py); pacing what real consumers bear (a watch's reports of
-queue moves, rate limits, the metrics scrape: cluster/watchers.py, api/guard.py, metrics.py);
-measuring the process itself (latencies, event-loop lag, GC pauses); and credentials' validity
-(token and TLS certificate expiry, security/).
+queue moves, rate limits, the metrics scrape: cluster/watchers.py, api/guard.py, front/rates.py,
+observability/metrics.py); measuring the process itself (latencies, event-loop lag, GC pauses:
+observability/, common/gc_freeze.py); and credentials' validity (token and TLS certificate
+expiry, security/).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from provisioner.common.clock import Clock
 from provisioner.model.errors import InvalidArgument
-from provisioner.store import Store
+from provisioner.store.engine import Store
 
 MAX_TEXT = 256  # characters kept of each string of a record
 MAX_ROLES = 16

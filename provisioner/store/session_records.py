@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from provisioner.model.states import SESSION_TERMINAL, SessionState, VmState
 from provisioner.model.records import Session, Vm
+from provisioner.model.states import SESSION_TERMINAL, SessionState, VmState
 from provisioner.store.sql import marks, values
 
 if TYPE_CHECKING:
