@@ -9,13 +9,14 @@ from datetime import datetime, timezone
 import pytest
 
 from provisioner.config import default_clusters_dir, load_fleet
-from provisioner.model.errors import InvalidArgument, QuotaExceeded, Unavailable, UserBlocked
+from provisioner.decide.zone_memory import ProjectQuota
+from provisioner.model.errors import InvalidArgument, NoCapacity, QuotaExceeded, Unavailable, UserBlocked
 from provisioner.front import admission
 from provisioner.front.admission import Answer, CreateCheck, Listed, ListWeek, Place, Rank, Read, Refuse, Viewed
 from provisioner.front.blocks import DETECTOR, Block
 from provisioner.front.router import ClusterView, PoolView
 from provisioner.rules.quota import Metered, Row
-from provisioner.store.front_records import Admission, Made
+from provisioner.front.records import Admission, Made
 from provisioner.v1 import types_pb2 as pb
 
 CONFIG = load_fleet(default_clusters_dir())  # pools gpu-p100 (1 P100), gpu-t4x2 (2 T4); 3 regions
@@ -183,6 +184,28 @@ def test_which_clusters_are_tried(asked, views, want):
     action = run.handle(Viewed(views))
     if want is None:
         assert isinstance(action, Refuse) and isinstance(action.error, Unavailable)
+    else:
+        assert isinstance(action, Place) and [c.cluster for c in action.candidates] == want
+
+
+QUOTA_OUT = ProjectQuota(until=NOW + 600.0, metric="GPUS_ALL_REGIONS", cluster="asia-east1")
+
+
+@pytest.mark.parametrize("views, want", [
+    # The project's GPU quota exhausted: only a cluster with a VM to give may take the session.
+    ([ClusterView("us-central1", "us-central1", True, False, {"gpu-p100": pool()}),
+      ClusterView("europe-west4", "europe-west4", True, False, {"gpu-p100": pool(warm_with=1, warm=1)})],
+     ["europe-west4"]),
+    ([ClusterView("us-central1", "us-central1", True, False, {"gpu-p100": pool()})], None),
+])
+def test_while_the_project_gpu_quota_is_exhausted(views, want):
+    run = check()
+    run.handle(Read(QUOTAS, stored(), None, 0, NOW))
+    action = run.handle(Viewed(views, QUOTA_OUT, NOW, time_scale=60.0))
+    if want is None:
+        assert isinstance(action, Refuse) and isinstance(action.error, NoCapacity)
+        assert "GPUS_ALL_REGIONS" in str(action.error)
+        assert action.error.retry_after_s == pytest.approx(10.0)  # 600 s of fleet time at 60x: wall seconds
     else:
         assert isinstance(action, Place) and [c.cluster for c in action.candidates] == want
 

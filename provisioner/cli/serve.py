@@ -310,7 +310,7 @@ async def start_front(fleet_cfg: FleetConfig, clock: Clock, data_dir: Path, *, a
     if metrics is not None:
         metrics.watch_front(fleet, sessions.placement)
     guard = Guard(FRONT_POLICY, bearer_identity(token_verifier(fleet_cfg, data_dir)), AuditLog(store, clock, retention_s=security.audit_retention_s),
-                  stream_caps(dict(security.max_streams)))
+                  stream_caps(dict(security.max_streams)), pacer=sessions.pacer)
     if metrics is not None:
         metrics.watch_guard(guard, "front")
     server = Server(address, lambda s: front_service.register(s, sessions), tracer_provider,

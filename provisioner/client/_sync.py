@@ -121,12 +121,14 @@ class Client:
         return Session.from_proto(self.call("GetSession", session_pb.GetSessionRequest(session_id=session_id)).session)
 
     def list_sessions(self, user_id: str = "", states: Sequence[SessionState] = (), cluster: str = "",
-                      page_size: int = 0) -> list[Session]:
+                      page_size: int = 0, with_history: bool = False) -> list[Session]:
         """Sessions newest first, every page: a user's, or ("" with a service or admin token) every
-        user's; only `cluster`'s and only in `states` when given."""
+        user's; only `cluster`'s and only in `states` when given; each with its history only
+        `with_history`."""
         out, token = [], ""
         while True:
-            resp = self.call("ListSessions", _base.list_request(user_id, cluster, states, page_size, token))
+            resp = self.call("ListSessions", _base.list_request(user_id, cluster, states, page_size, token,
+                                                                   with_history))
             out += [Session.from_proto(s) for s in resp.sessions]
             if not resp.next_page_token or resp.next_page_token == token:
                 return out

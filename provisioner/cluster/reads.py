@@ -4,12 +4,12 @@ the store. It writes nothing and starts nothing."""
 
 from __future__ import annotations
 
-from typing import Iterable
-
+from provisioner.api.keyset import Key, Part, merge
+from provisioner.cluster.listing import Filter, SessionIndex, session_key
 from provisioner.common.clock import Clock
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.pools import PoolState
-from provisioner.model.records import Session, Vm
+from provisioner.model.records import Session, Vm, created_ns
 from provisioner.store import Store
 
 
@@ -18,9 +18,10 @@ class ClusterReads:
         self.core = core
         self._clock = clock
         self._store = store
-        # user -> ids of their sessions, so a user's List (every create's quota check) reads theirs
-        # only, not every session in memory; ids of sessions that left memory are pruned on read.
-        self._by_user: dict[str, set[str]] = {}
+        # Each user's sessions in memory in list order, so a user's List (every create's quota
+        # check, a page of ListSessions) reads theirs only, not every session in memory. Told of
+        # the sessions of every step, and of those restored (cluster/runtime.py).
+        self.index = SessionIndex(core.sessions)
 
     @property
     def name(self) -> str:
@@ -55,14 +56,30 @@ class ClusterReads:
             return list(self.core.sessions.values())
         if not user_id:
             return self._with_older(dict(self.core.sessions), "", None)
-        ids = self._by_user.get(user_id, set())
-        # Pruned by walking the user's ids, not every session in memory (set.intersection_update
-        # with a dict walks the dict: 8.5% of the cluster's samples under creates, growing with
-        # the sessions that ended within the retention period).
-        ids.difference_update([sid for sid in ids if sid not in self.core.sessions])
-        if not ids:
-            self._by_user.pop(user_id, None)
+        ids = self.index.user_ids(user_id)
         return self._with_older({sid: self.core.sessions[sid] for sid in ids}, user_id, ended_after)
+
+    def list_page(self, user_id: str, want: Filter, position: Key | None,
+                  limit: int) -> tuple[list[Session], Key | None]:
+        """A page of the user's sessions after `position`, newest first, and the position of the
+        next (None: the last page): from memory, and from the store for those that ended before
+        the retention period (each source read from the position for a page at most)."""
+        parts = [held := self.index.page(user_id, want, position, limit)]
+        retention = self.core.sessions_config.retention_s
+        if self._store is not None and retention and not want.live_only:
+            cutoff = created_ns(self._clock.now() - retention)  # an older ended one was made before it
+            end = cutoff if want.created_before is None else min(cutoff, want.created_before)
+            if held.more_after is not None and held.more_after >= (end, ""):
+                return held.rows, held.more_after  # the store's sessions all come after this page
+            older = self._store.sessions.user_sessions_page(self.core.name, user_id, position, want.created_after,
+                                                            end, limit)
+            more = session_key(older[-1]) if len(older) == limit else None
+            self.index.rows_read += len(older)
+            parts.append(Part([s for s in older if s.id not in self.core.sessions and want.matches(s, session_key(s))],
+                              more))
+        rows, positions = merge(parts, session_key, limit)
+        going_on = [p for p in positions if p is not None]
+        return rows, (max(going_on) if going_on else None)
 
     def _with_older(self, held: dict[str, Session], user_id: str, ended_after: float | None) -> list[Session]:
         # Memory holds every live session and every one that ended within the retention period
@@ -73,11 +90,6 @@ class ClusterReads:
             return list(held.values())
         older = self._store.sessions.load_user_ended_sessions(self.core.name, user_id, ended_after, cutoff)
         return [*held.values(), *(s for s in older if s.id not in held)]
-
-    def index_users(self, sessions: Iterable[Session]) -> None:
-        """Notes whose sessions these are (after every step, and the sessions restored)."""
-        for session in sessions:
-            self._by_user.setdefault(session.spec.user_id, set()).add(session.id)
 
     def stored(self, session_id: str, user_id: str = "") -> Session | None:
         """A session no longer in memory, from the store (None if it is in memory, or nowhere)."""

@@ -82,7 +82,7 @@ class ClusterRuntime:
             sessions, vms = self.store.sessions.load_sessions(name, ended_since), self.store.sessions.load_vms(name)
             step = self.core.handle(ev.Restored(self.clock.now(), tuple(sessions), tuple(vms)))
             self.capacity.recount()
-            self.reads.index_users(self.core.sessions.values())
+            self.reads.index.note(self.core.sessions.values())
             for observe in self.observers:
                 observe(list(self.core.sessions.values()), True)
             self.watchers.note_flags(self.core.sessions.values())  # what the fronts may not have heard
@@ -286,7 +286,7 @@ class ClusterRuntime:
         """Queues the step's changes for writing; what follows from them waits until they are
         durable (and after the steps before it, whose transactions commit first)."""
         self.capacity.changed(step.vms)
-        self.reads.index_users(step.sessions)
+        self.reads.index.note(step.sessions)
         self.writer.write(step, self._carry_out)
 
     def _carry_out(self, step: Step) -> None:

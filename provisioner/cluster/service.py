@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import itertools
 from collections import OrderedDict
@@ -11,10 +12,12 @@ from opentelemetry import trace
 
 from provisioner.observability import telemetry
 from provisioner.api import convert
-from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page, page
+from provisioner.api.keyset import Key, decode_position, encode_position
+from provisioner.api.paging import MAX_BRIEF_PAGE_SIZE, MAX_PAGE_SIZE, audit_page, page_size
 from provisioner.store.audit_log import AuditLog
 from provisioner.api.status import stream, unary
 from provisioner.common.clock import Clock, RealClock
+from provisioner.cluster.listing import Filter, session_key
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.cluster.session_protos import SessionProtos
 from provisioner.decide.pools import PoolState
@@ -46,12 +49,8 @@ def filter_sessions(sessions, user_id: str, states: list[int], ended_after: floa
     wanted = {convert.session_state_from_pb(s) for s in states}
     out = [s for s in sessions if (not user_id or s.spec.user_id == user_id) and (not wanted or s.state in wanted)
            and (ended_after is None or s.state not in SESSION_TERMINAL or s.ended_at >= ended_after)]
-    out.sort(key=_newest_first)
+    out.sort(key=session_key, reverse=True)
     return out
-
-
-def _newest_first(s: Session) -> tuple:
-    return -s.created_at, s.id
 
 
 async def filter_sessions_in_parts(sessions: list[Session], user_id: str, states: list[int],
@@ -67,11 +66,18 @@ async def filter_sessions_in_parts(sessions: list[Session], user_id: str, states
         return parts[0] if parts else []
     # The sorted parts merged a part's worth at a time: one sort of them all took 4 ms at 10,000.
     out: list[Session] = []
-    merged, total = heapq.merge(*parts, key=_newest_first), sum(map(len, parts))
+    merged, total = heapq.merge(*parts, key=session_key, reverse=True), sum(map(len, parts))
     while len(out) < total:
         await asyncio.sleep(0)
         out += itertools.islice(merged, FILTER_AT_ONCE)
     return out
+
+
+def _filter(request) -> Filter:
+    def ns(name: str) -> int | None:
+        return getattr(request, name).ToNanoseconds() if request.HasField(name) else None
+    return Filter(frozenset(convert.session_state_from_pb(s) for s in request.states), ns("created_after"),
+                  ns("created_before"))
 
 
 def _annotate(session: Session) -> None:
@@ -129,24 +135,15 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
 
     @unary
     async def List(self, request, context):
-        ended_after = request.ended_after.ToNanoseconds() / 1e9 if request.HasField("ended_after") else None
-        key = (request.user_id, tuple(request.states), ended_after)
-        kept = self._listings.pop(key, None)
-        if request.page_token and kept is not None and self.wall.now() - kept[0] < LISTING_KEPT_S:
-            made, sessions = kept
-        else:
-            made, sessions = self.wall.now(), await filter_sessions_in_parts(
-                self.rt.reads.sessions(request.user_id, ended_after), request.user_id, list(request.states), ended_after)
-        items, token = page(sessions, request.page_size, request.page_token,
-                            MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE)
-        if token:
-            self._listings[key] = made, sessions
-            while len(self._listings) > MAX_LISTINGS_KEPT:
-                self._listings.popitem(last=False)
-        trace.get_current_span().set_attributes({telemetry.ATTR_MATCHED: len(sessions),
-                                                 telemetry.ATTR_LISTED: len(items)})
+        want, position = _filter(request), decode_position(request.page_token)
+        limit = page_size(request.page_size, MAX_BRIEF_PAGE_SIZE if request.brief else MAX_PAGE_SIZE)
+        if request.user_id and not request.HasField("ended_after"):  # a page of a user's list
+            items, following = self.rt.reads.list_page(request.user_id, want, position, limit)
+        else:  # every user's, or a quota's read of a user's recent sessions
+            items, following = await self._whole_listing_page(request, want, position, limit)
+        trace.get_current_span().set_attributes({telemetry.ATTR_LISTED: len(items)})
         now = self.rt.clock.now()
-        response = cluster_pb.ListResponse(next_page_token=token)
+        response = cluster_pb.ListResponse(next_page_token=encode_position(following) if following else "")
         for i in range(0, len(items), CONVERT_AT_ONCE):
             if i:  # a page of thousands (a front's list of every session) holds up no other call
                 await asyncio.sleep(0)
@@ -155,6 +152,30 @@ class ClusterServicer(cluster_grpc.ClusterServiceServicer):
         if items:  # nothing is told before it is durable; the writes of other sessions are not waited for
             await self.rt.writer.durable(*(s.id for s in items))
         return response
+
+    async def _whole_listing_page(self, request, want: Filter, position: Key | None,
+                                  limit: int) -> tuple[list[Session], Key | None]:
+        """A page of a listing made whole (filtered and sorted in memory), kept for its next pages."""
+        ended_after = request.ended_after.ToNanoseconds() / 1e9 if request.HasField("ended_after") else None
+        key = (request.user_id, tuple(request.states), ended_after, want.created_after, want.created_before)
+        kept = self._listings.pop(key, None)
+        if position is not None and kept is not None and self.wall.now() - kept[0] < LISTING_KEPT_S:
+            made, sessions = kept
+        else:
+            made, sessions = self.wall.now(), [s for s in await filter_sessions_in_parts(
+                self.rt.reads.sessions(request.user_id, ended_after), request.user_id, list(request.states), ended_after)
+                if want.in_window(session_key(s))]
+        trace.get_current_span().set_attributes({telemetry.ATTR_MATCHED: len(sessions)})
+        # Newest first: the first session after the position is the first whose key is below it.
+        start = 0 if position is None else bisect.bisect_left(range(len(sessions)), True,
+                                                               key=lambda i: session_key(sessions[i]) < position)
+        items = sessions[start:start + limit]
+        if start + limit >= len(sessions):
+            return items, None
+        self._listings[key] = made, sessions
+        while len(self._listings) > MAX_LISTINGS_KEPT:
+            self._listings.popitem(last=False)
+        return items, session_key(items[-1])
 
     @unary
     async def Touch(self, request, context):

@@ -53,6 +53,9 @@ class RateLimitConfig(_Model):
     read_burst_per_user: Annotated[int, Field(ge=1)] = 50
     reads_per_caller_per_s: PositiveFloat = 500.0
     read_burst_per_caller: Annotated[int, Field(ge=1)] = 1000
+    # Wall seconds a refusal for the rate, or for a credential that does not check out, is held
+    # before it is answered, so a refused caller cannot spend the front on refusals (common/pacing.py).
+    refusal_pause_s: Annotated[float, Field(ge=0, le=5)] = 0.25
 
 
 # Process names of GPU miners, as their binaries ship (`gminer` ships as `miner`, too common to list).

@@ -19,8 +19,8 @@ from opentelemetry import trace
 
 from provisioner.observability import telemetry
 from provisioner.api import convert, guard
-from provisioner.api.paging import page
 from provisioner.api.status import RemoteError, stream, unary
+from provisioner.common.pacing import Pacer
 from provisioner.store.audit_log import AuditLog
 from provisioner.config import FleetConfig
 from provisioner.config.policy import QuotaConfig
@@ -30,8 +30,8 @@ from provisioner.front.admin import FRONT_ONLY_ADMIN_RPCS, FrontAdminServicer
 from provisioner.front.blocks import Block
 from provisioner.front.cluster_reports import checked
 from provisioner.front.clusters import ClusterClient
-from provisioner.front.listing import LIVE_STATES, from_each, listed
-from provisioner.front.placement import ATTEMPT_TIMEOUT_S, AdmissionChanged, Placement
+from provisioner.front.listing import LIVE_STATES, list_page
+from provisioner.front.placement import AdmissionChanged, Placement
 from provisioner.front.rates import Rates
 from provisioner.front.records import Made
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
@@ -110,7 +110,9 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                                      self.limits.sessions.max_runtime_limit_s, self.limits.priority,
                                      self.limits.regions.inter_region_penalty_s,
                                      max(self.weeks.gpus.values(), default=1.0))
-        self.rates = Rates(self.limits.rate_limits, wall.now)  # wall time: see front/rates.py
+        # Refusals of the rate and the guard's of bad credentials wait in one pacer (cli/serve.py).
+        self.pacer = Pacer(self.limits.rate_limits.refusal_pause_s)
+        self.rates = Rates(self.limits.rate_limits, wall.now, self.pacer)  # wall time: see front/rates.py
         self._live_when_listed: dict[str, int] = {}  # by user: live sessions the last listing showed
         self._user_locks: dict[str, asyncio.Lock] = {}
         self._user_waiters: dict[str, int] = {}
@@ -121,7 +123,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
     @unary
     async def CreateSession(self, request, context):
         span, who = trace.get_current_span(), guard.current()
-        self.rates.create(admission.user_of(request.spec, who.owner), who.caller.identity)
+        await self.rates.create(admission.user_of(request.spec, who.owner), who.caller.identity)
         asked = admission.ask(request.spec, who.owner, request.spec.request_id or str(uuid.uuid4()), self.rules,
                               self.catalog)
         span.set_attributes({telemetry.ATTR_REQUEST_ID: asked.spec.request_id, telemetry.ATTR_USER: asked.user_id,
@@ -199,8 +201,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self._live_when_listed[user] = len(sessions)
         return admission.Listed([self.weeks.row(s) for s in sessions], ended, made, frozenset(answered))
 
-    def _check_reads(self, user_id: str) -> None:
-        self.rates.read(user_id, guard.current().caller.identity)
+    async def _check_reads(self, user_id: str) -> None:
+        await self.rates.read(user_id, guard.current().caller.identity)
 
     @asynccontextmanager
     async def _one_user(self, user_id: str) -> AsyncIterator[None]:
@@ -234,34 +236,15 @@ class SessionServicer(session_grpc.SessionServiceServicer):
                                                 with_access_token=True))
         return session_pb.GetSessionResponse(session=checked(cluster_of(request.session_id), resp.session))
 
-    async def _user_sessions(self, user_id: str, states, cluster: str = "", lenient: bool = False,
-                             brief: bool = False) -> list[pb.Session]:
-        """A user's sessions ("": every user's) on every reachable cluster, or on `cluster` only;
-        `brief`: without their histories and notices. `lenient`: a cluster that fails to answer in
-        ATTEMPT_TIMEOUT_S is left out (and logged) instead of failing the call, so a hung cluster
-        does not hold up the caller."""
-        timeout = ATTEMPT_TIMEOUT_S if lenient else None
-
-        async def one(c: ClusterClient) -> list[pb.Session]:
-            listing = await listed(c, cluster_pb.ListRequest(user_id=user_id, states=states, brief=brief), timeout)
-            return [checked(c.name, s) for s in listing]
-
-        live = [c for name, c in self.fleet.clients.items() if c.healthy and cluster in ("", name)]
-        sessions = await from_each(live, one, user_id, lenient)
-        sessions.sort(key=lambda s: (-s.create_time.ToNanoseconds(), s.id))
-        return sessions
-
     @unary
     async def ListSessions(self, request, context):
         user_id = request.user_id or guard.current().owner  # "" (every user's) only for service and admin
-        self._check_reads(user_id)
+        await self._check_reads(user_id)
         if request.cluster and request.cluster not in self.fleet.clients:
             raise NotFound(f"no cluster {quote(request.cluster)}; clusters: {', '.join(sorted(self.fleet.clients))}")
         if request.cluster and not self.fleet.clients[request.cluster].healthy:
             raise Unavailable(f"cluster {request.cluster} is unreachable")
-        sessions = await self._user_sessions(user_id, list(request.states), request.cluster)
-        items, token = page(sessions, request.page_size, request.page_token)
-        return session_pb.ListSessionsResponse(sessions=items, next_page_token=token)
+        return await list_page(self.fleet.clients, user_id, request)
 
     @stream
     async def WatchSession(self, request, context):
@@ -324,7 +307,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         user_id = request.user_id or guard.current().owner
         if not user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
-        self._check_reads(user_id)
+        await self._check_reads(user_id)
         return session_pb.GetQuotaResponse(quota=await self.quota(user_id))
 
     async def quota(self, user_id: str) -> pb.Quota:

@@ -56,6 +56,11 @@ def request_key(user_id: str, request_id: str) -> str:
     return f"{user_id}/{request_id}"
 
 
+def created_ns(seconds: float) -> int:
+    """A creation time as the API gives it (whole nanoseconds, truncated), which orders lists."""
+    return int(seconds * 1e9)
+
+
 def split_request_key(key: str) -> tuple[str, str]:
     """(user id, request id) of a key made by request_key."""
     user_id, _, request_id = key.partition("/")

@@ -26,6 +26,7 @@ from provisioner.observability.collectors import (CatalogCollector, Children, Cl
 from provisioner.observability.loop_lag import INTERVAL_S, watch_lag
 from provisioner.rules.ratelimit import TokenBuckets
 from provisioner.cloud.base import CloudFailure
+from provisioner.common.pacing import Pacer
 from provisioner.common.port_holder import PortTaken
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ MAX_SCRAPERS = 8  # metrics connections answered at a time; more get 503 at once
 # Scrapes answered a second, after a burst (a few Prometheus replicas scrape every 15 s or so);
 # more get 429 at once, before anything is read.
 SCRAPES_PER_S, SCRAPE_BURST = 5.0, 20
+MAX_PAUSED_SCRAPES = 512  # refused scrapes held before their answer at once (then answered at once)
 LOOP_LAG = "provisioner_event_loop_lag_seconds"  # read back by the serving benchmark (perf/usage.py)
 # No `_created` series beside every counter: they double the series and nothing here reads them.
 disable_created_metrics()
@@ -66,6 +68,9 @@ class Metrics:
         self._making: asyncio.Future | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="metrics")  # writes the scrape's text
         self._scrape_rate = TokenBuckets(SCRAPES_PER_S, SCRAPE_BURST)
+        # A refused scrape is answered after a pause: the port needs no credential, and a loop
+        # that asks again at once would spend the serving loop on refusals (common/pacing.py).
+        self._pacer = Pacer(max_paused=MAX_PAUSED_SCRAPES)
         self.sessions_created = Counter("provisioner_sessions_created", "Sessions made by the cluster.",
                                         ["cluster", "pool", "kind"], registry=r)
         self.session_starts = Counter("provisioner_session_starts", "Sessions that reached running, by how "
@@ -166,6 +171,8 @@ class Metrics:
                     status, body, kind = await self._answer(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10))
                 finally:
                     self._scrapers -= 1
+            if not status.startswith("200"):
+                await self._pacer.pause()
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
                          "Connection: close\r\n\r\n".encode() + body)
             await writer.drain()

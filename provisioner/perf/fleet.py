@@ -133,6 +133,16 @@ def start_fleet(clusters: Path, data_dir: Path, log_dir: Path, traces: str, samp
     return [front, cluster]
 
 
+def start_up(clusters: Path, data_dir: Path, log_dir: Path, traces: str) -> list[Proc]:
+    """The whole fleet in one process, as `provisioner up` runs it, with its /metrics port."""
+    port = free_port()
+    up = spawn("up", ["-c", _CLI, "up", "--clusters", str(clusters), "--data-dir", str(data_dir), "--time-scale",
+                      str(TIME_SCALE), "--traces", traces, "--log-level", "WARNING",
+                      "--metrics-address", f"127.0.0.1:{port}"], "front ", log_dir)
+    up.metrics_port = port
+    return [up]
+
+
 def start_echo(data_dir: Path, log_dir: Path, address: str, backend_name: str) -> list[Proc]:
     backend_address = f"127.0.0.1:{free_port()}"
     backend = spawn("echo-backend", ["-m", "provisioner.perf.echo", "backend", backend_address, str(data_dir)],

@@ -50,7 +50,7 @@ def simulate_table(runs: list[dict]) -> str:
 # traces the tier's one constant was tuned on are marked; the target is the tier's acceptance.
 TUNED_ON = ("genai-sessions.csv", "openb-sessions.csv", "rollout-sessions.csv")
 TARGET_COST_RATIO, TARGET_FAST_STARTS = 1.15, 0.995
-STANDBY_HEADER = (f"{HEADER} `target`: cost at most {TARGET_COST_RATIO:g} times the assigned cost with at "
+STANDBY_HEADER = (f"{HEADER.replace('beside this file', 'in docs/results/standby/')} `target`: cost at most {TARGET_COST_RATIO:g} times the assigned cost with at "
                   f"least {TARGET_FAST_STARTS:.1%} fast starts.")
 STANDBY_COLUMNS = ("trace", "policy", "cost vs assigned", "standby VM-hours", "standby cost", "fast starts",
                    "wait p99", "cold / partial starts", "never started", "target", "wall", "command")
@@ -91,8 +91,10 @@ def standby_table(runs: list[dict]) -> str:
 
 
 # The Spot table (docs/google-cloud.md): the same trace on demand and on Spot VMs at some rates.
-SPOT_HEADER = (f"{HEADER} `interactive wait p99`: the interactive sessions' (`interactive.wait_p99_s`); "
-               "`sessions ended by it`: sessions a preemption ended, the batch ones among them queued again.")
+SPOT_HEADER = ("Made by `python -m provisioner.perf.tables` from the `provisioner simulate --json` runs in "
+               "docs/results/spot/; do not edit by hand. `started within 60 s`: `fast_start_ratio`, over every session; "
+               "`interactive wait p99`: the interactive sessions' (`interactive.wait_p99_s`); `sessions ended by it`: "
+               "sessions a preemption ended, the batch ones among them queued again.")
 SPOT_COLUMNS = ("capacity", "cost (USD)", "assigned cost (USD)", "VM-hours", "started within 60 s",
                 "interactive wait p99", "VMs preempted", "sessions ended by it", "batch requeued (and ran)", "wall",
                 "command")

@@ -228,6 +228,22 @@ MIGRATIONS: list[str | dict[str, list[str]]] = [
     """
     ALTER TABLE audit_log ADD COLUMN peer TEXT NOT NULL DEFAULT '';
     """,
+    # A user's list is paged by creation time and id (api/keyset.py), newest first: a page of the
+    # sessions that left memory is a range of this index, not the user's whole history. The time
+    # in whole nanoseconds, as the API gives it, so a page token compares exactly.
+    {
+        "sqlite": [
+            "ALTER TABLE sessions ADD COLUMN created_ns BIGINT NOT NULL DEFAULT 0",
+            "UPDATE sessions SET created_ns = CAST(json_extract(body, '$.created_at') * 1e9 AS INTEGER)",
+            "CREATE INDEX sessions_user_created ON sessions (cluster, user_id, created_ns, id)",
+        ],
+        "postgres": [
+            "ALTER TABLE sessions ADD COLUMN created_ns BIGINT NOT NULL DEFAULT 0",
+            "UPDATE sessions SET created_ns = "
+            "trunc((body::json->>'created_at')::double precision * 1e9::double precision)::bigint",
+            "CREATE INDEX sessions_user_created ON sessions (cluster, user_id, created_ns, id)",
+        ],
+    },
 ]
 
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from provisioner.model.records import Session, Vm
+from provisioner.model.records import Session, Vm, created_ns
 from provisioner.model.states import SESSION_TERMINAL, SessionState, VmState
 from provisioner.store.sql import marks, values
 
@@ -54,7 +54,7 @@ class SessionRecords:
         """The rows of a save, made now; the returned function writes them."""
         # The request_id column holds the user-scoped request key, unique within the cluster.
         s_rows = [(s.id, s.cluster, s.spec.key, s.spec.user_id, s.state.value, s.revision, s.ended_at,
-                   json.dumps(s.to_dict())) for s in sessions]
+                   created_ns(s.created_at), json.dumps(s.to_dict())) for s in sessions]
         v_rows, layers, gone, history, rewritten, written = [], [], [], [], [], {}
         for v in vms:
             body = v.to_dict()
@@ -86,8 +86,8 @@ class SessionRecords:
                     "used_at = excluded.used_at"), layers)
             if s_rows:
                 cur.executemany(self._db.sql(
-                    "INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, ended_at, body) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
+                    "INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, ended_at, created_ns, "
+                    "body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
                     "revision = excluded.revision, ended_at = excluded.ended_at, body = excluded.body"), s_rows)
             if v_rows:
                 cur.executemany(self._db.sql(
@@ -123,6 +123,18 @@ class SessionRecords:
                           f"({marks(_LIVE)}) AND ended_at >= ? AND ended_at <= ?",
                           (cluster, *([user_id] if user_id else []), *values(_LIVE),
                            ended_after if ended_after is not None else 0.0, ended_before))
+        return [Session.from_dict(json.loads(body)) for (body,) in rows]
+
+    def user_sessions_page(self, cluster: str, user_id: str, position: tuple[int, str] | None,
+                           created_after_ns: int | None, created_before_ns: int, limit: int) -> list[Session]:
+        """Up to `limit` of the user's ended sessions made before `created_before_ns` (and at or
+        after `created_after_ns`), after `position` (creation ns, id), newest first: a range of
+        the index sessions_user_created."""
+        bound = position if position is not None and position < (created_before_ns, "") else (created_before_ns, "")
+        since = "AND created_ns >= ? " if created_after_ns is not None else ""
+        rows = self._db.rows(f"SELECT body FROM sessions WHERE cluster = ? AND user_id = ? AND (created_ns, id) < (?, ?) "
+                             f"{since}AND state NOT IN ({marks(_LIVE)}) ORDER BY created_ns DESC, id DESC LIMIT ?",
+                             (cluster, user_id, *bound, *([created_after_ns] if since else []), *values(_LIVE), limit))
         return [Session.from_dict(json.loads(body)) for (body,) in rows]
 
     def _remember_vm_rows(self, written: dict[str, _VmRows | None]) -> None:

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from provisioner.v1 import types_pb2 as provisioner_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$provisioner/v1/cluster_service.proto\x12\x0eprovisioner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aprovisioner/v1/types.proto\"E\n\x16SetProjectQuotaRequest\x12+\n\x05quota\x18\x01 \x01(\x0b\x32\x1c.provisioner.v1.ProjectQuota\"\x19\n\x17SetProjectQuotaResponse\"*\n\x16SetBlockedUsersRequest\x12\x10\n\x08user_ids\x18\x01 \x03(\t\"\x19\n\x17SetBlockedUsersResponse\"W\n\x13SetBudgetEndRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08\x65nd_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"@\n\x14SetBudgetEndResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"k\n\x0f\x41llocateRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x1b.provisioner.v1.SessionSpec\x12-\n\tcommit_by\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"<\n\x10\x41llocateResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"k\n\nGetRequest\x12\x14\n\nsession_id\x18\x01 \x01(\tH\x00\x12\x14\n\nrequest_id\x18\x02 \x01(\tH\x00\x12\x0f\n\x07user_id\x18\x03 \x01(\t\x12\x19\n\x11with_access_token\x18\x04 \x01(\x08\x42\x05\n\x03key\"7\n\x0bGetResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"\xb3\x01\n\x0bListRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12,\n\x06states\x18\x02 \x03(\x0e\x32\x1c.provisioner.v1.SessionState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12/\n\x0b\x65nded_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x62rief\x18\x06 \x01(\x08\"R\n\x0cListResponse\x12)\n\x08sessions\x18\x01 \x03(\x0b\x32\x17.provisioner.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"3\n\x0cTouchRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\"9\n\rTouchResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"B\n\x0bStopRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07user_id\x18\x03 \x01(\t\"8\n\x0cStopResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"K\n\x0cWatchRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x03\x12\x0f\n\x07user_id\x18\x03 \x01(\t\"9\n\rWatchResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\".\n\x14WatchCapacityRequest\x12\x16\n\x0emin_interval_s\x18\x01 \x01(\x01\"\x90\x01\n\x15WatchCapacityResponse\x12\x31\n\x08\x63\x61pacity\x18\x01 \x01(\x0b\x32\x1f.provisioner.v1.ClusterCapacity\x12\x14\n\x0c\x63hanges_only\x18\x02 \x01(\x08\x12.\n\x0b\x61\x62use_flags\x18\x03 \x03(\x0b\x32\x19.provisioner.v1.AbuseFlag\"\xa1\x01\n\tAbuseFlag\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12-\n\tflag_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05rules\x18\x04 \x03(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08\x65vidence\x18\x06 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x07 \x01(\x08\"E\n\x0e\x44iscardRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07user_id\x18\x03 \x01(\t\"$\n\x0f\x44iscardResponse\x12\x11\n\tdiscarded\x18\x01 \x01(\x08\x32\x82\x07\n\x0e\x43lusterService\x12M\n\x08\x41llocate\x12\x1f.provisioner.v1.AllocateRequest\x1a .provisioner.v1.AllocateResponse\x12>\n\x03Get\x12\x1a.provisioner.v1.GetRequest\x1a\x1b.provisioner.v1.GetResponse\x12\x41\n\x04List\x12\x1b.provisioner.v1.ListRequest\x1a\x1c.provisioner.v1.ListResponse\x12\x44\n\x05Touch\x12\x1c.provisioner.v1.TouchRequest\x1a\x1d.provisioner.v1.TouchResponse\x12\x41\n\x04Stop\x12\x1b.provisioner.v1.StopRequest\x1a\x1c.provisioner.v1.StopResponse\x12\x46\n\x05Watch\x12\x1c.provisioner.v1.WatchRequest\x1a\x1d.provisioner.v1.WatchResponse0\x01\x12^\n\rWatchCapacity\x12$.provisioner.v1.WatchCapacityRequest\x1a%.provisioner.v1.WatchCapacityResponse0\x01\x12J\n\x07\x44iscard\x12\x1e.provisioner.v1.DiscardRequest\x1a\x1f.provisioner.v1.DiscardResponse\x12Y\n\x0cSetBudgetEnd\x12#.provisioner.v1.SetBudgetEndRequest\x1a$.provisioner.v1.SetBudgetEndResponse\x12\x62\n\x0fSetBlockedUsers\x12&.provisioner.v1.SetBlockedUsersRequest\x1a\'.provisioner.v1.SetBlockedUsersResponse\x12\x62\n\x0fSetProjectQuota\x12&.provisioner.v1.SetProjectQuotaRequest\x1a\'.provisioner.v1.SetProjectQuotaResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$provisioner/v1/cluster_service.proto\x12\x0eprovisioner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aprovisioner/v1/types.proto\"E\n\x16SetProjectQuotaRequest\x12+\n\x05quota\x18\x01 \x01(\x0b\x32\x1c.provisioner.v1.ProjectQuota\"\x19\n\x17SetProjectQuotaResponse\"*\n\x16SetBlockedUsersRequest\x12\x10\n\x08user_ids\x18\x01 \x03(\t\"\x19\n\x17SetBlockedUsersResponse\"W\n\x13SetBudgetEndRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08\x65nd_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"@\n\x14SetBudgetEndResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"k\n\x0f\x41llocateRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x1b.provisioner.v1.SessionSpec\x12-\n\tcommit_by\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"<\n\x10\x41llocateResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"k\n\nGetRequest\x12\x14\n\nsession_id\x18\x01 \x01(\tH\x00\x12\x14\n\nrequest_id\x18\x02 \x01(\tH\x00\x12\x0f\n\x07user_id\x18\x03 \x01(\t\x12\x19\n\x11with_access_token\x18\x04 \x01(\x08\x42\x05\n\x03key\"7\n\x0bGetResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"\x9a\x02\n\x0bListRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12,\n\x06states\x18\x02 \x03(\x0e\x32\x1c.provisioner.v1.SessionState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12/\n\x0b\x65nded_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x62rief\x18\x06 \x01(\x08\x12\x31\n\rcreated_after\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"R\n\x0cListResponse\x12)\n\x08sessions\x18\x01 \x03(\x0b\x32\x17.provisioner.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"3\n\x0cTouchRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\"9\n\rTouchResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"B\n\x0bStopRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07user_id\x18\x03 \x01(\t\"8\n\x0cStopResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"K\n\x0cWatchRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x03\x12\x0f\n\x07user_id\x18\x03 \x01(\t\"9\n\rWatchResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\".\n\x14WatchCapacityRequest\x12\x16\n\x0emin_interval_s\x18\x01 \x01(\x01\"\x90\x01\n\x15WatchCapacityResponse\x12\x31\n\x08\x63\x61pacity\x18\x01 \x01(\x0b\x32\x1f.provisioner.v1.ClusterCapacity\x12\x14\n\x0c\x63hanges_only\x18\x02 \x01(\x08\x12.\n\x0b\x61\x62use_flags\x18\x03 \x03(\x0b\x32\x19.provisioner.v1.AbuseFlag\"\xa1\x01\n\tAbuseFlag\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12-\n\tflag_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05rules\x18\x04 \x03(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08\x65vidence\x18\x06 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x07 \x01(\x08\"E\n\x0e\x44iscardRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07user_id\x18\x03 \x01(\t\"$\n\x0f\x44iscardResponse\x12\x11\n\tdiscarded\x18\x01 \x01(\x08\x32\x82\x07\n\x0e\x43lusterService\x12M\n\x08\x41llocate\x12\x1f.provisioner.v1.AllocateRequest\x1a .provisioner.v1.AllocateResponse\x12>\n\x03Get\x12\x1a.provisioner.v1.GetRequest\x1a\x1b.provisioner.v1.GetResponse\x12\x41\n\x04List\x12\x1b.provisioner.v1.ListRequest\x1a\x1c.provisioner.v1.ListResponse\x12\x44\n\x05Touch\x12\x1c.provisioner.v1.TouchRequest\x1a\x1d.provisioner.v1.TouchResponse\x12\x41\n\x04Stop\x12\x1b.provisioner.v1.StopRequest\x1a\x1c.provisioner.v1.StopResponse\x12\x46\n\x05Watch\x12\x1c.provisioner.v1.WatchRequest\x1a\x1d.provisioner.v1.WatchResponse0\x01\x12^\n\rWatchCapacity\x12$.provisioner.v1.WatchCapacityRequest\x1a%.provisioner.v1.WatchCapacityResponse0\x01\x12J\n\x07\x44iscard\x12\x1e.provisioner.v1.DiscardRequest\x1a\x1f.provisioner.v1.DiscardResponse\x12Y\n\x0cSetBudgetEnd\x12#.provisioner.v1.SetBudgetEndRequest\x1a$.provisioner.v1.SetBudgetEndResponse\x12\x62\n\x0fSetBlockedUsers\x12&.provisioner.v1.SetBlockedUsersRequest\x1a\'.provisioner.v1.SetBlockedUsersResponse\x12\x62\n\x0fSetProjectQuota\x12&.provisioner.v1.SetProjectQuotaRequest\x1a\'.provisioner.v1.SetProjectQuotaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -54,31 +54,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETRESPONSE']._serialized_start=721
   _globals['_GETRESPONSE']._serialized_end=776
   _globals['_LISTREQUEST']._serialized_start=779
-  _globals['_LISTREQUEST']._serialized_end=958
-  _globals['_LISTRESPONSE']._serialized_start=960
-  _globals['_LISTRESPONSE']._serialized_end=1042
-  _globals['_TOUCHREQUEST']._serialized_start=1044
-  _globals['_TOUCHREQUEST']._serialized_end=1095
-  _globals['_TOUCHRESPONSE']._serialized_start=1097
-  _globals['_TOUCHRESPONSE']._serialized_end=1154
-  _globals['_STOPREQUEST']._serialized_start=1156
-  _globals['_STOPREQUEST']._serialized_end=1222
-  _globals['_STOPRESPONSE']._serialized_start=1224
-  _globals['_STOPRESPONSE']._serialized_end=1280
-  _globals['_WATCHREQUEST']._serialized_start=1282
-  _globals['_WATCHREQUEST']._serialized_end=1357
-  _globals['_WATCHRESPONSE']._serialized_start=1359
-  _globals['_WATCHRESPONSE']._serialized_end=1416
-  _globals['_WATCHCAPACITYREQUEST']._serialized_start=1418
-  _globals['_WATCHCAPACITYREQUEST']._serialized_end=1464
-  _globals['_WATCHCAPACITYRESPONSE']._serialized_start=1467
-  _globals['_WATCHCAPACITYRESPONSE']._serialized_end=1611
-  _globals['_ABUSEFLAG']._serialized_start=1614
-  _globals['_ABUSEFLAG']._serialized_end=1775
-  _globals['_DISCARDREQUEST']._serialized_start=1777
-  _globals['_DISCARDREQUEST']._serialized_end=1846
-  _globals['_DISCARDRESPONSE']._serialized_start=1848
-  _globals['_DISCARDRESPONSE']._serialized_end=1884
-  _globals['_CLUSTERSERVICE']._serialized_start=1887
-  _globals['_CLUSTERSERVICE']._serialized_end=2785
+  _globals['_LISTREQUEST']._serialized_end=1061
+  _globals['_LISTRESPONSE']._serialized_start=1063
+  _globals['_LISTRESPONSE']._serialized_end=1145
+  _globals['_TOUCHREQUEST']._serialized_start=1147
+  _globals['_TOUCHREQUEST']._serialized_end=1198
+  _globals['_TOUCHRESPONSE']._serialized_start=1200
+  _globals['_TOUCHRESPONSE']._serialized_end=1257
+  _globals['_STOPREQUEST']._serialized_start=1259
+  _globals['_STOPREQUEST']._serialized_end=1325
+  _globals['_STOPRESPONSE']._serialized_start=1327
+  _globals['_STOPRESPONSE']._serialized_end=1383
+  _globals['_WATCHREQUEST']._serialized_start=1385
+  _globals['_WATCHREQUEST']._serialized_end=1460
+  _globals['_WATCHRESPONSE']._serialized_start=1462
+  _globals['_WATCHRESPONSE']._serialized_end=1519
+  _globals['_WATCHCAPACITYREQUEST']._serialized_start=1521
+  _globals['_WATCHCAPACITYREQUEST']._serialized_end=1567
+  _globals['_WATCHCAPACITYRESPONSE']._serialized_start=1570
+  _globals['_WATCHCAPACITYRESPONSE']._serialized_end=1714
+  _globals['_ABUSEFLAG']._serialized_start=1717
+  _globals['_ABUSEFLAG']._serialized_end=1878
+  _globals['_DISCARDREQUEST']._serialized_start=1880
+  _globals['_DISCARDREQUEST']._serialized_end=1949
+  _globals['_DISCARDRESPONSE']._serialized_start=1951
+  _globals['_DISCARDRESPONSE']._serialized_end=1987
+  _globals['_CLUSTERSERVICE']._serialized_start=1990
+  _globals['_CLUSTERSERVICE']._serialized_end=2888
 # @@protoc_insertion_point(module_scope)
