@@ -35,7 +35,7 @@ CLUSTERS = ("us-central1", "europe-west4", "asia-east1")
 def _answer(rows: list, position, limit: int, walk: int) -> Part:
     """A source holding `rows` (keys, in list order) answering "after position": up to `limit`
     rows, walking at most `walk` rows (some of which a filter drops: odd ids)."""
-    after = [k for k in rows if keyset.after(k, position)]
+    after = [k for k in rows if position is None or k < position]
     found, examined = [], 0
     for k in after[:walk]:
         examined += 1

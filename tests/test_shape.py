@@ -23,7 +23,6 @@ KNOWN = {
     "provisioner/sim/engine.py: class Engine has",
     "provisioner/sim/replay.py: ",
     "tests/core_driver.py: class Driver has",
-    "tests/fake_compute.py: ",
     "tests/test_core.py: ",
     "tests/test_sim_cloud.py: ",
 }

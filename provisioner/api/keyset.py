@@ -63,11 +63,6 @@ def merge(parts: Sequence[Part], key_of: Callable[[T], Key], limit: int) -> tupl
     return taken, positions
 
 
-def after(key: Key, position: Key | None) -> bool:
-    """Whether a row of `key` comes after `position` in list order (None: the start)."""
-    return position is None or key < position
-
-
 # ---- a cluster's token: one position --------------------------------------------------------
 
 def encode_position(position: Key) -> str:

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from provisioner.model.abuse_record import MAX_EVIDENCE_CHARS, Decision
+from provisioner.model.abuse_record import Decision
 from provisioner.api.status import RemoteError
 from provisioner.model.errors import UserBlocked, quote
 from provisioner.front import cluster_reports

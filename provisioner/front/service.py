@@ -286,8 +286,8 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         """Draining: ends open watches (clients resume with after_revision) so shutdown need not
         wait for them."""
         self.draining = True
-        for call in list(self._streams):
-            call.cancel()
+        for stream_call in list(self._streams):
+            stream_call.cancel()
 
     @unary
     async def TouchSession(self, request, context):
