@@ -13,6 +13,7 @@ from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, CLOCK_SKEW_S, Allocat
                                         Discarded, Done, Event, FetchWinner, Fetched, Found, GiveUp, Leave,
                                         NoReply, NotFound, PlacementRun, Record, Recorded, Refused, Remember,
                                         Remembered, ResolveRun, Send, Settle, Settled, Start, sticky_first)
+from provisioner.front.records import FrontRecords
 
 if TYPE_CHECKING:
     from test_placement_protocol import Scenario
@@ -92,6 +93,7 @@ class World:
         self.now = 1_000.0
         self.clusters = {name: ModelCluster(name, cap) for name, cap in scenario.capacity.items()}
         self.store = scenario.store
+        self.records = FrontRecords(scenario.store)
         self.fronts = scenario.fronts
         self.clients = [Client(f"client{i}", fronts, cands) for i, (fronts, cands) in enumerate(scenario.clients)]
         self.runs: list[Run] = []
@@ -184,7 +186,7 @@ class World:
         """The create's admission read: the request's answer if it has one, else where an earlier
         attempt at it may have made its session."""
         run.lookup = False
-        seen = self.store.admission(KEY, 0.0, self.now)
+        seen = self.records.admission(KEY, 0.0, self.now)
         if seen.answer:
             run.machine, run.action = None, FetchWinner(seen.answer)
             return
@@ -249,22 +251,22 @@ class World:
         match a:
             case Record():
                 self.edges.add((self._attempt(a.cluster), Event.SENT))
-                noted = self.store.note_attempt(KEY, a.cluster, a.commit_by)
+                noted = self.records.note_attempt(KEY, a.cluster, a.commit_by)
                 return Recorded(noted.state, noted.first)
             case Settle():
-                applied = self.store.settle_attempt(KEY, a.cluster, a.to, a.expected, a.commit_by, a.waive)
+                applied = self.records.settle_attempt(KEY, a.cluster, a.to, a.expected, a.commit_by, a.waive)
                 if applied:
                     self.edges.add((a.expected, a.event))
                 return Settled(applied)
             case Remember():
                 self.now += a.wait_s
                 before = self._attempt(a.cluster)
-                winner = self.store.remember_request(KEY, a.session_id, a.cluster, self.now)
+                winner = self.records.remember_request(KEY, a.session_id, a.cluster, self.now)
                 if winner == a.session_id and before != Attempt.MADE:
                     self.edges.add((before, Event.WON))
                 return Remembered(winner)
             case FetchWinner():
-                sid = a.session_id or self.store.session_for_request(KEY)
+                sid = a.session_id or self.records.session_for_request(KEY)
                 return Fetched(sid)
         raise AssertionError(f"unexpected {a!r}")
 
@@ -303,14 +305,14 @@ class World:
     # -- a front's resolver, one open attempt at a time
 
     def _due(self, front: int) -> bool:
-        return any(self.now >= by + CLOCK_SKEW_S for _, _, _, by in self.store.attempts_to_resolve()) \
+        return any(self.now >= by + CLOCK_SKEW_S for _, _, _, by in self.records.attempts_to_resolve()) \
             and not self._locked(front)
 
     def _start_resolver(self, front: int, budget: bool) -> bool:
         """A pass over every open attempt, in the store's order, as front/placement.py's resolve()."""
         if budget:
             self.resolves -= 1
-        return self._next_attempt(front, [(c, state, by) for _, c, state, by in self.store.attempts_to_resolve()])
+        return self._next_attempt(front, [(c, state, by) for _, c, state, by in self.records.attempts_to_resolve()])
 
     def _next_attempt(self, front: int, todo: list) -> bool:
         while todo:
@@ -363,7 +365,7 @@ class World:
         while self.in_flight:
             self._deliver_late(0)
         for _ in range(50):
-            if not self.store.attempts_to_resolve():
+            if not self.records.attempts_to_resolve():
                 break
             for f in range(self.fronts):
                 if f in self.resolving or self._start_resolver(f, budget=False):

@@ -16,7 +16,7 @@ from provisioner.front.admission import Answer, CreateCheck, Listed, ListWeek, P
 from provisioner.front.blocks import DETECTOR, Block
 from provisioner.front.router import ClusterView, PoolView
 from provisioner.rules.quota import Metered, Row
-from provisioner.store.front_records import Admission, Made
+from provisioner.front.records import Admission, Made
 from provisioner.v1 import types_pb2 as pb
 
 CONFIG = load_fleet(default_clusters_dir())  # pools gpu-p100 (1 P100), gpu-t4x2 (2 T4); 3 regions

@@ -13,7 +13,7 @@ from opentelemetry import trace
 from opentelemetry.util._once import Once
 
 from provisioner import cli
-from provisioner.audit import MAX_PAGE_SIZE, MAX_TEXT, AuditLog, AuditRecord
+from provisioner.store.audit_log import MAX_PAGE_SIZE, MAX_TEXT, AuditLog, AuditRecord
 from provisioner.common.clock import ManualClock
 from provisioner.model.errors import InvalidArgument
 from provisioner.store import open_store

@@ -111,7 +111,7 @@ async def _cluster_with(tmp_path, sessions: int) -> ClusterRuntime:
         if i % 4:
             rt.stop(s.id, "done")
         await clock.advance(1.0)
-    await rt.durable()
+    await rt.writer.durable()
     await clock.advance(600)  # the stopped ones leave memory
     return rt
 
@@ -119,9 +119,9 @@ async def _cluster_with(tmp_path, sessions: int) -> ClusterRuntime:
 async def _every_page(rt: ClusterRuntime, want: Filter, limit: int) -> tuple[list, list[int]]:
     got, costs, position = [], [], None
     while True:
-        before = rt.index.rows_read
-        rows, position = rt.list_page("ada", want, position, limit)
-        costs.append(rt.index.rows_read - before)
+        before = rt.reads.index.rows_read
+        rows, position = rt.reads.list_page("ada", want, position, limit)
+        costs.append(rt.reads.index.rows_read - before)
         got += rows
         if position is None:
             return got, costs
@@ -132,7 +132,7 @@ async def test_a_page_reads_about_a_page_of_rows_however_many_sessions_the_clust
     for n in (40, 1200):
         rt = await _cluster_with(tmp_path, n)
         try:
-            every = sorted(rt.store.load_sessions("us-central1"), key=lambda s: (created_ns(s.created_at), s.id),
+            every = sorted(rt.store.sessions.load_sessions("us-central1"), key=lambda s: (created_ns(s.created_at), s.id),
                            reverse=True)
             assert len(every) == n and sum(s.id in rt.core.sessions for s in every) < n / 2
             got, _ = await _every_page(rt, Filter(), 10)
@@ -157,10 +157,10 @@ def test_a_page_of_old_sessions_is_a_range_of_an_index_in_sqlite(tmp_path):
     try:
         statements: list[str] = []
         s._db.set_trace_callback(statements.append)
-        s.user_sessions_page("c1", "ada", (5_000, "c1.s-00ff"), 100, 9_000, 50)
+        s.sessions.user_sessions_page("c1", "ada", (5_000, "c1.s-00ff"), 100, 9_000, 50)
         s._db.set_trace_callback(None)
         query = next(q for q in statements if q.startswith("SELECT body"))
-        plan = " | ".join(row[-1] for row in s._rows(f"EXPLAIN QUERY PLAN {query}"))
+        plan = " | ".join(row[-1] for row in s.rows(f"EXPLAIN QUERY PLAN {query}"))
     finally:
         s.close()
     assert "sessions_user_created (cluster=? AND user_id=? AND (created_ns,id)<(?,?)" in plan \
@@ -172,11 +172,11 @@ def test_a_page_of_old_sessions_is_a_range_of_an_index_in_postgresql(postgres, t
     s = open_store(postgres.new_database(), tmp_path / "unused.db")
     try:
         with s.transaction() as cur:  # enough history for the planner to prefer an index
-            cur.executemany(s._sql("INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, ended_at, "
+            cur.executemany(s.sql("INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, ended_at, "
                                    "created_ns, body) VALUES (?, 'c1', ?, ?, 'stopped', 1, 1.0, ?, '{}')"),
                             [(f"c1.s-{i:06x}", f"u{i % 200}/r{i}", f"u{i % 200}", i * 1000) for i in range(20_000)])
             cur.execute("ANALYZE sessions")
-        rows = s._rows("EXPLAIN SELECT body FROM sessions WHERE cluster = 'c1' AND user_id = 'u7' AND "
+        rows = s.rows("EXPLAIN SELECT body FROM sessions WHERE cluster = 'c1' AND user_id = 'u7' AND "
                        "(created_ns, id) < (15000000, 'c1.s-ffffff') AND state NOT IN ('queued', 'running') "
                        "ORDER BY created_ns DESC, id DESC LIMIT 50")
     finally:

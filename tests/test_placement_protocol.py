@@ -22,6 +22,7 @@ import pytest
 
 from placement_world import CALLS, KEY, World
 from provisioner.front.attempts import TRANSITIONS, Attempt, Event, IllegalAttemptChange, check_change, transition
+from provisioner.front.records import FrontRecords
 from provisioner.store import SqliteStore
 
 
@@ -103,12 +104,12 @@ def check(world: World, trail: list[str]) -> None:
     why = "\n  ".join(trail)
     kept = [sid for c in world.clusters.values() for key, sid in c.by_key.items() if sid not in c.discarded]
     assert len(kept) <= 1, f"two sessions kept for one request: {kept}; schedule:\n  {why}"
-    recorded = world.store.session_for_request(KEY)
+    recorded = world.records.session_for_request(KEY)
     assert kept == ([recorded] if recorded else []), f"kept {kept}, recorded {recorded}; schedule:\n  {why}"
     for c in world.clients:
         assert all(a == recorded for a in c.answers), f"{c.name} told {c.answers}, kept {kept}:\n  {why}"
         assert c.answers or len(c.errors) == CALLS, f"{c.name} ended with neither a session nor an error:\n  {why}"
-    assert world.store.open_attempts() == [], f"attempts left open: {world.store.attempts_to_resolve()}:\n  {why}"
+    assert world.records.open_attempts() == [], f"attempts left open: {world.records.attempts_to_resolve()}:\n  {why}"
     assert not world.lost_records, f"{world.lost_records}:\n  {why}"
 
 
@@ -197,6 +198,6 @@ def test_the_machine_rejects_what_the_table_lacks():
     store = SqliteStore(":memory:")
     try:
         with pytest.raises(IllegalAttemptChange):
-            store.settle_attempt(KEY, "c1", Attempt.PENDING, expected=Attempt.MADE)
+            FrontRecords(store).settle_attempt(KEY, "c1", Attempt.PENDING, expected=Attempt.MADE)
     finally:
         store.close()

@@ -6,7 +6,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from provisioner.model.abuse_record import Decision
-from provisioner.audit import AuditRecord
+from provisioner.store.audit_log import AuditRecord
 from provisioner.model.errors import InvalidArgument
 from provisioner.model.records import Session, SessionKind, SessionSpec, StartKind, Vm
 from provisioner.model.states import SessionState, StateChange, VmState

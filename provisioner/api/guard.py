@@ -27,7 +27,7 @@ from opentelemetry import trace
 from provisioner.api import limits
 from provisioner.common.pacing import Pacer
 from provisioner.api.status import abort
-from provisioner.audit import DENIED, OK, AuditLog
+from provisioner.store.audit_log import DENIED, OK, AuditLog
 from provisioner.model.errors import InvalidArgument, PermissionDenied, ProvisionerError, QuotaExceeded, Unauthenticated
 from provisioner.security.auth import ADMIN_SERVICE, ANONYMOUS, ANONYMOUS_SERVICES, Caller, Decision, Rule, authorize
 from provisioner.security.tokens import TokenVerifier

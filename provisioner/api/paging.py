@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from provisioner.api import convert
-from provisioner.audit import AuditLog
+from provisioner.store.audit_log import AuditLog
 from provisioner.model.errors import InvalidArgument
 from provisioner.v1 import admin_service_pb2 as admin_pb
 

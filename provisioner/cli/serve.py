@@ -17,7 +17,7 @@ from typing import Sequence
 
 from provisioner.api.guard import Guard, bearer_identity, certificate_identity, stream_caps
 from provisioner.api.server import HealthPort, Server
-from provisioner.audit import AuditLog
+from provisioner.store.audit_log import AuditLog
 from provisioner.common.clock import Clock, RealClock
 from provisioner.cloud.base import CloudBackend
 from provisioner.cluster import service as cluster_service
@@ -208,7 +208,7 @@ async def start_cluster(fleet: FleetConfig, name: str, clock: Clock, data_dir: P
         metrics.watch_guard(guard, name)
     server = Server(address or cfg.address,
                     lambda s: cluster_service.register(s, runtime, address or cfg.address), tracer_provider,
-                    on_drain=runtime.end_streams, guard=guard,
+                    on_drain=runtime.watchers.end_streams, guard=guard,
                     credentials=tls.server_credentials(files, require_client_cert=True), health_port=health_port)
     await server.start()
     log.info("cluster %s listening on %s", name, server.address)

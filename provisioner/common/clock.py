@@ -1,7 +1,19 @@
-"""Time, injected. Nothing below the process entry point reads the wall clock or sleeps directly.
+"""Time, injected. Model time (when a session started, idle timeouts, budgets, ticks, boots) comes
+from a Clock given by the process entry point, so the simulator and the tests run the same code
+at their own speed.
 
 `now()` is seconds since the Unix epoch in the clock's own time. A scaled clock runs faster than
 the wall (time_scale=60: a 90 s boot takes 1.5 s), so a demo does not wait ten real minutes.
+
+Some places read the wall clock on purpose, where real time is what counts whatever the model's
+speed, and say so at the spot: lease terms and grace periods held against the database
+(cluster/leader.py); retry backoff, ride-outs and deadlines of calls to a database or another
+process (front/retry.py, client/, store/outage.py, store/group_commit.py, cluster/writer.py);
+commit batching (store/group_commit.py); pacing what real consumers bear (a watch's reports of
+queue moves, rate limits, the metrics scrape: cluster/watchers.py, api/guard.py, front/rates.py,
+observability/metrics.py); measuring the process itself (latencies, event-loop lag, GC pauses:
+observability/, common/gc_freeze.py); and credentials' validity (token and TLS certificate
+expiry, security/).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from provisioner.api import convert
 from provisioner.api.paging import audit_page
 from provisioner.api.status import RemoteError, unary
-from provisioner.audit import AuditLog
+from provisioner.store.audit_log import AuditLog
 from provisioner.model.errors import InvalidArgument
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.block_admin import BLOCK_RPCS, BlockAdmin
@@ -128,7 +128,7 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
         if not request.user_id:
             raise InvalidArgument("user_id must not be empty", field="user_id")
         store = self.sessions.store
-        body = {} if request.clear else (await store.read(store.quota_override, request.user_id))[0]
+        body = {} if request.clear else (await store.read(store.operator.quota_override, request.user_id))[0]
         if request.HasField("gpu_hours_per_week"):
             body["gpu_hours_per_week"] = request.gpu_hours_per_week
         caps = body.get("max_active_sessions_per_user", {})
@@ -137,7 +137,7 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
                 caps[kind] = getattr(request, name)
         if caps:
             body["max_active_sessions_per_user"] = caps
-        await store.commit(store.save_quota_override, request.user_id, body, self.sessions.clock.now())
+        await store.commit(store.operator.save_quota_override, request.user_id, body, self.sessions.clock.now())
         return admin_pb.SetUserQuotaResponse(override=await self._override(request.user_id),
                                              quota=await self.sessions.quota(request.user_id))
 
@@ -150,7 +150,7 @@ class FrontAdminServicer(admin_grpc.AdminServiceServicer):
 
     async def _override(self, user_id: str) -> admin_pb.QuotaOverride:
         store = self.sessions.store
-        body, updated = await store.read(store.quota_override, user_id)
+        body, updated = await store.read(store.operator.quota_override, user_id)
         out = admin_pb.QuotaOverride(user_id=user_id)
         if "gpu_hours_per_week" in body:
             out.gpu_hours_per_week = body["gpu_hours_per_week"]

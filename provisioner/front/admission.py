@@ -46,7 +46,7 @@ from provisioner.model.errors import InvalidArgument, NoCapacity, ProvisionerErr
 from provisioner.front.blocks import Block, refusal as blocked
 from provisioner.front.router import Candidate, ClusterView, rank, why_none
 from provisioner.model.records import SessionSpec
-from provisioner.store.front_records import Admission, Made
+from provisioner.front.records import Admission, Made
 from provisioner.rules.validation import pool_named, priority_class, validate_spec
 from provisioner.v1 import types_pb2 as pb
 

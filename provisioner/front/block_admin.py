@@ -33,7 +33,7 @@ class BlockAdmin:
         if not request.reason:
             raise InvalidArgument("reason must not be empty: say why the user is blocked", field="reason")
         store = self._store
-        new = await store.commit(store.block_user, request.user_id, self.clock.now(),
+        new = await store.commit(store.blocks.block_user, request.user_id, self.clock.now(),
                                  guard.current().caller.identity, request.reason, "")
         self._push()
         out = admin_pb.BlockUserResponse(already_blocked=not new)
@@ -44,7 +44,7 @@ class BlockAdmin:
     async def unblock(self, request: admin_pb.UnblockUserRequest) -> admin_pb.UnblockUserResponse:
         _need_user(request.user_id)
         store = self._store
-        lifted = await store.commit(store.unblock_user, request.user_id, self.clock.now(),
+        lifted = await store.commit(store.blocks.unblock_user, request.user_id, self.clock.now(),
                                     guard.current().caller.identity)
         self._push()
         out = admin_pb.UnblockUserResponse()
@@ -57,9 +57,9 @@ class BlockAdmin:
         out = admin_pb.GetUserBlockResponse(decisions=[
             admin_pb.AbuseDecision(session_id=s, decision_time=convert.timestamp(at), rules=rules.split(","),
                                    reason=reason, evidence=evidence, dry_run=not blocked)
-            for s, at, rules, reason, evidence, blocked in self._store.abuse_decisions(request.user_id,
+            for s, at, rules, reason, evidence, blocked in self._store.blocks.abuse_decisions(request.user_id,
                                                                                         DECISIONS_SHOWN)],
-            past_blocks=[block_pb(Block(*row[:5]), *row[5:]) for row in self._store.lifted_blocks(request.user_id, DECISIONS_SHOWN)])
+            past_blocks=[block_pb(Block(*row[:5]), *row[5:]) for row in self._store.blocks.lifted_blocks(request.user_id, DECISIONS_SHOWN)])
         if (block := Block.read(self._store, request.user_id)) is not None:
             out.block.CopyFrom(block_pb(block))
         return out
@@ -69,7 +69,7 @@ class BlockAdmin:
             raise InvalidArgument("page_size must not be negative", field="page_size")
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         start = int(request.page_token or 0)  # digits only (api/limits.py)
-        rows = self._store.blocked_users(size + 1, start)  # one more: is there a next page?
+        rows = self._store.blocks.blocked_users(size + 1, start)  # one more: is there a next page?
         return admin_pb.ListBlockedUsersResponse(blocks=[block_pb(Block(*r)) for r in rows[:size]],
                                                  next_page_token=str(start + size) if len(rows) > size else "")
 

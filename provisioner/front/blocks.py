@@ -28,6 +28,7 @@ from provisioner.front import cluster_reports
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.coalesced import Coalesced
 from provisioner.front.retry import call
+from provisioner.front.records import FrontRecords
 from provisioner.store import Store
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 
@@ -46,7 +47,7 @@ class Block:
 
     @classmethod
     def read(cls, store: Store, user_id: str) -> Block | None:
-        row = store.user_block(user_id)
+        row = store.blocks.user_block(user_id)
         return cls(*row) if row else None
 
 
@@ -62,7 +63,7 @@ def refusal(block: Block) -> UserBlocked:
 async def apply(store: Store, d: Decision) -> bool:
     """Records the decision, and unless it is a dry run blocks its user (a block already there
     stands), in one durable write. Idempotent by session: whether the decision was new."""
-    return await store.commit(store.record_abuse_decision, d.session_id, d.user_id, d.at, ",".join(d.rules),
+    return await store.commit(store.blocks.record_abuse_decision, d.session_id, d.user_id, d.at, ",".join(d.rules),
                               d.reason, d.evidence, not d.dry_run, DETECTOR)
 
 
@@ -73,7 +74,7 @@ async def apply_all(store: Store, cluster: str, decisions: list[Decision]) -> in
     front made (a cluster's requeue, or an invented id) is recorded but blocks nobody."""
     checked = []
     for d in decisions:
-        owner = await store.read(store.owner_of_session, d.session_id)
+        owner = await store.read(FrontRecords(store).owner_of_session, d.session_id)
         if problem := cluster_reports.flag_problem(cluster, d, owner):
             log.warning("dropped an abuse flag from cluster %s: %s (session %s, user %s)", cluster, problem,
                         d.session_id, d.user_id)
@@ -99,7 +100,7 @@ BLOCKS_PAGE = 1000
 async def blocked_user_ids(store: Store) -> list[str]:
     """Every blocked user, from the store."""
     users: list[str] = []
-    while page := await store.read(store.blocked_users, BLOCKS_PAGE, len(users)):
+    while page := await store.read(store.blocks.blocked_users, BLOCKS_PAGE, len(users)):
         users += [row[0] for row in page]
         if len(page) < BLOCKS_PAGE:
             break

@@ -21,7 +21,7 @@ from provisioner.observability import telemetry
 from provisioner.api import convert, guard
 from provisioner.api.status import RemoteError, stream, unary
 from provisioner.common.pacing import Pacer
-from provisioner.audit import AuditLog
+from provisioner.store.audit_log import AuditLog
 from provisioner.config import FleetConfig
 from provisioner.config.policy import QuotaConfig
 from provisioner.model.errors import InvalidArgument, NotFound, QuotaExceeded, Unavailable, quote
@@ -33,13 +33,13 @@ from provisioner.front.clusters import ClusterClient
 from provisioner.front.listing import LIVE_STATES, list_page
 from provisioner.front.placement import AdmissionChanged, Placement
 from provisioner.front.rates import Rates
+from provisioner.front.records import Made
 from provisioner.front.retry import DEFAULT_DEADLINE_S, call
 from provisioner.front.router import hint_note
 from provisioner.front.weeks import Weeks
 from provisioner.model.records import cluster_of
 from provisioner.rules.quota import exhaustion_time
 from provisioner.store import SqliteStore
-from provisioner.store.front_records import Made
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
@@ -100,6 +100,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         self.store = store
         self.clock = clock
         self.placement = Placement(fleet.clients, store, wall)
+        self.records = self.placement.records
         self.limits = config.settings
         self.weeks = Weeks(config, fleet.clients, store, clock)  # users' quota weeks, for checks and GetQuota
         pools = {p.name: p.accelerator for c in config.clusters for p in c.pools}
@@ -131,7 +132,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         # A user's creates are checked and placed one at a time in this front (a lock). Across
         # replicas, a create's attempt is recorded only if no other create of the user was recorded
         # since its check read the user's admission version; else it checks again, now counting
-        # that one (front_records.admission). So two creates cannot both pass the check for the
+        # that one (front/records.py: admission). So two creates cannot both pass the check for the
         # last slot, and no write is spent on taking turns.
         async with self._one_user(asked.user_id), self.placement.exclusive(asked.key):
             await self.placement.recorded(asked.user_id)
@@ -149,7 +150,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         since the store was read."""
         span, user = trace.get_current_span(), asked.user_id
         q = await self.weeks.quotas(user)
-        stored = await self.store.read(self.store.admission, asked.key, self.weeks.week_start(q), self.clock.now())
+        stored = await self.store.read(self.records.admission, asked.key, self.weeks.week_start(q), self.clock.now())
         check = admission.CreateCheck(asked, self.rules)
         action = check.handle(admission.Read(q, stored, None if stored.answer else Block.read(self.store, user),
                                              self._live_when_listed.get(user, 0), self.clock.now()))
@@ -191,7 +192,7 @@ class SessionServicer(session_grpc.SessionServiceServicer):
         """The user's week as the clusters list it, with the sessions the store knows made and not
         seen to end (this request's aside)."""
         user = asked.user_id
-        made = [m for m in await self.store.read(self.store.made_not_seen_ended, user)
+        made = [m for m in await self.store.read(self.records.made_not_seen_ended, user)
                 if m.request_id != asked.spec.request_id]
         answered: set[str] = set()
         sessions, ended = await self.weeks.week(user, q, made=made, answered=answered)

@@ -17,9 +17,9 @@ from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import EndedSessions
 from provisioner.front.listing import KIND_NAMES, LIVE_STATES, from_each, listed
+from provisioner.front.records import FrontRecords, Made
 from provisioner.model.records import request_key
 from provisioner.store import Store
-from provisioner.store.front_records import Made
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
 
@@ -38,13 +38,14 @@ class Weeks:
         self.defaults = config.settings.quotas
         self.gpus = pool_gpus(config)
         self.clients, self.store, self.clock = clients, store, clock
+        self.records = FrontRecords(store)
         self.ended_sessions = EndedSessions()  # so a check lists only what changed since the last
         self._noting: set[asyncio.Task] = set()
 
     async def quotas(self, user_id: str) -> QuotaConfig:
         """The fleet's quotas with what operators set for this user, read from the shared store on
         each call, so that every front replica applies a change at once."""
-        return self.defaults.with_override((await self.store.read(self.store.quota_override, user_id))[0])
+        return self.defaults.with_override((await self.store.read(self.store.operator.quota_override, user_id))[0])
 
     def week_start(self, q: QuotaConfig) -> float:
         """Sessions that ended before this meter nothing this week."""
@@ -104,7 +105,7 @@ class Weeks:
         """Records the ends a check saw, in the background: the check that saw them has its answer."""
         by_session = {m.session_id: m.request_id for m in made}
         rows = [(request_key(user_id, by_session[sid]), sid, at) for sid, at in ended]
-        task = asyncio.create_task(self.store.commit(self.store.mark_ended, rows))
+        task = asyncio.create_task(self.store.commit(self.records.mark_ended, rows))
         self._noting.add(task)
         task.add_done_callback(self._noted)
 

@@ -4,7 +4,7 @@
 
 Each writer saves one session row at a time and waits until it is durable, as a request does:
 `ungrouped` commits each write in its own transaction on the event loop (as the store's
-synchronous methods do), `grouped` through `await store.commit_save(...)`. SQLite in a temporary
+synchronous methods do), `grouped` through `await store.sessions.commit_save(...)`. SQLite in a temporary
 directory unless `--database-url` names a PostgreSQL database. Progress on stderr.
 """
 
@@ -43,9 +43,9 @@ async def measure(store, grouped: bool, writers: int, seconds: float) -> dict:
         while time.monotonic() < end:
             session = _session(next(_ids))
             if grouped:
-                await store.commit_save([session], [])
+                await store.sessions.commit_save([session], [])
             else:
-                store.save([session], [])
+                store.sessions.save([session], [])
                 await asyncio.sleep(0)  # let the other writers in, as requests on one loop are
             done += 1
 

@@ -46,9 +46,9 @@ def restored_heap(vms: int, sessions: int) -> tuple[list, list]:
         cache.add(version, catalog, 0.0)
     with tempfile.TemporaryDirectory(prefix="provisioner-gc-") as tmp:
         store = open_store(None, Path(tmp) / "store.db")
-        store.save([], [_vm(i, cache) for i in range(vms)])
-        store.save([_session(i) for i in range(sessions)], [])
-        loaded = store.load_vms("perf"), store.load_sessions("perf")
+        store.sessions.save([], [_vm(i, cache) for i in range(vms)])
+        store.sessions.save([_session(i) for i in range(sessions)], [])
+        loaded = store.sessions.load_vms("perf"), store.sessions.load_sessions("perf")
         store.close()
     return loaded
 

@@ -1,5 +1,9 @@
 """The schema: its migrations, in order, and the lock that serializes applying them."""
 
+from typing import Callable
+
+from provisioner.model.records import split_request_key
+
 _CLAIMS = """CREATE TABLE front_claims (
     request_id TEXT PRIMARY KEY,
     cluster TEXT NOT NULL,
@@ -174,7 +178,7 @@ MIGRATIONS: list[str | dict[str, list[str]]] = [
     ALTER TABLE front_requests ADD COLUMN ended_at DOUBLE PRECISION;
     CREATE INDEX front_requests_user ON front_requests (user_id, ended_at);
     """,
-    # A request's first placement claims it (front_records.note_attempt): that placement may answer
+    # A request's first placement claims it (front/records.py: note_attempt): that placement may answer
     # with what its first cluster made before the request's record is written. So no other session
     # may be recorded as the request's answer while that first attempt may still have made one,
     # unless its placement waived the claim (it moved on without answering). The database keeps
@@ -242,8 +246,20 @@ MIGRATIONS: list[str | dict[str, list[str]]] = [
     },
 ]
 
-# Python run after a migration's SQL, by the version it brings the schema to.
-BACKFILLS = {9: "backfill_users"}
+
+
+def _backfill_users(cur, sql: Callable[[str], str]) -> None:
+    """The user of each request and attempt recorded before they carried one (the key's first part)."""
+    for table in ("front_requests", "front_attempts"):
+        cur.execute(f"SELECT DISTINCT request_id FROM {table} WHERE user_id = ''")
+        keys = [key for (key,) in cur.fetchall()]
+        cur.executemany(sql(f"UPDATE {table} SET user_id = ? WHERE request_id = ?"),
+                        [(split_request_key(key)[0], key) for key in keys])
+
+
+# Python run after a migration's SQL (given its cursor and the placeholder rewrite), by the
+# version it brings the schema to.
+BACKFILLS = {9: _backfill_users}
 
 # Serializes schema upgrades between replicas starting at once (PostgreSQL advisory lock key).
 MIGRATION_LOCK = 0x70726F76

@@ -1,15 +1,18 @@
-"""The front's records: request key -> the session it created, attempts, per-user admission
-versions and quota overrides."""
+"""The front's records: request key -> the session it created, attempts, and per-user admission
+versions, a repository over the store's engine (store/engine.py). It lives with the front because
+its statements are written from the front's transition table (front/attempts.py)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from provisioner.front.attempts import SETTLED, STICKY, UNSETTLED, Attempt, Event, check_change, sources
 from provisioner.model.records import request_key, split_request_key
-from provisioner.store.base import _marks, _values
+from provisioner.store.sql import marks, values
+
+if TYPE_CHECKING:
+    from provisioner.store import Store
 
 # The front's attempt states; their transitions are the table in front/attempts.py.
 PENDING, UNRESOLVED, REFUSED, MADE, NONE = (Attempt.PENDING, Attempt.UNRESOLVED, Attempt.REFUSED, Attempt.MADE,
@@ -17,35 +20,38 @@ PENDING, UNRESOLVED, REFUSED, MADE, NONE = (Attempt.PENDING, Attempt.UNRESOLVED,
 
 
 class FrontRecords:
-    # ---- the front: request key -> the session it created ---------------------------------
-    # The front_* tables' request_id columns hold request keys (model.request_key: user/request id).
+    """The front_* tables, whose request_id columns hold request keys (model.request_key: user/request
+    id), and user_admissions. Stateless: any number may share one store."""
+
+    def __init__(self, db: Store):
+        self._db = db
 
     def remember_request(self, request_id: str, session_id: str, cluster: str, now: float) -> str | None:
         """Records the first session for a request key; returns whichever session id won. If this
         one won, its attempt takes the WON edge in the same transaction. None: nothing is recorded
         yet and the request's claim holds this one back (its first placement, at another cluster,
         may have answered with a session made there; see schema.py)."""
-        with self.transaction() as cur:
-            cur.execute(self._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at, user_id) "
+        with self._db.transaction() as cur:
+            cur.execute(self._db.sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at, user_id) "
                                   "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
                         (request_id, session_id, cluster, now, split_request_key(request_id)[0]))
-            cur.execute(self._sql("SELECT session_id FROM front_requests WHERE request_id = ?"), (request_id,))
+            cur.execute(self._db.sql("SELECT session_id FROM front_requests WHERE request_id = ?"), (request_id,))
             row = cur.fetchone()
             winner = row[0] if row else None
             if winner == session_id:
                 case, args = _edges(Event.WON)
-                cur.execute(self._sql(f"UPDATE front_attempts SET outcome = {case} WHERE request_id = ? AND cluster = ? "
-                                      f"AND outcome IN ({_marks(sources(Event.WON))})"),
-                            (*args, request_id, cluster, *_values(sources(Event.WON))))
+                cur.execute(self._db.sql(f"UPDATE front_attempts SET outcome = {case} WHERE request_id = ? AND cluster = ? "
+                                      f"AND outcome IN ({marks(sources(Event.WON))})"),
+                            (*args, request_id, cluster, *values(sources(Event.WON))))
             return winner
 
     def session_for_request(self, request_id: str) -> str | None:
-        rows = self._rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
+        rows = self._db.rows("SELECT session_id FROM front_requests WHERE request_id = ?", (request_id,))
         return rows[0][0] if rows else None
 
     def owner_of_session(self, session_id: str) -> str | None:
         """The user a front made `session_id` for; None for a session no front made (a requeue)."""
-        rows = self._rows("SELECT user_id FROM front_requests WHERE session_id = ?", (session_id,))
+        rows = self._db.rows("SELECT user_id FROM front_requests WHERE session_id = ?", (session_id,))
         return rows[0][0] if rows else None
 
     def note_attempt(self, request_id: str, cluster: str, commit_by: float, admitted: int | None = None) -> Noted | None:
@@ -58,22 +64,22 @@ class FrontRecords:
         edges = {b: a for b, a in sources(Event.SENT).items() if b is not None}
         case, args = _edges(Event.SENT, "front_attempts.outcome", edges)
         user_id = split_request_key(request_id)[0]
-        with self.transaction() as cur:
+        with self._db.transaction() as cur:
             if admitted is not None and not self._admit(cur, user_id, admitted):
                 return None
             # The key is the arbiter between replicas: of two first attempts at once, one inserts.
-            cur.execute(self._sql("INSERT INTO front_claims (request_id, cluster, commit_by) SELECT ?, ?, ? "
+            cur.execute(self._db.sql("INSERT INTO front_claims (request_id, cluster, commit_by) SELECT ?, ?, ? "
                                   "WHERE NOT EXISTS (SELECT 1 FROM front_attempts WHERE request_id = ?) "
                                   "ON CONFLICT DO NOTHING"), (request_id, cluster, commit_by, request_id))
             first = cur.rowcount == 1
-            cur.execute(self._sql(
+            cur.execute(self._db.sql(
                 "INSERT INTO front_attempts (request_id, cluster, commit_by, outcome, user_id) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (request_id, cluster) DO UPDATE "
                 "SET commit_by = CASE WHEN excluded.commit_by > front_attempts.commit_by "
                 f"THEN excluded.commit_by ELSE front_attempts.commit_by END, outcome = {case} "
-                f"WHERE front_attempts.outcome IN ({_marks(edges)})"),
-                (request_id, cluster, commit_by, sources(Event.SENT)[None].value, user_id, *args, *_values(edges)))
-            cur.execute(self._sql("SELECT outcome FROM front_attempts WHERE request_id = ? AND cluster = ?"),
+                f"WHERE front_attempts.outcome IN ({marks(edges)})"),
+                (request_id, cluster, commit_by, sources(Event.SENT)[None].value, user_id, *args, *values(edges)))
+            cur.execute(self._db.sql("SELECT outcome FROM front_attempts WHERE request_id = ? AND cluster = ?"),
                         (request_id, cluster))
             return Noted(Attempt(cur.fetchone()[0]), first)
 
@@ -81,10 +87,10 @@ class FrontRecords:
         """Moves the user's admission version on from `version`; False if it was not there (a
         row-level compare-and-set: atomic across processes on SQLite and PostgreSQL alike)."""
         if version == 0:
-            cur.execute(self._sql("INSERT INTO user_admissions (user_id, version) VALUES (?, 1) ON CONFLICT DO NOTHING"),
+            cur.execute(self._db.sql("INSERT INTO user_admissions (user_id, version) VALUES (?, 1) ON CONFLICT DO NOTHING"),
                         (user_id,))
         else:
-            cur.execute(self._sql("UPDATE user_admissions SET version = version + 1 WHERE user_id = ? AND version = ?"),
+            cur.execute(self._db.sql("UPDATE user_admissions SET version = version + 1 WHERE user_id = ? AND version = ?"),
                         (user_id, version))
         return cur.rowcount == 1
 
@@ -99,29 +105,29 @@ class FrontRecords:
         if commit_by is not None:
             where += " AND commit_by = ?"
             args.append(commit_by)
-        with self.transaction() as cur:
+        with self._db.transaction() as cur:
             if waive:
                 self._waive(cur, request_id, cluster)
-            cur.execute(self._sql(f"UPDATE front_attempts SET outcome = ? WHERE {where}"), (to.value, *args))
+            cur.execute(self._db.sql(f"UPDATE front_attempts SET outcome = ? WHERE {where}"), (to.value, *args))
             return cur.rowcount == 1
 
     def waive_claim(self, request_id: str, cluster: str) -> None:
         """The claim's placement stopped without answering (its call was cancelled)."""
-        with self.transaction() as cur:
+        with self._db.transaction() as cur:
             self._waive(cur, request_id, cluster)
 
     def _waive(self, cur, request_id: str, cluster: str) -> None:
-        cur.execute(self._sql("UPDATE front_claims SET waived = 1 WHERE request_id = ? AND cluster = ?"),
+        cur.execute(self._db.sql("UPDATE front_claims SET waived = 1 WHERE request_id = ? AND cluster = ?"),
                     (request_id, cluster))
 
     def prune_attempts(self, before: float) -> None:
         """Forgets settled attempts whose commit_by is older than `before`: their outcome is known.
         And the claims whose attempt has been forgotten: a claim keeps the commit_by its attempt
         was first sent with, never later than the attempt's own."""
-        with self.transaction() as cur:
-            cur.execute(self._sql(f"DELETE FROM front_attempts WHERE outcome IN ({_marks(SETTLED)}) AND commit_by < ?"),
-                        (*_values(SETTLED), before))
-            cur.execute(self._sql("DELETE FROM front_claims WHERE commit_by < ? AND NOT EXISTS (SELECT 1 FROM "
+        with self._db.transaction() as cur:
+            cur.execute(self._db.sql(f"DELETE FROM front_attempts WHERE outcome IN ({marks(SETTLED)}) AND commit_by < ?"),
+                        (*values(SETTLED), before))
+            cur.execute(self._db.sql("DELETE FROM front_claims WHERE commit_by < ? AND NOT EXISTS (SELECT 1 FROM "
                                   "front_attempts a WHERE a.request_id = front_claims.request_id "
                                   "AND a.cluster = front_claims.cluster)"), (before,))
 
@@ -131,13 +137,13 @@ class FrontRecords:
 
     def attempts_to_resolve(self, request_id: str | None = None) -> list[tuple[str, str, Attempt, float]]:
         """(request id, cluster, state, commit_by) of attempts not settled yet, oldest first."""
-        where = f"outcome IN ({_marks(UNSETTLED)})" + (" AND request_id = ?" if request_id else "")
-        args = (*_values(UNSETTLED), *((request_id,) if request_id else ()))
-        return [(r, c, Attempt(state), by) for r, c, state, by in self._rows(
+        where = f"outcome IN ({marks(UNSETTLED)})" + (" AND request_id = ?" if request_id else "")
+        args = (*values(UNSETTLED), *((request_id,) if request_id else ()))
+        return [(r, c, Attempt(state), by) for r, c, state, by in self._db.rows(
             f"SELECT request_id, cluster, outcome, commit_by FROM front_attempts WHERE {where} "
             "ORDER BY commit_by, request_id, cluster", args)]
 
-    # ---- quotas: what a create's check reads of the user, operator overrides ----------------
+    # ---- quotas: what a create's check reads of the user ------------------------------------
 
     def admission(self, request_id: str, since: float, now: float) -> Admission:
         """What a create's quota check knows of the user of request key `request_id` from the store
@@ -154,7 +160,7 @@ class FrontRecords:
         ended_at, ended_args = within("ended_at")
         users, user_args = _of_user(user_id)
         # The branch with every column typed comes first: PostgreSQL types a UNION's columns from it.
-        rows = self._rows(
+        rows = self._db.rows(
             "SELECT 'made', '', CAST(SUM(CASE WHEN ended_at IS NULL THEN 1 ELSE 0 END) AS DOUBLE PRECISION), "
             f"CAST(SUM(CASE WHEN ended_at IS NULL THEN ? - {made_at} ELSE 0 END) AS DOUBLE PRECISION), "
             f"CAST(SUM(CASE WHEN ended_at IS NULL THEN 0 ELSE {ended_at} - {made_at} END) AS DOUBLE PRECISION) "
@@ -163,16 +169,16 @@ class FrontRecords:
             f"AND request_id <> ? UNION ALL SELECT created_at, ended_at FROM front_requests WHERE {users} "
             "AND ended_at >= ? AND request_id <> ?) m "
             "UNION ALL SELECT 'version', NULL, version, NULL, NULL FROM user_admissions WHERE user_id = ? "
-            f"UNION ALL SELECT CASE WHEN outcome IN ({_marks(STICKY)}) THEN 'placing' ELSE 'refused' END, request_id, "
+            f"UNION ALL SELECT CASE WHEN outcome IN ({marks(STICKY)}) THEN 'placing' ELSE 'refused' END, request_id, "
             "NULL, NULL, NULL FROM front_attempts a "
-            f"WHERE {users} AND outcome IN ({_marks(UNSETTLED)}) AND request_id <> ? "
+            f"WHERE {users} AND outcome IN ({marks(UNSETTLED)}) AND request_id <> ? "
             "AND NOT EXISTS (SELECT 1 FROM front_requests r WHERE r.request_id = a.request_id) "
             "UNION ALL SELECT 'answer', session_id, NULL, NULL, NULL FROM front_requests WHERE request_id = ? "
             "UNION ALL SELECT 'sticky', cluster, NULL, NULL, NULL FROM front_attempts "
-            f"WHERE request_id = ? AND outcome IN ({_marks(STICKY)})",
+            f"WHERE request_id = ? AND outcome IN ({marks(STICKY)})",
             (now, *made_args, *ended_args, *made_args, *user_args, request_id, *user_args, since, request_id,
-             user_id, *_values(STICKY), *user_args, *_values(UNSETTLED), request_id, request_id,
-             request_id, *_values(STICKY)))
+             user_id, *values(STICKY), *user_args, *values(UNSETTLED), request_id, request_id,
+             request_id, *values(STICKY)))
         version, answer, placing, refused, live, live_s, ended_s = 0, None, set(), set(), 0, 0.0, 0.0
         sticky = set()
         for kind, text, a, b, c in rows:
@@ -192,41 +198,18 @@ class FrontRecords:
     def made_not_seen_ended(self, user_id: str) -> list[Made]:
         """The sessions made for the user that no check has seen end yet."""
         users, user_args = _of_user(user_id)
-        return [Made(split_request_key(k)[1], sid, c, at) for k, sid, c, at in self._rows(
+        return [Made(split_request_key(k)[1], sid, c, at) for k, sid, c, at in self._db.rows(
             f"SELECT request_id, session_id, cluster, created_at FROM front_requests WHERE {users} AND ended_at IS NULL",
             tuple(user_args))]
 
     def mark_ended(self, ended: list[tuple[str, str, float]]) -> None:
         """Records that sessions a check saw (request key, session id, ended by) have ended."""
-        with self.transaction() as cur:
+        with self._db.transaction() as cur:
             for request_id, session_id, ended_at in ended:
-                cur.execute(self._sql("UPDATE front_requests SET ended_at = ? "
+                cur.execute(self._db.sql("UPDATE front_requests SET ended_at = ? "
                                       "WHERE request_id = ? AND session_id = ? AND ended_at IS NULL"),
                             (ended_at, request_id, session_id))
 
-    def backfill_users(self, cur) -> None:
-        """The user of each request and attempt recorded before they carried one (the key's first part)."""
-        for table in ("front_requests", "front_attempts"):
-            cur.execute(f"SELECT DISTINCT request_id FROM {table} WHERE user_id = ''")
-            keys = [key for (key,) in cur.fetchall()]
-            cur.executemany(self._sql(f"UPDATE {table} SET user_id = ? WHERE request_id = ?"),
-                            [(split_request_key(key)[0], key) for key in keys])
-
-    def save_quota_override(self, user_id: str, body: dict[str, Any], now: float) -> None:
-        """Sets what operators chose for a user's quota; an empty `body` removes it (back to the config)."""
-        with self.transaction() as cur:
-            if body:
-                cur.execute(self._sql(
-                    "INSERT INTO quota_overrides (user_id, body, updated_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT (user_id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at"),
-                    (user_id, json.dumps(body, sort_keys=True), now))
-            else:
-                cur.execute(self._sql("DELETE FROM quota_overrides WHERE user_id = ?"), (user_id,))
-
-    def quota_override(self, user_id: str) -> tuple[dict[str, Any], float | None]:
-        """What operators set for the user and when ({} and None: nothing)."""
-        rows = self._rows("SELECT body, updated_at FROM quota_overrides WHERE user_id = ?", (user_id,))
-        return (json.loads(rows[0][0]), rows[0][1]) if rows else ({}, None)
 
 
 class Noted(NamedTuple):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from provisioner.common.clock import Clock
 from provisioner.model.errors import InvalidArgument
-from provisioner.store import Store
+from provisioner.store.engine import Store
 
 MAX_TEXT = 256  # characters kept of each string of a record
 MAX_ROLES = 16
@@ -61,18 +61,18 @@ class AuditLog:
     def append(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str = "",
                peer: str = "") -> None:
         """Writes one record, durably, before returning (in its own transaction, on this thread)."""
-        self.store.append_audit(*self._row(identity, roles, rpc, target, outcome, detail, peer))
+        self.store.audit.append_audit(*self._row(identity, roles, rpc, target, outcome, detail, peer))
         if (before := self._prune_due()) is not None:
-            self.store.prune_audit(self.source, before)
+            self.store.audit.prune_audit(self.source, before)
 
     async def record(self, identity: str, roles, rpc: str, target: str, outcome: str, detail: str = "",
                      peer: str = "") -> None:
         """`append` through the store's group commit: returns once the record is durable, without
         blocking the event loop meanwhile (other calls' writes share its transaction)."""
-        await self.store.commit(self.store.append_audit, *self._row(identity, roles, rpc, target, outcome, detail,
+        await self.store.commit(self.store.audit.append_audit, *self._row(identity, roles, rpc, target, outcome, detail,
                                                                      peer))
         if (before := self._prune_due()) is not None:
-            await self.store.commit(self.store.prune_audit, self.source, before)
+            await self.store.commit(self.store.audit.prune_audit, self.source, before)
 
     def _prune_due(self) -> float | None:
         """The time before which records go, when a prune is due now."""
@@ -103,7 +103,7 @@ class AuditLog:
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         before = _decode_token(page_token) if page_token else None
         by_method = bool(rpc) and "/" not in rpc
-        rows = self.store.audit_records(
+        rows = self.store.audit.audit_records(
             self.source, identity=identity or None, rpc=None if by_method else rpc or None,
             method=rpc if by_method else None, outcome=outcome or None, since=since, until=until,
             before=before, limit=size + 1)

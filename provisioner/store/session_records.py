@@ -1,4 +1,4 @@
-"""A cluster's sessions and VMs, a VM's layer and history rows, and the operator state.
+"""A cluster's sessions and VMs, and a VM's layer and history rows.
 
 A VM's disk cache and history are rows of their own, so a write carries the layers and state
 changes that changed instead of the whole VM each time.
@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from provisioner.model.states import SESSION_TERMINAL, SessionState, VmState
 from provisioner.model.records import Session, Vm, created_ns
-from provisioner.store.base import _marks, _values
+from provisioner.model.states import SESSION_TERMINAL, SessionState, VmState
+from provisioner.store.sql import marks, values
+
+if TYPE_CHECKING:
+    from provisioner.store.engine import Store
 
 _LIVE = frozenset(SessionState) - SESSION_TERMINAL  # sessions not ended
 
@@ -29,8 +32,13 @@ class _VmRows:
 _NO_ROWS = _VmRows({}, 0, None)
 
 
-class ClusterRecords:
-    # ---- a cluster's sessions and VMs -----------------------------------------------------
+class SessionRecords:
+    """A cluster's sessions and VMs, over the store's engine. It remembers what the database holds
+    of each VM's layers and history, so a save writes only the rows that changed."""
+
+    def __init__(self, db: Store):
+        self._db = db
+        self._vm_rows: dict[str, _VmRows] = {}
 
     def save(self, sessions: Iterable[Session], vms: Iterable[Vm]) -> None:
         """Writes a batch of changed objects in one transaction. Sessions are never erased: an
@@ -40,7 +48,7 @@ class ClusterRecords:
     async def commit_save(self, sessions: Iterable[Session], vms: Iterable[Vm]) -> None:
         """`save`, group-committed. The objects are read now, on the caller's thread (the
         writer thread must not read objects the event loop goes on changing)."""
-        await self.commit(self._save_rows(sessions, vms))
+        await self._db.commit(self._save_rows(sessions, vms))
 
     def _save_rows(self, sessions: Iterable[Session], vms: Iterable[Vm]) -> Callable[[], None]:
         """The rows of a save, made now; the returned function writes them."""
@@ -62,27 +70,27 @@ class ClusterRecords:
     def _write_rows(self, s_rows, v_rows, layers, gone, history, rewritten, written) -> None:
         if not s_rows and not v_rows:
             return
-        with self.transaction() as cur:
-            self._on_commit(lambda: self._remember_vm_rows(written))
+        with self._db.transaction() as cur:
+            self._db.on_commit(lambda: self._remember_vm_rows(written))
             if rewritten:
-                cur.executemany(self._sql("DELETE FROM vm_history WHERE vm_id = ?"), rewritten)
+                cur.executemany(self._db.sql("DELETE FROM vm_history WHERE vm_id = ?"), rewritten)
             if history:
-                cur.executemany(self._sql("INSERT INTO vm_history (vm_id, seq, state, reason, at) "
+                cur.executemany(self._db.sql("INSERT INTO vm_history (vm_id, seq, state, reason, at) "
                                           "VALUES (?, ?, ?, ?, ?) ON CONFLICT (vm_id, seq) DO NOTHING"), history)
             if gone:
-                cur.executemany(self._sql("DELETE FROM vm_layers WHERE vm_id = ? AND layer_id = ?"), gone)
+                cur.executemany(self._db.sql("DELETE FROM vm_layers WHERE vm_id = ? AND layer_id = ?"), gone)
             if layers:
-                cur.executemany(self._sql(
+                cur.executemany(self._db.sql(
                     "INSERT INTO vm_layers (vm_id, layer_id, size_bytes, used_at) VALUES (?, ?, ?, ?) "
                     "ON CONFLICT (vm_id, layer_id) DO UPDATE SET size_bytes = excluded.size_bytes, "
                     "used_at = excluded.used_at"), layers)
             if s_rows:
-                cur.executemany(self._sql(
+                cur.executemany(self._db.sql(
                     "INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, ended_at, created_ns, "
                     "body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
                     "revision = excluded.revision, ended_at = excluded.ended_at, body = excluded.body"), s_rows)
             if v_rows:
-                cur.executemany(self._sql(
+                cur.executemany(self._db.sql(
                     "INSERT INTO vms (id, cluster, pool, state, revision, body) VALUES (?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT (id) DO UPDATE SET state = excluded.state, revision = excluded.revision, "
                     "body = excluded.body"), v_rows)
@@ -90,20 +98,20 @@ class ClusterRecords:
     def load_sessions(self, cluster: str, ended_since: float | None = None) -> list[Session]:
         """The cluster's sessions; given `ended_since`, only those not ended and those ended since."""
         if ended_since is None:
-            rows = self._rows("SELECT body FROM sessions WHERE cluster = ?", (cluster,))
+            rows = self._db.rows("SELECT body FROM sessions WHERE cluster = ?", (cluster,))
         else:
-            rows = self._rows(f"SELECT body FROM sessions WHERE cluster = ? AND state IN ({_marks(_LIVE)}) "
+            rows = self._db.rows(f"SELECT body FROM sessions WHERE cluster = ? AND state IN ({marks(_LIVE)}) "
                               "UNION ALL SELECT body FROM sessions WHERE cluster = ? AND ended_at >= ? "
-                              f"AND state NOT IN ({_marks(_LIVE)})",
-                              (cluster, *_values(_LIVE), cluster, ended_since, *_values(_LIVE)))
+                              f"AND state NOT IN ({marks(_LIVE)})",
+                              (cluster, *values(_LIVE), cluster, ended_since, *values(_LIVE)))
         return sorted((Session.from_dict(json.loads(body)) for (body,) in rows), key=lambda s: (s.created_at, s.id))
 
     def load_session(self, cluster: str, session_id: str) -> Session | None:
-        rows = self._rows("SELECT body FROM sessions WHERE id = ? AND cluster = ?", (session_id, cluster))
+        rows = self._db.rows("SELECT body FROM sessions WHERE id = ? AND cluster = ?", (session_id, cluster))
         return Session.from_dict(json.loads(rows[0][0])) if rows else None
 
     def load_session_by_request(self, cluster: str, key: str) -> Session | None:
-        rows = self._rows("SELECT body FROM sessions WHERE cluster = ? AND request_id = ?", (cluster, key))
+        rows = self._db.rows("SELECT body FROM sessions WHERE cluster = ? AND request_id = ?", (cluster, key))
         return Session.from_dict(json.loads(rows[0][0])) if rows else None
 
     def load_user_ended_sessions(self, cluster: str, user_id: str, ended_after: float | None,
@@ -111,9 +119,9 @@ class ClusterRecords:
         """The user's ended sessions ("": every user's) that ended in [ended_after, ended_before]
         (from the start without `ended_after`)."""
         mine = "AND user_id = ? " if user_id else ""
-        rows = self._rows(f"SELECT body FROM sessions WHERE cluster = ? {mine}AND state NOT IN "
-                          f"({_marks(_LIVE)}) AND ended_at >= ? AND ended_at <= ?",
-                          (cluster, *([user_id] if user_id else []), *_values(_LIVE),
+        rows = self._db.rows(f"SELECT body FROM sessions WHERE cluster = ? {mine}AND state NOT IN "
+                          f"({marks(_LIVE)}) AND ended_at >= ? AND ended_at <= ?",
+                          (cluster, *([user_id] if user_id else []), *values(_LIVE),
                            ended_after if ended_after is not None else 0.0, ended_before))
         return [Session.from_dict(json.loads(body)) for (body,) in rows]
 
@@ -124,9 +132,9 @@ class ClusterRecords:
         the index sessions_user_created."""
         bound = position if position is not None and position < (created_before_ns, "") else (created_before_ns, "")
         since = "AND created_ns >= ? " if created_after_ns is not None else ""
-        rows = self._rows(f"SELECT body FROM sessions WHERE cluster = ? AND user_id = ? AND (created_ns, id) < (?, ?) "
-                          f"{since}AND state NOT IN ({_marks(_LIVE)}) ORDER BY created_ns DESC, id DESC LIMIT ?",
-                          (cluster, user_id, *bound, *([created_after_ns] if since else []), *_values(_LIVE), limit))
+        rows = self._db.rows(f"SELECT body FROM sessions WHERE cluster = ? AND user_id = ? AND (created_ns, id) < (?, ?) "
+                             f"{since}AND state NOT IN ({marks(_LIVE)}) ORDER BY created_ns DESC, id DESC LIMIT ?",
+                             (cluster, user_id, *bound, *([created_after_ns] if since else []), *values(_LIVE), limit))
         return [Session.from_dict(json.loads(body)) for (body,) in rows]
 
     def _remember_vm_rows(self, written: dict[str, _VmRows | None]) -> None:
@@ -156,14 +164,14 @@ class ClusterRecords:
         """The cluster's VMs that are not deleted, their layers and history from their rows (or
         from their body, if it was written before those had rows of their own)."""
         live = "SELECT id FROM vms WHERE cluster = ? AND state <> 'deleted'"
-        bodies = {vm_id: json.loads(body) for vm_id, body in self._rows(
+        bodies = {vm_id: json.loads(body) for vm_id, body in self._db.rows(
             "SELECT id, body FROM vms WHERE cluster = ? AND state <> 'deleted'", (cluster,))}
         layers: dict[str, list] = {}
-        for vm_id, lid, size, used_at in self._rows(
+        for vm_id, lid, size, used_at in self._db.rows(
                 f"SELECT vm_id, layer_id, size_bytes, used_at FROM vm_layers WHERE vm_id IN ({live})", (cluster,)):
             layers.setdefault(vm_id, []).append([lid, size, used_at])
         history: dict[str, list] = {}
-        for vm_id, state, reason, at in self._rows(
+        for vm_id, state, reason, at in self._db.rows(
                 f"SELECT vm_id, state, reason, at FROM vm_history WHERE vm_id IN ({live}) ORDER BY vm_id, seq",
                 (cluster,)):
             history.setdefault(vm_id, []).append([state, reason, at])
@@ -178,22 +186,3 @@ class ClusterRecords:
                 body["history"] = history.get(vm_id, [])
             vms.append(Vm.from_dict(body))
         return sorted(vms, key=lambda v: (v.created_at, v.id))
-
-    # ---- operator state: drain and pool policy overrides, per cluster -----------------------
-
-    def save_operator_state(self, cluster: str, pool: str, body: dict[str, Any], now: float) -> None:
-        """Sets what operators chose for the cluster (`pool` '') or one of its pools; an empty
-        `body` removes it (back to the config file)."""
-        with self.transaction() as cur:
-            if body:
-                cur.execute(self._sql(
-                    "INSERT INTO operator_state (cluster, pool, body, updated_at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (cluster, pool) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at"),
-                    (cluster, pool, json.dumps(body, sort_keys=True), now))
-            else:
-                cur.execute(self._sql("DELETE FROM operator_state WHERE cluster = ? AND pool = ?"), (cluster, pool))
-
-    def load_operator_state(self, cluster: str) -> dict[str, dict[str, Any]]:
-        """pool -> what operators set on it ('' for the cluster itself)."""
-        rows = self._rows("SELECT pool, body FROM operator_state WHERE cluster = ?", (cluster,))
-        return {pool: json.loads(body) for pool, body in rows}

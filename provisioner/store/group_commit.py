@@ -55,7 +55,8 @@ class GroupCommit:
                  max_wait_s: float = DEFAULT_MAX_WAIT_S, name: str = "group-commit",
                  transient: Callable[[BaseException], bool] = lambda e: False, ride_out_s: float = 0.0,
                  sleep: Callable[[float], None] = time.sleep):
-        """`sleep` waits between the tries of a batch: in the writer thread, whose every write
+        """`sleep` (wall time on purpose: a database away is back in real seconds) waits between the
+        tries of a batch: in the writer thread, whose every write
         would fail the same way meanwhile."""
         self._transaction = transaction
         self._transient, self._ride_out_s, self._sleep = transient, ride_out_s, sleep
@@ -124,7 +125,7 @@ class GroupCommit:
         if first is None:
             return [], True
         batch = [first]
-        deadline = time.monotonic() + self.max_wait_s
+        deadline = time.monotonic() + self.max_wait_s  # wall time on purpose: batching waits on the disk, not the model
         while len(batch) < self.max_batch:
             try:
                 remaining = deadline - time.monotonic()
