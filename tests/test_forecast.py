@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from provisioner.decide.autoscale import PoolSnapshot, desired_vms, plan_scale
 from provisioner.decide.forecast import DAY_H, HOUR_S, Forecast, Rate, SeasonalCounts, warm_for
-from provisioner.decide.prewarm import holdable, next_pull, rank_images
+from provisioner.decide.prewarm_rules import holdable, next_pull, rank_images
 
 
 def test_rate_follows_a_steady_stream_and_forgets_it():

@@ -25,7 +25,7 @@ from provisioner.decide.autoscale import (
 from provisioner.decide.assignment import QueueOrder, choose_standby
 from provisioner.decide.deadlines import CREATE_ESTIMATE_S
 from provisioner.decide.forecast import Forecast
-from provisioner.decide.prewarm import Demand
+from provisioner.decide.prewarm_rules import Demand
 from provisioner.model.states import VM_ACTIVE, VmState
 from provisioner.model.errors import NotFound, quote
 from provisioner.model.records import Vm

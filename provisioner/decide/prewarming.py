@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 from provisioner.decide.changes import Changes
 from provisioner.decide.commands import Command
 from provisioner.decide.pools import RANKING_ORDER_MATTERS, PoolState
-from provisioner.decide.prewarm import RECENT_RELEASES, holdable, next_pull, rank_images
+from provisioner.decide.prewarm_rules import RECENT_RELEASES, holdable, next_pull, rank_images
 from provisioner.model.errors import NotFound, quote
 from provisioner.model.images import ImageCatalog
 from provisioner.model.records import Vm
