@@ -55,3 +55,14 @@ def zone_error(project: str, zone: str, quota: tuple[str, str] | None, zones_ava
         {"quotaInfo": {"metricName": f"compute.googleapis.com/{metric.lower()}", "limit": 0,
                        "limitName": f"{metric.replace('_', '-')}-per-project" + ("" if region == "global" else "-region"),
                        "dimensions": dimensions}}]}
+
+
+def error_body(status: int, message: str, reason: str = "") -> dict:
+    reason = reason or {404: "notFound", 409: "alreadyExists", 429: "rateLimitExceeded",
+                        503: "backendError"}.get(status, "error")
+    return {"error": {"code": status, "message": message, "errors": [{"reason": reason, "message": message}]}}
+
+
+def label_filter(text: str) -> dict[str, str]:
+    """labels.KEY = VALUE terms, joined by AND (the subset of the filter syntax the backend uses)."""
+    return {k: v.strip('"') for k, v in re.findall(r"labels\.([\w-]+)\s*=\s*(\"[^\"]*\"|\S+)", text)}

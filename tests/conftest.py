@@ -18,12 +18,12 @@ import grpc
 import pytest
 import yaml
 
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.config import FleetConfig, SecurityConfig, default_clusters_dir, load_fleet
 from provisioner.client.credentials import front_credentials, local_ca
 from provisioner.security.client import dev_token
 from provisioner.security.pki import local_files
-from provisioner.serve import LocalFleet, start_local_fleet
+from provisioner.cli.serve import LocalFleet, start_local_fleet
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
@@ -190,14 +190,9 @@ async def local_fleet(tmp_path):
 @pytest.fixture(scope="session")
 def postgres():
     """A PostgreSQL server for the whole run (see tests/pg.py); skipped loudly if none can start."""
-    from pg import skip_or_fail, start_server
+    from pg import serving
 
-    try:
-        server = start_server()
-    except RuntimeError as e:
-        skip_or_fail(str(e))
-    yield server
-    server.stop()
+    yield from serving()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

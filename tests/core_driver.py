@@ -16,13 +16,13 @@ from provisioner.agent.usage import Usage
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.config import FleetConfig, load_fleet
 from provisioner.decide import events as ev
-from provisioner.decide.commands import Command, Launch, Pull, Start, Step, Wipe
+from provisioner.decide.commands import Command, Step
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.eventlog import EventLog
 from provisioner.decide.ids import IdSource
-from provisioner.decide.images import LayerCache
-from provisioner.decide.states import SessionState, VmState
-from provisioner.model import Session, SessionKind, SessionSpec, Vm
+from provisioner.model.images import LayerCache
+from provisioner.model.states import SessionState, VmState
+from provisioner.model.records import Session, SessionKind, SessionSpec, Vm
 from provisioner.sim.engine import Engine
 
 POOL = "gpu-p100"
@@ -56,6 +56,55 @@ def _failure(what: str, zone: str) -> CloudFailure:
     return CloudFailure("unavailable", f"injected {what} failure", zone)
 
 
+class FixedPhysics:
+    """The driver's physics: fixed durations (no jitter) and its failure knobs, read when a
+    command is issued."""
+
+    def __init__(self, driver: Driver):
+        self.d = driver
+
+    def create_s(self) -> float:
+        return self.d.create_s
+
+    def boot_s(self) -> float:
+        return self.d.sim.boot_s
+
+    def pull_s(self, nbytes: int) -> float:
+        return nbytes / self.d.sim.pull_bytes_per_s
+
+    def wipe_s(self) -> float:
+        return self.d.sim.wipe_s
+
+    def delete_s(self) -> float:
+        return self.d.sim.delete_s
+
+    def stop_s(self) -> float:
+        return self.d.sim.stop_s
+
+    def start_s(self, pool: str) -> float:
+        return self.d.sim.start_median_s
+
+    def notebook_start_s(self) -> float:
+        return self.d.sim.notebook_start_s
+
+    def notebook_stop_s(self) -> float:
+        return self.d.sim.notebook_stop_s
+
+    def launch_outcome(self, zone: str) -> CloudFailure | None:
+        code = self.d.fail_zones.get(zone)
+        return CloudFailure(code, f"injected {code} in {zone}", zone) if code else None
+
+    def pull_outcome(self, zone: str) -> CloudFailure | None:
+        return _failure("pull", zone) if self.d.fail_pulls else None
+
+    def wipe_outcome(self, zone: str) -> CloudFailure | None:
+        return _failure("wipe", zone) if self.d.fail_wipes else None
+
+    def notebook_outcome(self, zone: str) -> CloudFailure | None:
+        reason = self.d.fail_notebooks
+        return CloudFailure("failed_precondition", reason, zone) if reason else None
+
+
 class Driver(Engine):
     """One core on the engine, with fixed durations (create_s, then the config's boot_s, pull
     bandwidth, wipe_s and delete_s, no jitter) and failure knobs, so tests can compute times."""
@@ -84,6 +133,7 @@ class Driver(Engine):
         self._requests = itertools.count(1)
         self._warm = itertools.count()
         super().__init__([core], now=now, ticking=ticking)
+        self.physics = {core.name: FixedPhysics(self)}
 
     # ---- engine hooks -------------------------------------------------------------------
 
@@ -112,49 +162,6 @@ class Driver(Engine):
     def after_event(self) -> None:
         for check in self.checks:
             check(self)
-
-    def create_delay(self, core: ClusterCore) -> float:
-        return self.create_s
-
-    def boot_delay(self, core: ClusterCore) -> float:
-        return self.sim.boot_s
-
-    def pull_delay(self, core: ClusterCore, nbytes: int) -> float:
-        return nbytes / self.sim.pull_bytes_per_s
-
-    def wipe_delay(self, core: ClusterCore) -> float:
-        return self.sim.wipe_s
-
-    def delete_delay(self, core: ClusterCore) -> float:
-        return self.sim.delete_s
-
-    def stop_delay(self, core: ClusterCore) -> float:
-        return self.sim.stop_s
-
-    def start_delay(self, core: ClusterCore, pool: str) -> float:
-        return self.sim.start_median_s
-
-    def launch_outcome(self, core: ClusterCore, cmd: Launch | Start) -> CloudFailure | None:
-        code = self.fail_zones.get(cmd.zone)
-        return CloudFailure(code, f"injected {code} in {cmd.zone}", cmd.zone) if code else None
-
-    def start_outcome(self, core: ClusterCore, cmd: Start) -> CloudFailure | None:
-        return self.launch_outcome(core, cmd)
-
-    def pull_outcome(self, core: ClusterCore, cmd: Pull) -> CloudFailure | None:
-        return _failure("pull", cmd.zone) if self.fail_pulls else None
-
-    def wipe_outcome(self, core: ClusterCore, cmd: Wipe) -> CloudFailure | None:
-        return _failure("wipe", cmd.zone) if self.fail_wipes else None
-
-    def notebook_outcome(self, core: ClusterCore, cmd) -> CloudFailure | None:
-        return CloudFailure("failed_precondition", self.fail_notebooks, cmd.zone) if self.fail_notebooks else None
-
-    def notebook_start_delay(self, core: ClusterCore) -> float:
-        return self.sim.notebook_start_s
-
-    def notebook_stop_delay(self, core: ClusterCore) -> float:
-        return self.sim.notebook_stop_s
 
     # ---- requests and reports, at the driver's `now` ------------------------------------
 

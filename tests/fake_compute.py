@@ -32,40 +32,14 @@ import json
 import re
 import threading
 import time
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from compute_answers import gpu_metric, invalid_insert, quota_message, zone_error
+from compute_answers import error_body, gpu_metric, invalid_insert, label_filter, quota_message, zone_error
+from fake_compute_vms import Call, Instance
+from fake_http import FakeHttpServer
 
 ZONE_PATH = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/(?P<rest>.*)$")
 AGGREGATED = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$")
-
-
-@dataclass
-class Call:
-    method: str  # HTTP verb
-    op: str  # insert, get, delete, list, setMetadata, getGuestAttributes, operations.get, ...
-    project: str
-    zone: str
-    instance: str
-    query: dict
-    body: dict
-    status: int = 200
-    at: float = field(default_factory=time.time)  # wall time
-
-
-@dataclass
-class Instance:
-    name: str
-    zone: str
-    body: dict
-    created: float
-    status: str = "PROVISIONING"
-    guest: dict[str, str] = field(default_factory=dict)  # key under provisioner/ -> value
-    stopping_since: float = 0.0
-    maintenance_event: str = "NONE"  # as its metadata server tells the VM
-    preempted: str = "FALSE"
 
 
 class FakeCompute:
@@ -98,21 +72,18 @@ class FakeCompute:
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
         self.metadata_changed = threading.Condition(self._lock)  # wakes metadata wait-for-change
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._http = FakeHttpServer(self._answer, ("GET", "POST", "DELETE"))
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self._http.port}"
 
     def start(self) -> FakeCompute:
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.stop()
 
     # ---- fault injection and inspection -----------------------------------------------------
 
@@ -136,14 +107,14 @@ class FakeCompute:
         """The project's instances that have booted, by name."""
         with self._lock:
             for inst in self.instances.values():
-                self._tick(inst)
+                inst.advance(time.time(), self)
             return {name: inst for (p, name), inst in self.instances.items() if p == project and inst.status == "RUNNING"}
 
     def status(self, project: str, name: str) -> str:
         """An instance's status now (instances advance by wall time as they are looked at)."""
         with self._lock:
             inst = self.instances[(project, name)]
-            self._tick(inst)
+            inst.advance(time.time(), self)
             return inst.status
 
     def announce_maintenance(self, project: str, name: str, event: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
@@ -172,34 +143,6 @@ class FakeCompute:
 
     # ---- behaviour --------------------------------------------------------------------------
 
-    def _tick(self, inst: Instance) -> None:
-        """Advances an instance by wall time: boot, then the agent's commands."""
-        now = time.time()
-        if inst.status == "STOPPING" and now - inst.stopping_since >= self.stop_s:
-            inst.status = "TERMINATED"
-            inst.guest.clear()  # the agent stopped with the VM; it reports afresh on the next boot
-        if inst.status == "PROVISIONING" and now - inst.created >= self.boot_s:
-            inst.status = "RUNNING"
-            if self.agents == "external":
-                return
-            inst.guest["ready"] = "1"
-        if self.agents == "external":
-            return
-        pending = inst.guest.get("_pending")
-        if pending and inst.status == "RUNNING":
-            cmd = json.loads(pending)
-            done_at = cmd["_at"] + self.command_s
-            if now >= done_at:
-                inst.guest.pop("_pending")
-                if self.drop_done:  # written beyond the rate: gone without a word
-                    self.drop_done -= 1
-                else:
-                    inst.guest[f"done-{cmd['id']}"] = "ok"
-                inst.guest[f"progress-{cmd['id']}"] = str(cmd.get("bytes", 0))
-            else:
-                share = max(0.0, (now - cmd["_at"]) / self.command_s)
-                inst.guest[f"progress-{cmd['id']}"] = str(int(cmd.get("bytes", 0) * share))
-
     def _operation(self, project: str, zone: str, kind: str, target: str, error: dict | None = None,
                    takes_s: float = 0.0) -> dict:
         name = f"operation-{next(self._ids)}"
@@ -222,7 +165,7 @@ class FakeCompute:
         return view
 
     def _instance_view(self, inst: Instance) -> dict:
-        self._tick(inst)
+        inst.advance(time.time(), self)
         return {**inst.body, "name": inst.name, "status": inst.status, "kind": "compute#instance",
                 "zone": f"projects/x/zones/{inst.zone}", "id": str(abs(hash(inst.name)) % 10**12)}
 
@@ -236,7 +179,7 @@ class FakeCompute:
                 return self._logged(Call(method, "list", m["project"], "", "", query, body), self._list(m["project"], query))
             m = ZONE_PATH.match(path)
             if not m:
-                return 404, _error(404, f"no route {method} {path}")
+                return 404, error_body(404, f"no route {method} {path}")
             project, zone, rest = m["project"], m["zone"], m["rest"]
             parts = rest.split("/")
             if parts[0] == "operations" and len(parts) == 2:
@@ -246,7 +189,7 @@ class FakeCompute:
                 call = Call(method, parts[2], project, zone, parts[1], query, body)
                 handler = {"listManagedInstances": self._mig_list, "deleteInstances": self._mig_delete}.get(parts[2])
                 if handler is None:
-                    return self._logged(call, (404, _error(404, f"no route {method} {path}")))
+                    return self._logged(call, (404, error_body(404, f"no route {method} {path}")))
                 return self._logged(call, handler(project, zone, parts[1], body))
             instance = parts[1] if len(parts) > 1 else body.get("name", "")
             op = {("POST", 1): "insert", ("GET", 2): "get", ("DELETE", 2): "delete"}.get((method, len(parts)))
@@ -255,12 +198,12 @@ class FakeCompute:
             call = Call(method, op or "?", project, zone, instance, query, body)
             if self.failing.get(call.op):
                 status, reason = self.failing[call.op].pop(0)
-                return self._logged(call, (status, _error(status, f"injected {status} {reason}", reason)))
+                return self._logged(call, (status, error_body(status, f"injected {status} {reason}", reason)))
             handler = {"insert": self._insert, "get": self._get, "delete": self._delete, "setLabels": self._set_labels,
                        "setMetadata": self._set_metadata, "getGuestAttributes": self._guest,
                        "stop": self._stop, "start": self._start}.get(call.op)
             if handler is None:
-                return self._logged(call, (404, _error(404, f"no route {method} {path}")))
+                return self._logged(call, (404, error_body(404, f"no route {method} {path}")))
             return self._logged(call, handler(project, zone, instance, query, body))
 
     def _logged(self, call: Call, result: tuple) -> tuple[int, dict, float]:
@@ -273,14 +216,14 @@ class FakeCompute:
         if rid and rid in self.by_request_id:  # a retried insert: the operation it already started
             return 200, self._op_view(self.operations[self.by_request_id[rid]])
         if (project, name) in self.instances:
-            return 409, _error(409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
+            return 409, error_body(409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
                                "alreadyExists")
         if template := query.get("sourceInstanceTemplate"):
             if template not in self.templates:
-                return 404, _error(404, f"The resource '{template}' was not found")
+                return 404, error_body(404, f"The resource '{template}' was not found")
             body = {**self.templates[template], **body}  # what the request sets overrides the template
         if (invalid := invalid_insert(body, self.custom_networks)) is not None:
-            return 400, _error(400, invalid, "invalid")
+            return 400, error_body(400, invalid, "invalid")
         if zone in self.stocked_out or self._quota_hit(zone, body):
             if self.sync_zone_errors:
                 return self._zone_error(project, zone, body)
@@ -294,7 +237,7 @@ class FakeCompute:
             self.by_request_id[rid] = op["name"]
         if self.commit_then_fail and (project, name) in self.instances:
             self.commit_then_fail -= 1
-            return 503, _error(503, "injected: the insert was committed but the answer was lost")
+            return 503, error_body(503, "injected: the insert was committed but the answer was lost")
         if self.commit_then_stall and (project, name) in self.instances:
             self.commit_then_stall -= 1
             return 200, self._op_view(op), self.stall_s
@@ -316,10 +259,10 @@ class FakeCompute:
         """A stocked-out or over-quota zone as the call's own answer, as GCE words it: the code is
         only in the reason."""
         if zone in self.stocked_out:
-            return 503, _error(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough "
+            return 503, error_body(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough "
                                     "resources available to fulfill the request.", "ZONE_RESOURCE_POOL_EXHAUSTED")
         metric, region = self._quota_hit(zone, body)
-        return 403, _error(403, quota_message(metric, region), "quotaExceeded")
+        return 403, error_body(403, quota_message(metric, region), "quotaExceeded")
 
     def _zone_failed_operation(self, project: str, zone: str, kind: str, name: str, body: dict) -> dict:
         """The operation's error as Compute gives it (compute_answers.zone_error)."""
@@ -329,10 +272,10 @@ class FakeCompute:
     def _stop(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
         if inst is None or inst.zone != zone:
-            return 404, _error(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+            return 404, error_body(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
         if (rid := query.get("requestId")) in self.by_request_id:
             return 200, self._op_view(self.operations[self.by_request_id[rid]])
-        self._tick(inst)
+        inst.advance(time.time(), self)
         takes_s = 0.0
         if inst.status != "TERMINATED":  # stopping a stopped instance is done at once
             if inst.status != "STOPPING":
@@ -343,12 +286,12 @@ class FakeCompute:
     def _start(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
         if inst is None or inst.zone != zone:
-            return 404, _error(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+            return 404, error_body(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
         if (rid := query.get("requestId")) in self.by_request_id:
             return 200, self._op_view(self.operations[self.by_request_id[rid]])
-        self._tick(inst)
+        inst.advance(time.time(), self)
         if inst.status == "STOPPING":
-            return 400, _error(400, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready",
+            return 400, error_body(400, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready",
                                "resourceNotReady")
         if inst.status != "TERMINATED":  # running or booting already: nothing to do
             return self._answered(query, "start", self._operation(project, zone, "start", name))
@@ -365,7 +308,7 @@ class FakeCompute:
             self.by_request_id[rid] = op["name"]
         if self.answers_lost.get(kind):
             self.answers_lost[kind] -= 1
-            return 503, _error(503, f"injected: the {kind} was carried out but the answer was lost")
+            return 503, error_body(503, f"injected: the {kind} was carried out but the answer was lost")
         return 200, self._op_view(op)
 
     def _nics(self, body: dict) -> list[dict]:
@@ -378,7 +321,7 @@ class FakeCompute:
     def _set_labels(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
         if inst is None or inst.zone != zone:
-            return 404, _error(404, "not found")
+            return 404, error_body(404, "not found")
         inst.body["labels"] = dict(body.get("labels", {}))
         return 200, self._op_view(self._operation(project, zone, "setLabels", name))
 
@@ -401,7 +344,7 @@ class FakeCompute:
     def _mig_list(self, project, zone, group, body):
         names = self.migs.get((project, zone, group))
         if names is None:
-            return 404, _error(404, f"instance group manager {group} not found")
+            return 404, error_body(404, f"instance group manager {group} not found")
         out = [{"instance": f"https://compute.googleapis.com/compute/v1/projects/{project}/zones/{zone}/instances/{n}",
                 "instanceStatus": self._instance_view(self.instances[(project, n)])["status"], "currentAction": "NONE"}
                for n in names]
@@ -410,7 +353,7 @@ class FakeCompute:
     def _mig_delete(self, project, zone, group, body):
         names = self.migs.get((project, zone, group))
         if names is None:
-            return 404, _error(404, f"instance group manager {group} not found")
+            return 404, error_body(404, f"instance group manager {group} not found")
         for url in body.get("instances", []):
             name = url.rsplit("/", 1)[-1]
             if name in names:
@@ -421,23 +364,23 @@ class FakeCompute:
     def _get(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
         if inst is None or inst.zone != zone:
-            return 404, _error(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+            return 404, error_body(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
         return 200, self._instance_view(inst)
 
     def _delete(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
         if inst is None or inst.zone != zone:
-            return 404, _error(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+            return 404, error_body(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
         del self.instances[(project, name)]
         return 200, self._op_view(self._operation(project, zone, "delete", name))
 
     def _set_metadata(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
         if inst is None or inst.zone != zone:
-            return 404, _error(404, "not found")
+            return 404, error_body(404, "not found")
         current = inst.body.get("metadata", {}).get("fingerprint", "")
         if body.get("fingerprint", "") != current:
-            return 412, _error(412, "Supplied fingerprint does not match current metadata fingerprint.",
+            return 412, error_body(412, "Supplied fingerprint does not match current metadata fingerprint.",
                                "conditionNotMet")
         items = {i["key"]: i.get("value", "") for i in body.get("items", [])}
         inst.body["metadata"] = {"items": body.get("items", []), "fingerprint": f"fp-{next(self._ids)}"}
@@ -451,8 +394,8 @@ class FakeCompute:
     def _guest(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
         if inst is None or inst.zone != zone:
-            return 404, _error(404, "not found")
-        self._tick(inst)
+            return 404, error_body(404, "not found")
+        inst.advance(time.time(), self)
         prefix = query.get("queryPath", "").removeprefix("provisioner/")
         items = [{"namespace": "provisioner", "key": k, "value": v} for k, v in sorted(inst.guest.items())
                  if not k.startswith("_") and k.startswith(prefix)]
@@ -462,11 +405,11 @@ class FakeCompute:
     def _get_operation(self, name: str):
         op = self.operations.get(name)
         if op is None:
-            return 404, _error(404, f"operation {name} not found")
+            return 404, error_body(404, f"operation {name} not found")
         return 200, self._op_view(op)
 
     def _list(self, project: str, query: dict):
-        wanted = _label_filter(query.get("filter", ""))
+        wanted = label_filter(query.get("filter", ""))
         zones: dict[str, dict] = {}
         for (p, _), inst in self.instances.items():
             labels = inst.body.get("labels", {})
@@ -474,54 +417,15 @@ class FakeCompute:
                 zones.setdefault(f"zones/{inst.zone}", {"instances": []})["instances"].append(self._instance_view(inst))
         return 200, {"kind": "compute#instanceAggregatedList", "items": zones}
 
-    def _handler(self):
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                body = json.loads(raw) if raw else {}
-                with fake._lock:
-                    fake.in_flight += 1
-                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
-                try:
-                    status, out, stall_s = fake.handle(method, self.path, body)
-                    time.sleep(stall_s)
-                finally:
-                    with fake._lock:
-                        fake.in_flight -= 1
-                data = json.dumps(out).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up waiting (a stalled answer)
-
-            def do_GET(self):
-                self._serve("GET")
-
-            def do_POST(self):
-                self._serve("POST")
-
-            def do_DELETE(self):
-                self._serve("DELETE")
-
-            def log_message(self, *args):  # the request log is fake.log
-                pass
-
-        return Handler
-
-
-def _error(status: int, message: str, reason: str = "") -> dict:
-    reason = reason or {404: "notFound", 409: "alreadyExists", 429: "rateLimitExceeded",
-                        503: "backendError"}.get(status, "error")
-    return {"error": {"code": status, "message": message, "errors": [{"reason": reason, "message": message}]}}
-
-
-def _label_filter(text: str) -> dict[str, str]:
-    """labels.KEY = VALUE terms, joined by AND (the subset of the filter syntax the backend uses)."""
-    return {k: v.strip('"') for k, v in re.findall(r"labels\.([\w-]+)\s*=\s*(\"[^\"]*\"|\S+)", text)}
+    def _answer(self, method: str, path: str, headers, raw: bytes) -> tuple[int, bytes, dict[str, str]]:
+        body = json.loads(raw) if raw else {}
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            status, out, stall_s = self.handle(method, path, body)
+            time.sleep(stall_s)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+        return status, json.dumps(out).encode(), {"Content-Type": "application/json"}

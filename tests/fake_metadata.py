@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 from fake_compute import FakeCompute
+from fake_http import FakeHttpServer
 
 PREFIX = "/computeMetadata/v1/"
 
@@ -34,23 +33,21 @@ class FakeMetadataServer:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self.writes_per_minute = writes_per_minute
         self.identity: FakeIdentity | None = None  # the service account's ID tokens, when set
+        self.access_token: str | None = None  # the service account's OAuth access token, when set
         self.written_at: list[float] = []  # wall times of the guest attribute writes kept
         self.dropped: list[tuple[str, str]] = []  # (method, key) of those dropped
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._http = FakeHttpServer(self._answer, ("GET", "PUT", "DELETE"))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}{PREFIX.rstrip('/')}"
+        return f"http://127.0.0.1:{self._http.port}{PREFIX.rstrip('/')}"
 
     def start(self) -> FakeMetadataServer:
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.stop()
         with self.compute.metadata_changed:
             self.compute.metadata_changed.notify_all()
 
@@ -110,6 +107,10 @@ class FakeMetadataServer:
         if path == "instance/service-accounts/default/identity" and self.identity is not None:
             status, token = self.identity.token(query)
             return status, token, {}
+        if path == "instance/service-accounts/default/token" and self.access_token is not None:
+            # As Google answers: the token, its lifetime in seconds and its type, as JSON.
+            return 200, json.dumps({"access_token": self.access_token, "expires_in": 3599,
+                                    "token_type": "Bearer"}).encode(), {"Content-Type": "application/json"}
         cond = self.compute.metadata_changed
         with cond:
             if self._instance() is None:
@@ -143,38 +144,9 @@ class FakeMetadataServer:
                     return (200, guest[key].encode(), {}) if key in guest else (404, b"not found", {})
             return 404, b"not found", {}
 
-    def _handler(self):
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                status, out, extra = fake.handle(method, self.path, self.headers, body)
-                try:
-                    self.send_response(status)
-                    self.send_header("Metadata-Flavor", "Google")
-                    for k, v in extra.items():
-                        self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(out)))
-                    self.end_headers()
-                    self.wfile.write(out)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def do_GET(self):
-                self._serve("GET")
-
-            def do_PUT(self):
-                self._serve("PUT")
-
-            def do_DELETE(self):
-                self._serve("DELETE")
-
-            def log_message(self, *args):
-                pass
-
-        return Handler
+    def _answer(self, method: str, path: str, headers, body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        status, out, extra = self.handle(method, path, headers, body)
+        return status, out, {"Metadata-Flavor": "Google", **extra}
 
 
 class FakeIdentity:

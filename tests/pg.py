@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import uuid
 from dataclasses import dataclass
+from typing import Iterator
 
 import pytest
 
@@ -98,3 +99,13 @@ def skip_or_fail(reason: str) -> None:
     if os.environ.get("PROVISIONER_REQUIRE_POSTGRES"):
         pytest.fail(f"PostgreSQL is required here but cannot start: {reason}")
     pytest.skip(f"NO POSTGRESQL: {reason}")
+
+
+def serving() -> Iterator[PgServer]:
+    """A fixture's body: a server started, yielded, stopped (skipped or failed if none can start)."""
+    try:
+        server = start_server()
+    except RuntimeError as e:
+        skip_or_fail(str(e))
+    yield server
+    server.stop()

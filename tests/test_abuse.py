@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.abuse import Sample, judge, matches
+from provisioner.rules.abuse import Sample, judge, matches
 from provisioner.agent.usage import Connection, Usage
 from provisioner.config import ConfigError, FleetSettings, load_settings
-from provisioner.config_policy import AbuseConfig
+from provisioner.config.policy import AbuseConfig
 
 CFG = AbuseConfig()
 POOL = Connection("45.9.148.21", 3333)
@@ -169,7 +169,7 @@ def test_bad_settings_name_the_field(tmp_path, text, field, reason):
 
 def test_the_detector_imports_no_grpc_asyncio_or_io_library():
     """The cluster core calls it inside its pure state machine."""
-    code = ("import sys, provisioner.abuse; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+    code = ("import sys, provisioner.rules.abuse; print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "{'grpc', 'asyncio', 'sqlite3', 'google', 'opentelemetry', 'http', 'subprocess', 'yaml', 'pydantic'}"
             " or m == 'urllib.request'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

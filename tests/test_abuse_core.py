@@ -1,4 +1,4 @@
-"""The cluster core's part in abuse detection (provisioner/decide/abuse.py), driven through
+"""The cluster core's part in abuse detection (provisioner/decide/abuse_watch.py), driven through
 `handle` by the tests' driver: reports judged as they come, a flag kept on the session and acted
 on, the memory it takes bounded."""
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 
-from provisioner.agent.fakes import miner
+from provisioner.agent.simulated import miner
 from provisioner.agent.usage import Connection, Usage
 from provisioner.cloud.base import HealthReport
 from provisioner.decide import events as ev
-from provisioner.decide.abuse import MAX_SAMPLES
+from provisioner.decide.abuse_watch import MAX_SAMPLES
 from provisioner.decide.core import ClusterCore
-from provisioner.decide.states import SessionState as S
-from provisioner.model import Session, SessionKind
+from provisioner.model.states import SessionState as S
+from provisioner.model.records import Session, SessionKind
 
 from core_driver import Driver, make_core
 
@@ -57,7 +57,7 @@ def test_a_miner_is_flagged_at_its_first_report_stopped_with_the_rules_and_judge
     assert (record.session_id, record.user_id, record.at, record.rules, record.dry_run) == \
         (s.id, "mal", flagged_at, ("miner_program",), False)
     assert json.loads(record.evidence)["findings"][0]["process"] == miner(3).name
-    assert s.id not in d.core._watched
+    assert d.core.abuse_watch.watching(s.id) is None
     d.run_until(lambda: s.terminal, 10 * MIN)
     assert s.state is S.STOPPED and s.abuse is record
 
@@ -130,7 +130,7 @@ def test_what_a_session_keeps_is_bounded_by_time_and_count_and_let_go_when_it_st
     d = Driver(make_core(abuse={"pool_connection_min_s": 0}))
     core: ClusterCore = d.core
     s = running(d)
-    horizon = core._abuse_horizon_s()
+    horizon = core.abuse_watch.horizon_s()
     assert horizon == 3600 + 300
     quiet = Usage((0,), (), ("bash",), ())
     for _ in range(3 * int(horizon / MIN)):  # three horizons of reports a minute apart, touched often
@@ -138,15 +138,15 @@ def test_what_a_session_keeps_is_bounded_by_time_and_count_and_let_go_when_it_st
         d.touch(s)
         d.health(s.vm_id, usage=quiet)
         d.advance(MIN)
-    kept = core._watched[s.id]
+    kept = core.abuse_watch.watching(s.id)
     assert kept.samples[-1].at - kept.samples[0].at <= horizon
     assert len(kept.touches) <= len(kept.samples) < 70
     for _ in range(2 * MAX_SAMPLES):  # an agent reporting every second
         d.health(s.vm_id, usage=quiet)
         d.advance(1)
-    assert len(core._watched[s.id].samples) == MAX_SAMPLES
+    assert len(core.abuse_watch.watching(s.id).samples) == MAX_SAMPLES
     d.stop(s)
-    assert s.id not in core._watched
+    assert core.abuse_watch.watching(s.id) is None
 
 
 def test_touches_between_the_same_two_reports_break_a_run_once():
@@ -161,7 +161,7 @@ def test_touches_between_the_same_two_reports_break_a_run_once():
         d.health(s.vm_id, usage=TRAINING)
         d.advance(MIN - (10 if minute == 20 else 0))
     # The run restarted after the touches, 29 minutes ago: under the 45-minute window.
-    assert s.abuse is None and len(d.core._watched[s.id].touches) == 1
+    assert s.abuse is None and len(d.core.abuse_watch.watching(s.id).touches) == 1
 
 
 def _healthy(usage: Usage) -> HealthReport:

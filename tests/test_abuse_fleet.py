@@ -15,9 +15,9 @@ from conftest import TIME_SCALE, fleet_config, quick_warm_up, warm_fleet
 from provisioner import client as api
 from provisioner.agent.usage import Usage
 from provisioner.client.credentials import local_ca
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.config import load_fleet
-from provisioner.serve import start_front
+from provisioner.cli.serve import start_front
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
@@ -77,12 +77,12 @@ async def test_a_miner_is_stopped_and_its_user_blocked_at_every_front_until_unbl
                     api.AsyncClient(second.address, token=token, ca=ca) as other:
                 await until(_async(lambda: all(heard)), what="both front replicas hear the flag")
                 store = fleet.fleet.front.store
-                await until(_async(lambda: store.user_block("mal")), what="the user is blocked")
+                await until(_async(lambda: store.blocks.user_block("mal")), what="the user is blocked")
                 for c in (one, other):
                     with pytest.raises(api.UserBlocked):
                         await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
                 assert heard[0] == [s.id] and heard[1] == [s.id]  # each replica heard it, once
-                (decision,) = store.abuse_decisions("mal", 10)  # recorded once
+                (decision,) = store.blocks.abuse_decisions("mal", 10)  # recorded once
                 assert decision[0] == s.id and decision[2] == "miner_program" and decision[5] is True
                 shown = await fleet.admin.GetUserBlock(admin_pb.GetUserBlockRequest(user_id="mal"))
                 assert shown.block.blocked_by == "detector" and shown.block.reason.startswith("miner_program: ")
@@ -92,7 +92,7 @@ async def test_a_miner_is_stopped_and_its_user_blocked_at_every_front_until_unbl
                 made = [await c.create_session(user_id="mal", accelerator="gpu-p100", image="gpu:latest")
                         for c in (one, other)]  # placed again, at both replicas
                 assert all(m.cluster and m.state is not api.SessionState.FAILED for m in made)
-                assert store.user_block("mal") is None  # the flag, sent again, does not block again
+                assert store.blocks.user_block("mal") is None  # the flag, sent again, does not block again
         finally:
             await second.stop(0.5)
 
@@ -144,8 +144,8 @@ async def test_a_training_batch_at_full_gpu_is_left_alone_and_an_unknown_program
         await until(_async(lambda: rt.clock.now() - started > 1200), what="20 model minutes")
         now = (await fleet.sessions.GetSession(_get(training.id))).session
         assert now.state == pb.SESSION_STATE_RUNNING and rt.core.sessions[training.id].abuse is None
-        assert fleet.fleet.front.store.abuse_decisions("ann", 10) == []
-        assert fleet.fleet.front.store.abuse_decisions("mal", 10)[0][0] == other.id
+        assert fleet.fleet.front.store.blocks.abuse_decisions("ann", 10) == []
+        assert fleet.fleet.front.store.blocks.abuse_decisions("mal", 10)[0][0] == other.id
 
 
 def _spy(apply, log: list[str]):

@@ -14,12 +14,13 @@ import yaml
 from conftest import TIME_SCALE, cluster_channel, fleet_config, quick_warm_up
 from provisioner import client as api
 from provisioner.client.credentials import local_ca
-from provisioner.clock import ManualClock, RealClock
+from provisioner.common.clock import ManualClock, RealClock
 from provisioner.cloud.sim import Inventory, SimCloud
 from provisioner.config import load_fleet
-from provisioner.model import request_key
+from provisioner.model.records import request_key
 from provisioner.security.client import dev_token
-from provisioner.serve import start_front
+from provisioner.cli.serve import start_front
+from provisioner.front.records import FrontRecords
 from provisioner.store import SqliteStore
 from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
@@ -67,7 +68,7 @@ async def test_a_cluster_killed_after_flagging_sends_the_flag_again_once_restart
         # Made as a front places it: the fronts' store knows whose session it is (a flag for a
         # session no front made blocks nobody: front/cluster_reports.py).
         store = SqliteStore(data_dir / "front.db")
-        store.remember_request(request_key("mal", "r1"), s.id, CLUSTER, 0.0)
+        FrontRecords(store).remember_request(request_key("mal", "r1"), s.id, CLUSTER, 0.0)
         store.close()
         # The simulated cloud persists in a file, as a real one does; a process reads it at start,
         # so the miner is marked while the cluster is down and seen once it is back.
@@ -86,8 +87,8 @@ async def test_a_cluster_killed_after_flagging_sends_the_flag_again_once_restart
         front = await start_front(config, RealClock(TIME_SCALE), data_dir, address="127.0.0.1:0",
                                   cluster_addresses={CLUSTER: address})
         try:
-            await until(lambda: asyncio.to_thread(front.store.user_block, "mal"), what="the user is blocked")
-            assert [d[0] for d in front.store.abuse_decisions("mal", 10)] == [s.id]
+            await until(lambda: asyncio.to_thread(front.store.blocks.user_block, "mal"), what="the user is blocked")
+            assert [d[0] for d in front.store.blocks.abuse_decisions("mal", 10)] == [s.id]
             async with api.AsyncClient(front.address, token=dev_token(data_dir, "local-operator"),
                                        ca=local_ca(data_dir)) as c:
                 with pytest.raises(api.UserBlocked):

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 
-from provisioner.abuse import Sample, judge
-from provisioner.agent.fakes import MINERS, FakeHost, FakeNvml, mine, miner
+from provisioner.rules.abuse import Sample, judge
+from provisioner.agent.simulated import MINERS, mine, miner
+from provisioner.agent.fakes import FakeHost, FakeNvml
 from provisioner.agent.gpu import Gpus
 from provisioner.agent.host import Process
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.base import LABEL_CLUSTER, LABEL_POOL, LaunchSpec
 from provisioner.cloud.sim import Inventory, SimCloud
 from provisioner.config import SimCloudConfig
-from provisioner.config_policy import AbuseConfig
+from provisioner.config.policy import AbuseConfig
 
 CFG = AbuseConfig()
 ZONE = "us-central1-a"

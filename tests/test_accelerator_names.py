@@ -10,8 +10,8 @@ import re
 import pytest
 
 from provisioner import cli
-from provisioner.errors import InvalidArgument
-from provisioner.validation import pool_named
+from provisioner.model.errors import InvalidArgument
+from provisioner.rules.validation import pool_named
 
 POOLS = {"gpu-p100": "nvidia-tesla-p100", "gpu-t4": "nvidia-tesla-t4", "gpu-t4x2": "nvidia-tesla-t4"}
 

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from conftest import warm_fleet
 from provisioner.api import convert
 from provisioner.front.admission import LIST_AFTER, ends_seen, why_list
-from provisioner.store.front_records import Admission, Made
+from provisioner.front.records import Admission, Made
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
 from test_quota import refused, with_quotas

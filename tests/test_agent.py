@@ -9,15 +9,16 @@ import time
 
 import pytest
 
-from provisioner.abuse import Sample, judge
+from provisioner.rules.abuse import Sample, judge
 from provisioner.agent.agent import Agent, DoneIds
 from provisioner.agent.config import AgentConfig
-from provisioner.agent.fakes import FakeHost, FakeMetadata, FakeNvml, FakeRuntime, mine
+from provisioner.agent.fakes import FakeHost, FakeMetadata, FakeNvml, FakeRuntime
+from provisioner.agent.simulated import mine
 from provisioner.agent.gpu import Gpus
 from provisioner.agent.runtime import Credentials
 from provisioner.agent.usage import Connection, Usage
-from provisioner.clock import RealClock
-from provisioner.config_policy import AbuseConfig
+from provisioner.common.clock import RealClock
+from provisioner.config.policy import AbuseConfig
 
 WORKSPACES, SCRATCH = "/var/lib/provisioner-agent/workspaces", "/scratch"
 

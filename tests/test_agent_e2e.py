@@ -24,12 +24,12 @@ from conftest import fleet_config
 from fake_compute import FakeCompute
 from fake_metadata import FakeMetadataServer
 from provisioner.agent.fakes import FakeHost, FakeRuntime, State
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.cloud.gce import GceBackend
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
-from provisioner.model import SessionSpec
+from provisioner.model.records import SessionSpec
 from test_gce import loopback_only  # noqa: F401 (a fixture)
 
 PROJECT, CLUSTER, POOL = "test-proj", "us-central1", "gpu-p100"

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from provisioner.decide import assignment
 from provisioner.decide.assignment import QueueOrder, choose_vm, queue_order
-from provisioner.errors import FailedPrecondition
-from provisioner.decide.images import LayerCache
-from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.decide.states import SESSION_HOLDS_VM, SessionState, VmState
+from provisioner.model.errors import FailedPrecondition
+from provisioner.model.images import LayerCache
+from provisioner.model.records import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.model.states import SESSION_HOLDS_VM, SessionState, VmState
 
 CATALOG = fleet().catalog
 # A window of recent versions, so that random caches and requests overlap often.

@@ -13,9 +13,9 @@ from opentelemetry import trace
 from opentelemetry.util._once import Once
 
 from provisioner import cli
-from provisioner.audit import MAX_PAGE_SIZE, MAX_TEXT, AuditLog, AuditRecord
-from provisioner.clock import ManualClock
-from provisioner.errors import InvalidArgument
+from provisioner.store.audit_log import MAX_PAGE_SIZE, MAX_TEXT, AuditLog, AuditRecord
+from provisioner.common.clock import ManualClock
+from provisioner.model.errors import InvalidArgument
 from provisioner.store import open_store
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc

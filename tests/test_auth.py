@@ -7,7 +7,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from provisioner.errors import Unauthenticated
+from provisioner.model.errors import Unauthenticated
 from provisioner.security.auth import (ADMIN, ANONYMOUS, FRONT, FRONT_POLICY, SERVICE, USER, Caller, Rule,
                                        authorize, with_admin_service, with_cluster_service)
 from provisioner.security.tokens import Issuer, TokenVerifier, mint
@@ -88,6 +88,33 @@ def test_bad_tokens_are_unauthenticated(make, reason):
     verifier = TokenVerifier([_issuer(key)], wall=lambda: 1_000_000.0)
     with pytest.raises(Unauthenticated, match=reason):
         verifier.verify(make(key, other))
+
+
+def test_tokens_that_need_no_fetched_key_are_decided_on_the_spot_and_refusals_remembered(monkeypatch):
+    """The event loop decides what needs no issuer's keys fetched (a flood of bad tokens then
+    takes no worker thread), and a token refused once is refused from memory."""
+    from provisioner.security import tokens
+
+    key, other = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    now = [1_000_000.0]
+    verifier = TokenVerifier([_issuer(key), Issuer("https://issuer.example", "aud", "sub", frozenset({USER}), {},
+                                                   jwks_url="https://issuer.example/keys")], wall=lambda: now[0])
+    assert verifier.verify_here(mint(_pem(key), "ops", now=now[0])).identity == "ops"
+    assert verifier.verify_here(mint(_pem(key), "x", issuer="https://issuer.example", audience="aud",
+                                     now=now[0])) is None  # its issuer's keys may need fetching: off the loop
+    forged = mint(_pem(other), "ops", now=now[0])
+    signature_checks = []
+    real_decode = tokens.jwt.decode
+    monkeypatch.setattr(tokens.jwt, "decode", lambda *a, **kw: signature_checks.append(1) or real_decode(*a, **kw))
+    for token in ("not-a-token", forged):
+        for _ in range(3):
+            with pytest.raises(Unauthenticated):
+                verifier.verify_here(token)
+    assert len(signature_checks) == 1 + 3  # the garbage parsed once; the forgery parsed twice and checked, once
+    now[0] += tokens.REFUSAL_KEPT_S + 1
+    with pytest.raises(Unauthenticated):
+        verifier.verify_here(forged)
+    assert len(signature_checks) == 7  # checked again once the refusal is forgotten
 
 
 @pytest.mark.parametrize("address, anywhere, refused", [

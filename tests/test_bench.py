@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from provisioner.sim import bench
-from provisioner.sim.replay import HEADER
+from provisioner.sim.trace import HEADER
 
 ROWS = [f"{i * 400 + 7},u{i % 5},interactive,gpu-p100,gpu:v{158 + i % 3},us-central1,{600 + 90 * i},{i % 4 == 0:d}"
         for i in range(12)]

@@ -11,16 +11,18 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.util._once import Once
 
-from provisioner import abuse_record, cli
+from provisioner import cli
+
+from provisioner.model import abuse_record
 from provisioner import client as api
-from provisioner.abuse import Finding, Verdict
+from provisioner.model.abuse_record import Finding, Verdict
 from provisioner.agent.usage import Connection
 from provisioner.cli import render_admin
 from provisioner.client.credentials import local_ca
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.config import load_fleet
 from provisioner.front import blocks
-from provisioner.serve import start_front
+from provisioner.cli.serve import start_front
 from provisioner.store import open_store
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
@@ -43,36 +45,36 @@ POOL = Finding("pool_connection", "connected to 203.0.113.7:3333 (a mining pool 
 # ---- the store -------------------------------------------------------------------------------
 
 def test_a_block_is_kept_until_lifted_and_the_first_one_stands(store):
-    assert store.user_block("eve") is None
-    assert store.block_user("eve", 10.0, "ops@example.com", "mining", "")
-    assert not store.block_user("eve", 20.0, "other-operator", "again", "")  # already blocked
-    assert store.user_block("eve") == ("eve", 10.0, "ops@example.com", "mining", "")
-    assert store.block_user("mal", 30.0, blocks.DETECTOR, "miner_program: ...", '{"findings": []}')
-    assert [b[0] for b in store.blocked_users(10)] == ["mal", "eve"]  # newest first
-    assert [b[0] for b in store.blocked_users(1, offset=1)] == ["eve"]
-    assert store.unblock_user("eve", 40.0, "ops2") == ("eve", 10.0, "ops@example.com", "mining", "")
-    assert store.unblock_user("eve", 41.0, "ops2") is None
-    assert store.user_block("eve") is None and [b[0] for b in store.blocked_users(10)] == ["mal"]
+    assert store.blocks.user_block("eve") is None
+    assert store.blocks.block_user("eve", 10.0, "ops@example.com", "mining", "")
+    assert not store.blocks.block_user("eve", 20.0, "other-operator", "again", "")  # already blocked
+    assert store.blocks.user_block("eve") == ("eve", 10.0, "ops@example.com", "mining", "")
+    assert store.blocks.block_user("mal", 30.0, blocks.DETECTOR, "miner_program: ...", '{"findings": []}')
+    assert [b[0] for b in store.blocks.blocked_users(10)] == ["mal", "eve"]  # newest first
+    assert [b[0] for b in store.blocks.blocked_users(1, offset=1)] == ["eve"]
+    assert store.blocks.unblock_user("eve", 40.0, "ops2") == ("eve", 10.0, "ops@example.com", "mining", "")
+    assert store.blocks.unblock_user("eve", 41.0, "ops2") is None
+    assert store.blocks.user_block("eve") is None and [b[0] for b in store.blocks.blocked_users(10)] == ["mal"]
     # Lifted, kept: blocked again and lifted again, both are in the history, newest first.
-    store.block_user("eve", 50.0, "ops@example.com", "again", "")
-    store.unblock_user("eve", 60.0, "ops3")
-    assert store.lifted_blocks("eve", 10) == [("eve", 50.0, "ops@example.com", "again", "", 60.0, "ops3"),
+    store.blocks.block_user("eve", 50.0, "ops@example.com", "again", "")
+    store.blocks.unblock_user("eve", 60.0, "ops3")
+    assert store.blocks.lifted_blocks("eve", 10) == [("eve", 50.0, "ops@example.com", "again", "", 60.0, "ops3"),
                                               ("eve", 10.0, "ops@example.com", "mining", "", 40.0, "ops2")]
-    assert store.lifted_blocks("mal", 10) == []
+    assert store.blocks.lifted_blocks("mal", 10) == []
 
 
 def test_a_decision_is_recorded_once_and_blocks_unless_dry_run(store):
-    assert store.record_abuse_decision("c.s-01", "mal", 50.0, "miner_program", "r", "{}", True, blocks.DETECTOR)
-    assert store.user_block("mal")[2] == blocks.DETECTOR
+    assert store.blocks.record_abuse_decision("c.s-01", "mal", 50.0, "miner_program", "r", "{}", True, blocks.DETECTOR)
+    assert store.blocks.user_block("mal")[2] == blocks.DETECTOR
     # The same flag delivered again after an operator lifted the block: nothing changes.
-    assert store.unblock_user("mal", 55.0, "ops")
-    assert not store.record_abuse_decision("c.s-01", "mal", 60.0, "miner_program", "r", "{}", True, blocks.DETECTOR)
-    assert store.user_block("mal") is None
+    assert store.blocks.unblock_user("mal", 55.0, "ops")
+    assert not store.blocks.record_abuse_decision("c.s-01", "mal", 60.0, "miner_program", "r", "{}", True, blocks.DETECTOR)
+    assert store.blocks.user_block("mal") is None
     # A dry run records, and blocks nobody.
-    assert store.record_abuse_decision("c.s-02", "dan", 70.0, "pool_connection", "r", "{}", False, blocks.DETECTOR)
-    assert store.user_block("dan") is None
-    assert store.abuse_decisions("dan", 10) == [("c.s-02", 70.0, "pool_connection", "r", "{}", False)]
-    assert [d[0] for d in store.abuse_decisions("mal", 10)] == ["c.s-01"]
+    assert store.blocks.record_abuse_decision("c.s-02", "dan", 70.0, "pool_connection", "r", "{}", False, blocks.DETECTOR)
+    assert store.blocks.user_block("dan") is None
+    assert store.blocks.abuse_decisions("dan", 10) == [("c.s-02", 70.0, "pool_connection", "r", "{}", False)]
+    assert [d[0] for d in store.blocks.abuse_decisions("mal", 10)] == ["c.s-01"]
 
 
 # ---- the decision record ---------------------------------------------------------------------
@@ -99,17 +101,17 @@ async def test_applying_a_decision_blocks_once_and_a_dry_run_blocks_nobody(store
     flagged = abuse_record.decision(Verdict((MINER, POOL)), "c.s-01", "mal", 400.0, dry_run=False)
     assert await blocks.apply(store, flagged)
     assert not await blocks.apply(store, flagged)  # delivered again: nothing new
-    assert store.user_block("mal") == ("mal", 400.0, blocks.DETECTOR, flagged.reason, flagged.evidence)
-    assert store.abuse_decisions("mal", 10) == [("c.s-01", 400.0, "miner_program,pool_connection", flagged.reason,
+    assert store.blocks.user_block("mal") == ("mal", 400.0, blocks.DETECTOR, flagged.reason, flagged.evidence)
+    assert store.blocks.abuse_decisions("mal", 10) == [("c.s-01", 400.0, "miner_program,pool_connection", flagged.reason,
                                                  flagged.evidence, True)]
     # A user an operator blocked first keeps that block; the decision is recorded beside it.
-    store.block_user("eve", 10.0, "ops@example.com", "ticket 7", "")
+    store.blocks.block_user("eve", 10.0, "ops@example.com", "ticket 7", "")
     assert await blocks.apply(store, abuse_record.decision(Verdict((MINER,)), "c.s-02", "eve", 500.0, dry_run=False))
-    assert store.user_block("eve")[2:4] == ("ops@example.com", "ticket 7")
-    assert store.abuse_decisions("eve", 10)[0][0] == "c.s-02"
+    assert store.blocks.user_block("eve")[2:4] == ("ops@example.com", "ticket 7")
+    assert store.blocks.abuse_decisions("eve", 10)[0][0] == "c.s-02"
     # Dry run: recorded, nobody blocked.
     assert await blocks.apply(store, abuse_record.decision(Verdict((POOL,)), "c.s-03", "dan", 600.0, dry_run=True))
-    assert store.user_block("dan") is None and store.abuse_decisions("dan", 10)[0][-1] is False
+    assert store.blocks.user_block("dan") is None and store.blocks.abuse_decisions("dan", 10)[0][-1] is False
 
 
 def test_the_cli_shows_a_block_and_the_decisions_as_text():

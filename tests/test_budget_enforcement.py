@@ -73,14 +73,14 @@ async def test_a_sweep_recomputes_only_the_users_whose_budget_end_may_have_moved
         # The front's own sweep stops: its lists would be counted as this one's.
         fleet.fleet.front.budgets.cancel()
         await asyncio.gather(fleet.fleet.front.budgets, return_exceptions=True)
-        enforcer = BudgetEnforcer(svc)
+        enforcer = BudgetEnforcer(svc.weeks, svc.fleet)
 
         async def sweep() -> tuple[list[str], list[str]]:
             """The users the sweep computed an end for, and those it listed on their own (creates'
             quota checks list users too: not counted)."""
             computed: list[str] = []
             listed: list[str] = []
-            enforce, week = enforcer._enforce, svc._week
+            enforce, week = enforcer._enforce, svc.weeks.week
 
             async def spying_enforce(user, *args):
                 computed.append(user)
@@ -90,11 +90,11 @@ async def test_a_sweep_recomputes_only_the_users_whose_budget_end_may_have_moved
                 listed.append(user)
                 return await week(user, *args, **kwargs)
 
-            enforcer._enforce, svc._week = spying_enforce, spying_week
+            enforcer._enforce, svc.weeks.week = spying_enforce, spying_week
             try:
                 await enforcer.sweep()
             finally:
-                del enforcer._enforce, svc._week
+                del enforcer._enforce, svc.weeks.week
             return sorted(computed), sorted(listed)
 
         await fleet.running(await fleet.create(user_id="alice"))
@@ -112,14 +112,14 @@ async def test_a_sweep_recomputes_only_the_users_whose_budget_end_may_have_moved
         assert await sweep() == ([], [])
 
         # Bob's week as the sweeps know it, and as listing him tells it.
-        q = await svc.quotas("bob")
+        q = await svc.weeks.quotas("bob")
         known = enforcer._known_week("bob", q, await enforcer._list_all())
         assert known is not None
-        listed = await svc._week("bob", q)
+        listed = await svc.weeks.week("bob", q)
         now = svc.clock.now()
         assert sorted(r.request_id for r in known[1]) == sorted(r.request_id for r in listed[1]) != []
         assert sorted(s.id for s in known[0]) == sorted(s.id for s in listed[0])
-        usage_known, usage_listed = svc._usage(*known, now, q), svc._usage(*listed, now, q)
+        usage_known, usage_listed = svc.weeks.usage(*known, now, q), svc.weeks.usage(*listed, now, q)
         assert (usage_known.active, usage_known.running_gpus) == (usage_listed.active, usage_listed.running_gpus)
         assert abs(usage_known.used_s - usage_listed.used_s) < 1e-6
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from core_driver import Driver, make_core
 
 from provisioner.decide import events as ev
-from provisioner.decide.states import SessionState as S
-from provisioner.model import SessionKind
+from provisioner.model.states import SessionState as S
+from provisioner.model.records import SessionKind
 
 MIN = 60.0
 

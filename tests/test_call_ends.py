@@ -16,9 +16,9 @@ import pytest
 
 from provisioner.api import status
 from provisioner.api.guard import Guard
-from provisioner.errors import InvalidArgument
+from provisioner.model.errors import InvalidArgument
 from provisioner.security.auth import CLUSTER_SERVICE, FRONT, Caller, with_cluster_service
-from provisioner.telemetry import server_wrappers
+from provisioner.observability.telemetry import server_wrappers
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_stream_var", default="")

@@ -46,7 +46,7 @@ def test_model_time_is_labelled():
 
 
 def test_trace_view_rounds_floats():
-    from provisioner.traceview import render_tree
+    from provisioner.observability.traceview import render_tree
 
     span = {"trace_id": "t", "span_id": "a", "name": "SessionService/CreateSession", "start_ns": 0, "end_ns": 2_000_000,
             "attributes": {}, "events": [{"name": "candidate", "time_ns": 1_000_000,

@@ -227,7 +227,7 @@ def test_tracing_root_span_parents_the_call(run, front, monkeypatch):
 
     fake = types.SimpleNamespace(setup_tracing=setup_tracing,
                                  shutdown_tracing=lambda provider: calls.append("shutdown"))
-    monkeypatch.setitem(sys.modules, "provisioner.telemetry", fake)
+    monkeypatch.setitem(sys.modules, "provisioner.observability.telemetry", fake)
 
     rc, _, err = run("session", "get", "us-central1.s1", "--traces", "console")
     assert rc == 0
@@ -276,7 +276,7 @@ def test_front_flag_beats_env_at_any_level(front, capsys, monkeypatch):
 
 
 def test_real_telemetry_file_exporter(run, tmp_path, monkeypatch):
-    telemetry = pytest.importorskip("provisioner.telemetry")
+    telemetry = pytest.importorskip("provisioner.observability.telemetry")
     path = tmp_path / "traces.jsonl"
     monkeypatch.setenv(getattr(telemetry, "ENV_FILE", "PROVISIONER_TRACES_FILE"), str(path))
     monkeypatch.setenv("PROVISIONER_TRACES", "file")

@@ -315,7 +315,7 @@ def test_credentials_from_the_environment(tmp_path, monkeypatch):
 
 def test_a_quota_error_from_the_server_edge_carries_its_reset_time(scripted):
     from provisioner.api.status import to_status
-    from provisioner.errors import QuotaExceeded
+    from provisioner.model.errors import QuotaExceeded
 
     server, c = scripted
     reset = datetime(2026, 11, 30, tzinfo=timezone.utc)

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 from core_driver import make_core
 
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
 from provisioner.cluster import service as cluster_service
 from provisioner.cluster.runtime import ClusterRuntime

@@ -9,7 +9,7 @@ import asyncio
 import grpc
 import pytest
 
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.front.clusters import ClusterClient
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb

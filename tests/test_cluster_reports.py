@@ -11,12 +11,12 @@ import grpc
 import pytest
 
 from conftest import fleet_config, front_channel
-from provisioner.abuse_record import Decision
-from provisioner.clock import RealClock
+from provisioner.model.abuse_record import Decision
+from provisioner.common.clock import RealClock
 from provisioner.front.cluster_reports import capacity_problem, endpoint_problem, flag_problem, session_problem
 from provisioner.perf.fleet import free_port
 from provisioner.security import tls
-from provisioner.serve import local_tls, start_front
+from provisioner.cli.serve import local_tls, start_front
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb

@@ -12,11 +12,11 @@ import pytest
 from core_driver import make_core
 
 from provisioner.api import convert
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
 from provisioner.cluster import runtime as runtime_module
 from provisioner.cluster.runtime import ClusterRuntime
-from provisioner.model import SessionSpec
+from provisioner.model.records import SessionSpec
 from provisioner.store import SqliteStore
 
 
@@ -30,10 +30,10 @@ def runtime(store=None, **pool) -> tuple[ClusterRuntime, SimCloud, ManualClock]:
 def walked(rt: ClusterRuntime) -> tuple[dict, dict]:
     """The capacity counts as a walk over every VM finds them."""
     by_image, unhealthy = {}, {}
-    for pool in rt.pools():
+    for pool in rt.reads.pools():
         name = pool.config.name
         for vm in rt.core.assignable(pool):
-            for image in vm.cache.images(rt.catalog):
+            for image in vm.cache.images(rt.reads.catalog):
                 by_image.setdefault(name, {}).setdefault(image, 0)
                 by_image[name][image] += 1
         unhealthy[name] = sum(not vm.healthy for vm in pool.vms.values())
@@ -42,7 +42,7 @@ def walked(rt: ClusterRuntime) -> tuple[dict, dict]:
 
 def counted(rt: ClusterRuntime) -> tuple[dict, dict]:
     return ({p: c for p, c in rt.capacity.warm_by_image.items() if c},
-            {p.config.name: rt.capacity.unhealthy.get(p.config.name, 0) for p in rt.pools()})
+            {p.config.name: rt.capacity.unhealthy.get(p.config.name, 0) for p in rt.reads.pools()})
 
 
 async def test_capacity_counts_follow_every_change_as_a_full_walk_finds_them():
@@ -77,13 +77,13 @@ async def test_a_steps_watchers_and_commands_wait_for_its_transaction(tmp_path):
         store.writer.submit(lambda _cur: gate.wait(10))  # the writer is busy
         first = rt.allocate(SessionSpec("r1", "ada", "gpu-p100", "gpu:latest"))
         second = rt.allocate(SessionSpec("r2", "bob", "gpu-p100", "gpu:latest"))
-        durable = asyncio.create_task(rt.durable(second.id))
+        durable = asyncio.create_task(rt.writer.durable(second.id))
         await asyncio.sleep(0.05)
         assert not durable.done() and not cloud.vms  # no launch before the session is written
-        assert store.load_sessions(rt.name) == []
+        assert store.sessions.load_sessions(rt.reads.name) == []
         gate.set()
         await durable
-        assert {s.id for s in store.load_sessions(rt.name)} == {first.id, second.id}
+        assert {s.id for s in store.sessions.load_sessions(rt.reads.name)} == {first.id, second.id}
         await clock.advance(1)
         assert len(cloud.vms) == 2  # each cold start launched once written
     finally:
@@ -97,19 +97,19 @@ async def test_a_read_of_some_sessions_waits_for_their_writes_only(tmp_path):
     await rt.start()
     try:
         ada = rt.allocate(SessionSpec("r1", "ada", "gpu-p100", "gpu:latest"))
-        await rt.durable()
+        await rt.writer.durable()
         gate = threading.Event()
         store.writer.submit(lambda _cur: gate.wait(10))  # the writer is busy
         bob = rt.allocate(SessionSpec("r2", "bob", "gpu-p100", "gpu:latest"))  # queued behind it
-        await asyncio.wait_for(rt.durable(ada.id), 1)  # ada's is written: a read of it goes on
-        for waiting in (rt.durable(bob.id), rt.durable(ada.id, bob.id), rt.durable()):
+        await asyncio.wait_for(rt.writer.durable(ada.id), 1)  # ada's is written: a read of it goes on
+        for waiting in (rt.writer.durable(bob.id), rt.writer.durable(ada.id, bob.id), rt.writer.durable()):
             task = asyncio.create_task(waiting)
             await asyncio.sleep(0.05)
             assert not task.done()
             task.cancel()
         gate.set()
-        await asyncio.wait_for(rt.durable(bob.id), 5)
-        assert {s.id for s in store.load_sessions(rt.name)} == {ada.id, bob.id}
+        await asyncio.wait_for(rt.writer.durable(bob.id), 5)
+        assert {s.id for s in store.sessions.load_sessions(rt.reads.name)} == {ada.id, bob.id}
     finally:
         await rt.close()
         store.close()
@@ -151,7 +151,7 @@ async def test_a_brief_list_leaves_out_histories_and_notices_and_keeps_what_mete
         await clock.advance(60)
         rt.stop(s.id, "done")
         await clock.advance(60)
-        ended = rt.get(s.id)
+        ended = rt.reads.get(s.id)
         full, brief = convert.session_to_pb(ended, clock.now()), convert.session_to_pb(ended, clock.now(), brief=True)
         assert full.history and not brief.history and not brief.notices
         for name in ("id", "state", "cluster", "pool", "spec", "create_time", "ready_time", "end_time"):
@@ -195,7 +195,7 @@ async def test_a_long_list_is_filtered_and_converted_a_part_at_a_time_and_answer
         resp = await servicer.List(cluster_pb.ListRequest(brief=True, page_size=100), _Call())
         during = turns - before
         counter.cancel()
-        expected = service.filter_sessions(rt.sessions(""), "", [])
+        expected = service.filter_sessions(rt.reads.sessions(""), "", [])
         assert [s.id for s in resp.sessions] == [s.id for s in expected]
         assert {s.id for s in made} <= {s.id for s in resp.sessions}
         assert during >= 2  # the loop turned between the parts (12 sessions, 5 at a time)
@@ -247,8 +247,8 @@ async def test_a_listing_s_later_pages_follow_its_first_page_s_order_without_fil
             await clock.advance(1)
         servicer = service.ClusterServicer(rt, clock)
         filtered = []
-        sessions = rt.sessions
-        monkeypatch.setattr(rt, "sessions", lambda *args: filtered.append(args) or sessions(*args))
+        sessions = rt.reads.sessions
+        monkeypatch.setattr(rt.reads, "sessions", lambda *args: filtered.append(args) or sessions(*args))
         first = await servicer.List(cluster_pb.ListRequest(page_size=4), _Call())
         rt.allocate(SessionSpec("newer", "ada", "gpu-p100", "gpu:latest"))  # first in the order, now
         await clock.advance(1)
@@ -270,7 +270,7 @@ async def test_a_watcher_of_a_queued_session_is_told_of_its_moves_and_a_resume_o
     the session stands now. A change of the session is reported at once."""
     store = SqliteStore(tmp_path / "cluster.db")
     rt, cloud, clock = runtime(store, min_vms=0, max_vms=1, headroom_fraction=0.0)
-    rt.move_report_s = 0.3
+    rt.watchers.move_report_s = 0.3
     await rt.start()
     try:
         rt.allocate(SessionSpec("r0", "holder", "gpu-p100", "gpu:latest"))
@@ -279,8 +279,8 @@ async def test_a_watcher_of_a_queued_session_is_told_of_its_moves_and_a_resume_o
             ahead.append(rt.allocate(SessionSpec(f"r{i + 1}", f"u{i}", "gpu-p100", "gpu:latest")))
             await clock.advance(1)
         me = rt.allocate(SessionSpec("r9", "me", "gpu-p100", "gpu:latest"))
-        await rt.durable()
-        watch = rt.watch(me.id)
+        await rt.writer.durable()
+        watch = rt.watchers.watch(me.id)
 
         async def report(within: float = 5) -> tuple[int, int, float]:
             started = asyncio.get_running_loop().time()
@@ -313,11 +313,11 @@ async def test_a_watch_resumed_at_the_revision_seen_starts_with_where_the_sessio
         ahead = rt.allocate(SessionSpec("r1", "u1", "gpu-p100", "gpu:latest"))
         await clock.advance(1)
         me = rt.allocate(SessionSpec("r9", "me", "gpu-p100", "gpu:latest"))
-        await rt.durable()
+        await rt.writer.durable()
         seen = me.revision
         assert me.queue_position == 2
         rt.stop(ahead.id, "gave up")
-        resumed = rt.watch(me.id, after_revision=seen)
+        resumed = rt.watchers.watch(me.id, after_revision=seen)
         s = await asyncio.wait_for(anext(resumed), 5)
         assert (s.revision, s.queue_position) == (seen, 1)
         await resumed.aclose()

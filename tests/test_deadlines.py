@@ -14,13 +14,13 @@ import asyncio
 import pytest
 from core_driver import Driver, busy, make_core
 
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.decide import events as ev
 from provisioner.decide.commands import Delete, Launch, Pull, Start, StartNotebook, Stop, StopNotebook, Wipe
-from provisioner.decide.states import SessionState as S
-from provisioner.decide.states import VmState as V
+from provisioner.model.states import SessionState as S
+from provisioner.model.states import VmState as V
 
 CASES = [
     pytest.param({}, id="nothing-injected"),

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from provisioner.perf import replay, tables
-from provisioner.sim.replay import read_trace
+from provisioner.sim.trace import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "economics.md"

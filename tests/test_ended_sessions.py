@@ -3,14 +3,14 @@ check asks each cluster only for what changed since the last one."""
 
 from __future__ import annotations
 
-from provisioner.front.ended_sessions import CLOCK_MARGIN_S, EndedRow, EndedSessions
-from provisioner.quota import Metered
+from provisioner.front.ended_sessions import CLOCK_MARGIN_S, EndedSessions
+from provisioner.rules.quota import Metered, Row
 
 WEEK = 1_000.0
 
 
-def ended(sid: str, ready: float, end: float, request: str = "") -> tuple[str, float, EndedRow]:
-    return sid, end, EndedRow(Metered(1.0, ready, end), "interactive", request or f"r-{sid}")
+def ended(sid: str, ready: float, end: float, request: str = "") -> tuple[str, float, Row]:
+    return sid, end, Row(Metered(1.0, ready, end), "interactive", request or f"r-{sid}")
 
 
 def test_a_user_never_seen_is_asked_for_the_whole_week_then_only_since_the_latest_end():

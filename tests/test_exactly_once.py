@@ -21,8 +21,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from provisioner.clock import RealClock
-from provisioner.serve import start_cluster, start_front
+from provisioner.common.clock import RealClock
+from provisioner.cli.serve import start_cluster, start_front
+from provisioner.front.records import FrontRecords
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
 from provisioner.v1 import types_pb2 as pb
@@ -128,11 +129,11 @@ async def test_every_request_id_yields_exactly_one_session_under_link_faults(tmp
         faults.on = False
         # Unanswered attempts are settled once their commit_by has passed.
         for _ in range(150):
-            if not front.store.open_attempts():
+            if not FrontRecords(front.store).open_attempts():
                 break
             await front.placement.resolve()
             await asyncio.sleep(0.1)
-        assert front.store.open_attempts() == []
+        assert FrontRecords(front.store).open_attempts() == []
         print(f"faults {dict(faults.injected)}, client errors {dict(failures)}, "
               f"duplicates discarded {front.placement.discarded}, adopted {front.placement.adopted}")
 

@@ -10,8 +10,8 @@ import pytest
 
 from local_up import Up, clusters_on_free_ports, ports_of
 from provisioner.api.server import HealthPort
-from provisioner.metrics import Metrics
-from provisioner.port_holder import PortTaken, holders
+from provisioner.observability.metrics import Metrics
+from provisioner.common.port_holder import PortTaken, holders
 
 
 def test_the_holder_of_a_listening_port_is_found():

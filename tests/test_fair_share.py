@@ -7,7 +7,7 @@ from core_driver import Driver, make_core
 
 from provisioner.decide.autoscale import queued_demand
 from provisioner.decide.commands import Launch
-from provisioner.decide.states import SessionState as S
+from provisioner.model.states import SessionState as S
 
 LATEST = "gpu:latest"
 

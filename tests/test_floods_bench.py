@@ -1,5 +1,5 @@
 """The flood benchmark (python -m provisioner.perf.floods) runs end to end, short: every flood it
-knows beside bob's creates, and a row for each with bob's creates measured."""
+knows beside bob's creates, on both fleets, and a row for each with bob's creates measured."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 import subprocess
 import sys
 
-from provisioner.perf.floods import FLOODS
+from provisioner.perf.floods import FLEETS, FLOODS
 
 
 def test_a_short_run_measures_bob_beside_every_flood():
     out = subprocess.run([sys.executable, "-m", "provisioner.perf.floods", "--seconds", "1", "--mallory-sessions", "5",
                           "--warm-vms", "10",
-                          "--json"], capture_output=True, text=True, timeout=300)
+                          "--json"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads(out.stdout)
-    assert [r["flood"] for r in rows] == ["quiet", *FLOODS]
-    assert all(r["creates"] >= 2 and r["p50_ms"] > 0 for r in rows)
-    assert all(r["flood_calls"] > 0 for r in rows[1:])
+    assert [(r["fleet"], r["flood"]) for r in rows] == [(f, k) for f in FLEETS for k in ("quiet", *FLOODS)]
+    assert all(r["creates"] >= 2 and r["p50_ms"] > 0 and r["fleet_cpu_s"] >= 0 and r["load"] >= 0 for r in rows)
+    assert all(r["flood_calls"] > 0 for r in rows if r["flood"] != "quiet")

@@ -12,7 +12,7 @@ from conftest import fleet_config
 from provisioner import cli
 from provisioner import client as api
 from provisioner.client.credentials import local_ca
-from provisioner.serve import tls_leaves
+from provisioner.cli.serve import tls_leaves
 
 
 def _names(pem: bytes) -> set[str]:

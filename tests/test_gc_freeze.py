@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from provisioner.gc_freeze import LongLivedFreezer
+from provisioner.common.gc_freeze import LongLivedFreezer
 
 
 class Node:

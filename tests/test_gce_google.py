@@ -10,11 +10,11 @@ import subprocess
 from conftest import fleet_config
 from compute_answers import NAME
 from fake_compute import FakeCompute
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.cloud.base import CloudFailure, CloudVm, LaunchSpec
 from provisioner.cloud.gce_instance import startup_script
 from provisioner.decide.ids import IdSource
-from provisioner.serve import start_cluster
+from provisioner.cli.serve import start_cluster
 from test_gce import CLUSTER, PROJECT, TIME_SCALE, backend, fake, gce_fleet, loopback_only, spec, until  # noqa: F401
 
 VMS_ACCOUNT = "notebook-vms@test-proj.iam.gserviceaccount.com"

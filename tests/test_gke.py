@@ -16,10 +16,10 @@ import pytest
 from conftest import cluster_channel, fleet_config
 from fake_cluster_manager import FakeClusterManager
 from fake_compute import FakeCompute
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.cloud.base import CloudFailure, CloudVm, LaunchSpec
 from provisioner.cloud.gke import GkeBackend
-from provisioner.serve import start_cluster
+from provisioner.cli.serve import start_cluster
 from provisioner.v1 import admin_service_pb2 as a_pb
 from provisioner.v1 import admin_service_pb2_grpc as a_grpc
 from provisioner.v1 import cluster_service_pb2 as c_pb

@@ -11,7 +11,7 @@ from fake_compute import FakeCompute
 from fake_metadata import FakeIdentity, FakeMetadataServer
 from provisioner.client import credentials
 from provisioner.client.google_identity import id_token
-from provisioner.errors import Unauthenticated
+from provisioner.model.errors import Unauthenticated
 from provisioner.security.tokens import Issuer, TokenVerifier
 
 PROJECT, VM = "test-proj", "vm-1"

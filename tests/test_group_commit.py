@@ -14,7 +14,8 @@ import threading
 
 import pytest
 
-from provisioner.group_commit import WriterClosed
+from provisioner.store.group_commit import WriterClosed
+from provisioner.front.records import FrontRecords
 from provisioner.store import open_store
 
 CLUSTER = "c"
@@ -51,7 +52,7 @@ async def _submitted(*coros) -> list[asyncio.Task]:
 async def test_writes_queued_behind_a_commit_share_the_next_transaction(store_url, tmp_path):
     store = open_store(store_url, tmp_path / "unused.db")
     gate = _hold(store)
-    tasks = await _submitted(*(store.commit(store.save_operator_state, CLUSTER, f"p{i}", {"i": i}, 0.0)
+    tasks = await _submitted(*(store.commit(store.operator.save_operator_state, CLUSTER, f"p{i}", {"i": i}, 0.0)
                                for i in range(20)))
     assert not any(t.done() for t in tasks)  # none answered before its transaction commits
     gate.set()
@@ -59,20 +60,20 @@ async def test_writes_queued_behind_a_commit_share_the_next_transaction(store_ur
     assert (store.writer.batches, store.writer.writes) == (2, 21)  # the held one, then all 20 at once
     store.close()
     again = open_store(store_url, tmp_path / "unused.db")
-    assert again.load_operator_state(CLUSTER) == {f"p{i}": {"i": i} for i in range(20)}
+    assert again.operator.load_operator_state(CLUSTER) == {f"p{i}": {"i": i} for i in range(20)}
     again.close()
 
 
 async def test_a_write_whose_caller_gave_up_before_it_ran_is_not_run(store):
     gate = _hold(store)
-    kept, dropped = await _submitted(store.commit(store.save_operator_state, CLUSTER, "kept", {"x": 1}, 0.0),
-                                     store.commit(store.save_operator_state, CLUSTER, "dropped", {"x": 2}, 0.0))
+    kept, dropped = await _submitted(store.commit(store.operator.save_operator_state, CLUSTER, "kept", {"x": 1}, 0.0),
+                                     store.commit(store.operator.save_operator_state, CLUSTER, "dropped", {"x": 2}, 0.0))
     dropped.cancel()
     await asyncio.sleep(0)
     gate.set()
     await kept
     assert dropped.cancelled()
-    assert store.load_operator_state(CLUSTER) == {"kept": {"x": 1}}
+    assert store.operator.load_operator_state(CLUSTER) == {"kept": {"x": 1}}
 
 
 async def test_closing_commits_what_is_queued_then_takes_no_writes(store_url, tmp_path):
@@ -81,7 +82,7 @@ async def test_closing_commits_what_is_queued_then_takes_no_writes(store_url, tm
     store = open_store(store_url, tmp_path / "unused.db")
     store.writer.start()
     gate = _hold(store)
-    tasks = await _submitted(*(store.commit(store.save_operator_state, CLUSTER, f"p{i}", {"i": i}, 0.0)
+    tasks = await _submitted(*(store.commit(store.operator.save_operator_state, CLUSTER, f"p{i}", {"i": i}, 0.0)
                                for i in range(5)))
     closing = asyncio.create_task(asyncio.to_thread(store.close))
     await asyncio.sleep(0.05)
@@ -92,34 +93,34 @@ async def test_closing_commits_what_is_queued_then_takes_no_writes(store_url, tm
     with pytest.raises(WriterClosed):
         store.writer.start()
     again = open_store(store_url, tmp_path / "unused.db")
-    assert again.load_operator_state(CLUSTER) == {f"p{i}": {"i": i} for i in range(5)}
+    assert again.operator.load_operator_state(CLUSTER) == {f"p{i}": {"i": i} for i in range(5)}
     again.close()
 
 
 async def test_a_write_that_fails_fails_alone(store):
     def half_then_fail():
         with store.transaction() as cur:  # the group's transaction
-            cur.execute(store._sql("INSERT INTO operator_state VALUES (?, ?, ?, ?)"), (CLUSTER, "bad", "{}", 0.0))
+            cur.execute(store.sql("INSERT INTO operator_state VALUES (?, ?, ?, ?)"), (CLUSTER, "bad", "{}", 0.0))
         raise ValueError("refused")
 
     gate = _hold(store)
-    good1, bad, good2 = await _submitted(store.commit(store.save_operator_state, CLUSTER, "a", {"x": 1}, 0.0),
+    good1, bad, good2 = await _submitted(store.commit(store.operator.save_operator_state, CLUSTER, "a", {"x": 1}, 0.0),
                                          store.commit(half_then_fail),
-                                         store.commit(store.save_operator_state, CLUSTER, "b", {"x": 2}, 0.0))
+                                         store.commit(store.operator.save_operator_state, CLUSTER, "b", {"x": 2}, 0.0))
     gate.set()
     await good1
     await good2
     with pytest.raises(ValueError, match="refused"):
         await bad
-    assert store.load_operator_state(CLUSTER) == {"a": {"x": 1}, "b": {"x": 2}}  # nothing of the bad one
+    assert store.operator.load_operator_state(CLUSTER) == {"a": {"x": 1}, "b": {"x": 2}}  # nothing of the bad one
 
 
 async def test_results_come_back_and_a_closed_store_takes_no_writes(store):
-    assert await store.commit(store.remember_request, "alice/r1", "s-1", CLUSTER, 1.0) == "s-1"
-    assert await store.commit(store.remember_request, "alice/r1", "s-2", CLUSTER, 2.0) == "s-1"
+    assert await store.commit(FrontRecords(store).remember_request, "alice/r1", "s-1", CLUSTER, 1.0) == "s-1"
+    assert await store.commit(FrontRecords(store).remember_request, "alice/r1", "s-2", CLUSTER, 2.0) == "s-1"
     store.close()
     with pytest.raises(WriterClosed):
-        await store.commit(store.save_operator_state, CLUSTER, "late", {"x": 1}, 0.0)
+        await store.commit(store.operator.save_operator_state, CLUSTER, "late", {"x": 1}, 0.0)
 
 
 WRITER = textwrap.dedent("""
@@ -131,7 +132,7 @@ WRITER = textwrap.dedent("""
         async def writer(k):
             for i in range(10**6):
                 pool = f"w{k}-{i}"
-                await store.commit(store.save_operator_state, "c", pool, {"i": i}, 0.0)
+                await store.commit(store.operator.save_operator_state, "c", pool, {"i": i}, 0.0)
                 print(pool, flush=True)
         await asyncio.gather(*(writer(k) for k in range(8)))
 
@@ -155,7 +156,7 @@ def test_acknowledged_writes_survive_a_sigkill(store_url, tmp_path):
     assert len(acked) == 300, "the writer died before it was killed"
     store = open_store(store_url, tmp_path / "unused.db")
     try:
-        stored = store.load_operator_state("c")
+        stored = store.operator.load_operator_state("c")
     finally:
         store.close()
     assert set(acked) <= set(stored)
@@ -184,7 +185,7 @@ def _flaky(fails: int):
 
 
 def test_a_batch_lost_with_its_connection_is_run_again_whole():
-    from provisioner.group_commit import GroupCommit
+    from provisioner.store.group_commit import GroupCommit
 
     transaction, db, tries = _flaky(fails=2)
     waits: list[float] = []
@@ -197,7 +198,7 @@ def test_a_batch_lost_with_its_connection_is_run_again_whole():
 
 
 def test_a_batch_lost_for_longer_than_the_ride_out_fails_each_write():
-    from provisioner.group_commit import GroupCommit
+    from provisioner.store.group_commit import GroupCommit
 
     transaction, db, tries = _flaky(fails=1000)
     waits: list[float] = []

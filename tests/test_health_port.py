@@ -17,9 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import fleet_config
 from provisioner.api.server import HealthPort
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.config import default_clusters_dir
-from provisioner.serve import start_cluster
+from provisioner.cli.serve import start_cluster
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
 

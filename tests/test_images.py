@@ -7,8 +7,8 @@ import statistics
 import pytest
 
 from provisioner.config import default_clusters_dir, load_catalog
-from provisioner.errors import InvalidArgument
-from provisioner.decide.images import ImageCatalog, Layer, LayerCache
+from provisioner.model.errors import InvalidArgument
+from provisioner.model.images import ImageCatalog, Layer, LayerCache
 
 GB = 10**9
 

@@ -11,8 +11,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from provisioner.api import limits
 from provisioner.api.limits import check_request
 from provisioner.decide.ids import IdSource
-from provisioner.api.paging import page
-from provisioner.errors import InvalidArgument, quote
+from provisioner.api.keyset import encode_positions
+from provisioner.model.errors import InvalidArgument, quote
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import session_service_pb2 as session_pb
@@ -45,7 +45,7 @@ def _spec(**kw) -> pb.SessionSpec:
 def test_ordinary_requests_pass():
     ids = IdSource("europe-west4", seed=1)
     sid = ids.session()
-    _, token = page(list(range(200)), 50, "")
+    token = encode_positions("3f2a", {"us-central1": (1_790_000_000_123_456_789, sid), "asia-east1": None})
     requests = [
         session_pb.CreateSessionRequest(spec=_spec()),
         session_pb.CreateSessionRequest(spec=_spec(image="gpu:latest", request_id="0c4f7a0e-2b1d-4c8e-9f00-1a2b3c4d5e6f")),
@@ -95,7 +95,8 @@ BAD = [
     (session_pb.GetSessionRequest(session_id="us-central1.vm-1"), "session_id"),
     (session_pb.GetSessionRequest(session_id="../../etc/passwd"), "session_id"),
     (session_pb.ListSessionsRequest(user_id="bob", page_size=-1), "page_size"),
-    (session_pb.ListSessionsRequest(user_id="bob", page_token="-5"), "page_token"),
+    (session_pb.ListSessionsRequest(user_id="bob", page_token="eyJxIjo=/../x"), "page_token"),
+    (session_pb.ListSessionsRequest(user_id="bob", page_token="A" * 8193), "page_token"),
     (session_pb.ListSessionsRequest(user_id="bob", states=[99]), "states"),
     (session_pb.ListSessionsRequest(user_id="bob", states=[1] * 33), "states"),
     (session_pb.WatchSessionRequest(session_id="us-central1.s-00ff00ff00", after_revision=-3), "after_revision"),

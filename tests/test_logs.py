@@ -11,11 +11,11 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from provisioner.logs import JsonFormatter, SessionLog, TextFormatter
-from provisioner.model import Session, SessionSpec
-from provisioner.decide.states import SessionState
-from provisioner.telemetry import JsonLinesSpanExporter, rotated
-from provisioner.traceview import load_spans
+from provisioner.observability.logs import JsonFormatter, SessionLog, TextFormatter
+from provisioner.model.records import Session, SessionSpec
+from provisioner.model.states import SessionState
+from provisioner.observability.telemetry import JsonLinesSpanExporter, rotated
+from provisioner.observability.traceview import load_spans
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The event loop's lag, as `provisioner_event_loop_lag_seconds` observes it (provisioner/loop_lag.py):
+"""The event loop's lag, as `provisioner_event_loop_lag_seconds` observes it (provisioner/observability/loop_lag.py):
 a step that holds the loop shows as a timer that ran that much late."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from provisioner.loop_lag import watch_lag
+from provisioner.observability.loop_lag import watch_lag
 
 
 async def test_a_step_that_holds_the_loop_shows_as_lag():

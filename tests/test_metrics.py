@@ -12,7 +12,7 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import fleet_config, quick_warm_up, warm_fleet
-from provisioner.metrics import MAX_SCRAPERS, SCRAPE_BURST, SCRAPE_CACHE_S, Metrics
+from provisioner.observability.metrics import MAX_SCRAPERS, SCRAPE_BURST, SCRAPE_CACHE_S, Metrics
 from provisioner.v1 import admin_service_pb2 as a_pb
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import types_pb2 as pb
@@ -46,7 +46,9 @@ async def test_scraped_counts_agree_with_the_api(tmp_path):
             await server.close()
 
 
-async def check(fleet, port: int) -> None:
+async def sessions_and_a_still_scrape(fleet, port: int) -> tuple[list, dict, tuple]:
+    """Four sessions made (one stopped), and a scrape taken while the API read the same before and
+    after it: (the sessions, the scrape, what the API read)."""
     made = []
     for i, region in enumerate(["us-central1", "us-central1", "europe-west4", "asia-east1"]):
         s = await fleet.create(user_id="alice", region_hint=region, region_required=True, request_id=f"m-{i}")
@@ -75,7 +77,11 @@ async def check(fleet, port: int) -> None:
         await asyncio.sleep(SCRAPE_CACHE_S)  # so that the next scrape is made anew, not the last one's
     else:
         raise AssertionError("the fleet never held still for one scrape")
-    created, running, warm = before
+    return made, samples, before
+
+
+async def check(fleet, port: int) -> None:
+    made, samples, (created, running, warm) = await sessions_and_a_still_scrape(fleet, port)
 
     assert created == 4
     assert total(samples, "provisioner_sessions_created_total") == created

@@ -9,7 +9,7 @@ import time
 from datetime import datetime
 
 from local_up import PROVISIONER, Up, clusters_on_free_ports, front_of
-from provisioner.clock import Anchor, fleet_anchor, fleet_clock, next_anchor
+from provisioner.common.clock import Anchor, fleet_anchor, fleet_clock, next_anchor
 
 
 def test_a_new_scale_starts_from_the_model_time_the_old_one_reached():
@@ -62,7 +62,7 @@ async def test_up_x30_then_x1_then_x30_never_goes_back(tmp_path):
 
 def test_times_shown_say_whose_clock_they_are():
     from provisioner.cli import render
-    from provisioner import traceview
+    from provisioner.observability import traceview
     from provisioner.v1 import types_pb2
 
     s = types_pb2.Session(id="c.s1", state=types_pb2.SESSION_STATE_QUEUED)

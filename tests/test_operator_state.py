@@ -15,13 +15,14 @@ from opentelemetry.util._once import Once
 from conftest import fleet_config, start_fleet
 from provisioner.client.errors import from_rpc_error
 from provisioner import cli
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
-from provisioner.errors import InvalidArgument
-from provisioner.decide.policy import MAX_HEADROOM_FRACTION, merge_policy
-from provisioner.serve import make_backend
+from provisioner.model.errors import InvalidArgument
+from provisioner.config.cluster import MAX_HEADROOM_FRACTION
+from provisioner.decide.policy import merge_policy
+from provisioner.cli.serve import make_backend
 from provisioner.store import open_store
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import types_pb2 as pb
@@ -65,16 +66,16 @@ def test_out_of_bounds_names_the_field(changes, field):
 def test_operator_state_round_trips(store_url, tmp_path):
     store = open_store(store_url, tmp_path / "unused.db")
     try:
-        assert store.load_operator_state("europe-west4") == {}
-        store.save_operator_state("europe-west4", "", {"draining": True}, 1.0)
-        store.save_operator_state("europe-west4", "gpu-p100", {"min_vms": 3, "headroom_fraction": 0.5}, 2.0)
-        store.save_operator_state("europe-west4", "gpu-p100", {"min_vms": 4}, 3.0)  # replaces, not merges
-        store.save_operator_state("us-central1", "gpu-p100", {"recycle": False}, 4.0)
+        assert store.operator.load_operator_state("europe-west4") == {}
+        store.operator.save_operator_state("europe-west4", "", {"draining": True}, 1.0)
+        store.operator.save_operator_state("europe-west4", "gpu-p100", {"min_vms": 3, "headroom_fraction": 0.5}, 2.0)
+        store.operator.save_operator_state("europe-west4", "gpu-p100", {"min_vms": 4}, 3.0)  # replaces, not merges
+        store.operator.save_operator_state("us-central1", "gpu-p100", {"recycle": False}, 4.0)
         again = open_store(store_url, tmp_path / "unused.db")  # another process on the same database
-        assert again.load_operator_state("europe-west4") == {"": {"draining": True}, "gpu-p100": {"min_vms": 4}}
-        assert again.load_operator_state("us-central1") == {"gpu-p100": {"recycle": False}}
-        store.save_operator_state("europe-west4", "", {}, 5.0)  # empty: back to the config file
-        assert again.load_operator_state("europe-west4") == {"gpu-p100": {"min_vms": 4}}
+        assert again.operator.load_operator_state("europe-west4") == {"": {"draining": True}, "gpu-p100": {"min_vms": 4}}
+        assert again.operator.load_operator_state("us-central1") == {"gpu-p100": {"recycle": False}}
+        store.operator.save_operator_state("europe-west4", "", {}, 5.0)  # empty: back to the config file
+        assert again.operator.load_operator_state("europe-west4") == {"gpu-p100": {"min_vms": 4}}
         again.close()
     finally:
         store.close()
@@ -130,7 +131,7 @@ async def test_set_pool_policy_out_of_bounds_is_invalid_argument(local_fleet):
     pools = await local_fleet.admin.ListPools(admin_pb.ListPoolsRequest(cluster="europe-west4"))
     p100 = next(p for p in pools.pools if p.name == "gpu-p100")
     assert (p100.policy.min_vms, p100.policy.max_vms, p100.policy.headroom_fraction) == (1, 400, 0.2)
-    assert local_fleet.cluster("europe-west4").store.load_operator_state("europe-west4") == {}
+    assert local_fleet.cluster("europe-west4").store.operator.load_operator_state("europe-west4") == {}
 
 
 async def test_drain_and_policy_survive_a_restart_and_reset_undoes_the_policy(tmp_path):
@@ -173,8 +174,8 @@ async def test_drain_and_policy_survive_a_restart_and_reset_undoes_the_policy(tm
         assert (reset.pool.policy.min_vms, reset.pool.policy.max_vms, reset.pool.policy.recycle) == (2, 600, True)
         assert reset.pool.policy.headroom_fraction == 0.3
         store = fleet.cluster("us-central1").store
-        assert store.load_operator_state("us-central1") == {"gpu-p100": {"headroom_fraction": 0.3}}
-        assert fleet.cluster("europe-west4").store.load_operator_state("europe-west4") == {}
+        assert store.operator.load_operator_state("us-central1") == {"gpu-p100": {"headroom_fraction": 0.3}}
+        assert fleet.cluster("europe-west4").store.operator.load_operator_state("europe-west4") == {}
         s = await fleet.create(region_hint="europe-west4", region_required=True)
         assert s.cluster == "europe-west4"
     finally:
@@ -186,9 +187,9 @@ async def test_an_override_the_config_no_longer_allows_is_dropped_at_start(tmp_p
     config = fleet_config(tmp_path)
     data = tmp_path / "data"
     store = open_store(None, data / "cluster-asia-east1.db")
-    store.save_operator_state("asia-east1", "gpu-p100", {"max_vms": 10_000}, 1.0)  # over the ceiling
-    store.save_operator_state("asia-east1", "gpu-t4x2", {"min_vms": 3}, 1.0)
-    store.save_operator_state("asia-east1", "gpu-gone", {"min_vms": 3}, 1.0)  # a pool no longer there
+    store.operator.save_operator_state("asia-east1", "gpu-p100", {"max_vms": 10_000}, 1.0)  # over the ceiling
+    store.operator.save_operator_state("asia-east1", "gpu-t4x2", {"min_vms": 3}, 1.0)
+    store.operator.save_operator_state("asia-east1", "gpu-gone", {"min_vms": 3}, 1.0)  # a pool no longer there
     store.close()
     fleet = await start_fleet(config, data)
     try:
@@ -217,7 +218,7 @@ async def test_cli_set_policy_then_reset_policy(local_fleet, capsys, monkeypatch
     assert rc == 0, err
     assert json.loads(out)["policy"]["min_vms"] == 2 and json.loads(out)["policy"]["recycle"] is False
     store = local_fleet.cluster("asia-east1").store
-    assert store.load_operator_state("asia-east1") == {"gpu-t4x2": {"min_vms": 2, "recycle": False}}
+    assert store.operator.load_operator_state("asia-east1") == {"gpu-t4x2": {"min_vms": 2, "recycle": False}}
 
     rc, _, err = await run("set-policy", *where, "--max", "151")  # over the file's ceiling (max_vms 150)
     assert rc == 1 and "INVALID_ARGUMENT" in err and "policy.max_vms" in err
@@ -225,4 +226,4 @@ async def test_cli_set_policy_then_reset_policy(local_fleet, capsys, monkeypatch
     rc, out, err = await run("reset-policy", *where)
     assert rc == 0, err
     assert json.loads(out)["policy"]["min_vms"] == 1 and json.loads(out)["policy"]["recycle"] is True
-    assert store.load_operator_state("asia-east1") == {}
+    assert store.operator.load_operator_state("asia-east1") == {}

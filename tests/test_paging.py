@@ -16,7 +16,7 @@ async def test_a_front_reads_every_page_of_a_cluster_s_list_pausing_between_page
     import asyncio
     from types import SimpleNamespace
 
-    from provisioner.front import service
+    from provisioner.front import listing
     from provisioner.v1 import cluster_service_pb2 as cluster_pb
     from provisioner.v1 import types_pb2 as pb
 
@@ -33,11 +33,11 @@ async def test_a_front_reads_every_page_of_a_cluster_s_list_pausing_between_page
         pauses.append(seconds)
         await real_sleep(0)
 
-    monkeypatch.setattr(service.asyncio, "sleep", sleep)
+    monkeypatch.setattr(listing.asyncio, "sleep", sleep)
     cluster = SimpleNamespace(sessions=SimpleNamespace(List=list_sessions))
-    got = await service.listed(cluster, cluster_pb.ListRequest(), None, page_size=3, pause_s=0.02)
+    got = await listing.listed(cluster, cluster_pb.ListRequest(), None, page_size=3, pause_s=0.02)
     assert [s.id for s in got] == [s.id for s in sessions]
     assert pauses == [0.02, 0.02]  # between the three pages, not after the last
     pauses.clear()
-    assert len(await service.listed(cluster, cluster_pb.ListRequest(), None, page_size=3)) == 7
+    assert len(await listing.listed(cluster, cluster_pb.ListRequest(), None, page_size=3)) == 7
     assert pauses == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from provisioner.perf import phases
-from provisioner.telemetry import rotated
+from provisioner.observability.telemetry import rotated
 
 MS = 1_000_000
 

@@ -7,8 +7,8 @@ from core_driver import Driver, make_core
 
 from provisioner.decide import events as ev
 from provisioner.decide.commands import Pull
-from provisioner.decide.images import ImageCatalog, synthetic_digest
-from provisioner.decide.states import SessionState as S
+from provisioner.model.images import ImageCatalog, synthetic_digest
+from provisioner.model.states import SessionState as S
 
 
 def repushed(catalog: ImageCatalog, version: str, drop: str = "") -> ImageCatalog:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.front.breaker import CircuitBreaker
 from provisioner.front.placement import Placement
 from provisioner.front.router import Candidate
+from provisioner.front.records import FrontRecords
 from provisioner.store import SqliteStore
 from provisioner.v1 import types_pb2 as pb
 
@@ -44,7 +45,7 @@ async def test_a_placement_cancelled_while_it_holds_the_claim_waives_it(tmp_path
         await placement.flush()
         assert waived(store) == [(KEY, "c1", 1)]
         # A retry that made the session elsewhere records it, while c1's attempt is still open.
-        store.note_attempt(KEY, "c2", RealClock().now() + 5)
-        assert store.remember_request(KEY, "c2.s-1", "c2", 1.0) == "c2.s-1"
+        FrontRecords(store).note_attempt(KEY, "c2", RealClock().now() + 5)
+        assert FrontRecords(store).remember_request(KEY, "c2.s-1", "c2", 1.0) == "c2.s-1"
     finally:
         store.close()

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.config import ConfigError, FleetSettings, default_clusters_dir, load_fleet, load_settings
-from provisioner.config_policy import PriorityClassConfig
-from provisioner.decide import preempt
-from provisioner.decide.preempt import Held, Request, Running, Share, Victim, choose_victims, grace_plan, mark_over_share
+from provisioner.config.policy import PriorityClassConfig
+from provisioner.decide import preemption_rules as preempt
+from provisioner.decide.preemption_rules import Held, Request, Running, Share, Victim, choose_victims, grace_plan, mark_over_share
 
 CLASSES = FleetSettings().priority.classes  # interactive 100, never preempted; batch 10, preemptible
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from core_driver import Driver, make_core
 
 from provisioner.decide import events as ev
-from provisioner.decide.states import SessionState as S
-from provisioner.model import Session, SessionKind, Vm
+from provisioner.model.states import SessionState as S
+from provisioner.model.records import Session, SessionKind, Vm
 
 GRACE = 120.0
 BATCH, INTERACTIVE = SessionKind.BATCH, SessionKind.INTERACTIVE
@@ -190,8 +190,8 @@ def test_no_interactive_session_is_ever_preempted(arrivals, share):
     for vm in d.core.pools["gpu-p100"].vms.values():  # as the VMs name them
         if (s := d.core.sessions.get(vm.session_id or vm.reserved_for)) is not None and not s.terminal:
             users[s.spec.user_id] = users.get(s.spec.user_id, 0) + 1
-    assert d.core._held.get("gpu-p100", {}) == users
-    assert set(d.core._borrowable.get("gpu-p100", {})) == {s.id for s in holding if s.spec.kind is BATCH}
+    assert d.core.holdings.of_pool("gpu-p100") == users
+    assert set(d.core.holdings.borrowable("gpu-p100")) == {s.id for s in holding if s.spec.kind is BATCH}
 
 
 def test_a_requeued_session_keeps_what_is_left_of_its_max_runtime():

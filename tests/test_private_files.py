@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from conftest import cluster_channel
 from provisioner.config import default_clusters_dir
 from provisioner.store import SqliteStore
-from provisioner.telemetry import JsonLinesSpanExporter
+from provisioner.observability.telemetry import JsonLinesSpanExporter
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
 from provisioner.v1 import types_pb2 as pb

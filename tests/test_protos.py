@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import protogen
+from provisioner.v1 import protogen
 from provisioner.cluster.service import ClusterAdminServicer, ClusterServicer
-from provisioner.front.service import FRONT_ONLY_ADMIN_RPCS, FrontAdminServicer, SessionServicer
+from provisioner.front.admin import FRONT_ONLY_ADMIN_RPCS, FrontAdminServicer
+from provisioner.front.service import SessionServicer
 from provisioner.v1 import admin_service_pb2, admin_service_pb2_grpc
 from provisioner.v1 import cluster_service_pb2, cluster_service_pb2_grpc
 from provisioner.v1 import session_service_pb2, session_service_pb2_grpc
@@ -22,7 +23,7 @@ COMMITTED = protogen.ROOT / "provisioner" / "v1"
 def test_generated_code_matches_the_protos(tmp_path):
     fresh = {p.name: p for p in protogen.generate(tmp_path)}
     committed = {p.name: p for p in COMMITTED.glob("*_pb2*.py*")}
-    hint = "generated code is stale: run `python -m provisioner.protogen` and commit the result"
+    hint = "generated code is stale: run `python -m provisioner.v1.protogen` and commit the result"
     assert sorted(committed) == sorted(fresh), hint
     stale = [name for name, path in fresh.items() if path.read_bytes() != committed[name].read_bytes()]
     assert not stale, f"{hint} (differs: {', '.join(sorted(stale))})"

@@ -19,13 +19,13 @@ from opentelemetry.util._once import Once
 from provisioner import cli
 from provisioner.cli import render
 from provisioner import client as api
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.config import ConfigError, load_fleet
-from provisioner.config_policy import QuotaConfig
-from provisioner.quota import (WEEK_S, Metered, Usage, check_create, exhaustion_time, gpu_seconds, usage,
+from provisioner.config.policy import QuotaConfig
+from provisioner.rules.quota import (WEEK_S, Metered, Usage, check_create, exhaustion_time, gpu_seconds, usage,
                                week_window)
 from provisioner.client.credentials import local_ca
-from provisioner.serve import start_front
+from provisioner.cli.serve import start_front
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2_grpc as s_grpc

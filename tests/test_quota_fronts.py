@@ -12,6 +12,7 @@ import pytest
 
 from conftest import front_channel
 from provisioner.front.attempts import Attempt
+from provisioner.front.records import FrontRecords
 from provisioner.store import MIGRATIONS, open_store
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
@@ -38,52 +39,52 @@ def test_the_admission_read_names_where_the_request_itself_may_have_been_made(st
     the admission read (one statement) tells it, and only of that request's pending or unanswered
     attempts."""
     a, b = stores
-    b.note_attempt("u/r1", "c1", NOW)
-    b.note_attempt("u/r1", "c2", NOW)
-    b.settle_attempt("u/r1", "c2", Attempt.UNRESOLVED)
-    b.note_attempt("u/r1", "c3", NOW)
-    b.settle_attempt("u/r1", "c3", Attempt.REFUSED)
-    b.note_attempt("u/r2", "c4", NOW)  # another request of the user
-    assert a.admission("u/r1", WEEK, NOW).sticky == {"c1", "c2"}
-    assert a.admission("u/r3", WEEK, NOW).sticky == frozenset()
+    FrontRecords(b).note_attempt("u/r1", "c1", NOW)
+    FrontRecords(b).note_attempt("u/r1", "c2", NOW)
+    FrontRecords(b).settle_attempt("u/r1", "c2", Attempt.UNRESOLVED)
+    FrontRecords(b).note_attempt("u/r1", "c3", NOW)
+    FrontRecords(b).settle_attempt("u/r1", "c3", Attempt.REFUSED)
+    FrontRecords(b).note_attempt("u/r2", "c4", NOW)  # another request of the user
+    assert FrontRecords(a).admission("u/r1", WEEK, NOW).sticky == {"c1", "c2"}
+    assert FrontRecords(a).admission("u/r3", WEEK, NOW).sticky == frozenset()
 
 
 def test_an_attempt_is_recorded_only_if_the_users_admission_is_unchanged(stores):
     a, b = stores
-    seen_by_a = a.admission("u/r-a", WEEK, NOW)
-    seen_by_b = b.admission("u/r-b", WEEK, NOW)
+    seen_by_a = FrontRecords(a).admission("u/r-a", WEEK, NOW)
+    seen_by_b = FrontRecords(b).admission("u/r-b", WEEK, NOW)
     assert seen_by_a.version == seen_by_b.version == 0
-    assert b.note_attempt("u/r-b", "c1", NOW, admitted=seen_by_b.version).state is Attempt.PENDING
-    assert a.note_attempt("u/r-a", "c1", NOW, admitted=seen_by_a.version) is None  # b's came first
-    assert a.open_attempts("u/r-a") == []  # nothing written for the create that must check again
-    again = a.admission("u/r-a", WEEK, NOW)
+    assert FrontRecords(b).note_attempt("u/r-b", "c1", NOW, admitted=seen_by_b.version).state is Attempt.PENDING
+    assert FrontRecords(a).note_attempt("u/r-a", "c1", NOW, admitted=seen_by_a.version) is None  # b's came first
+    assert FrontRecords(a).open_attempts("u/r-a") == []  # nothing written for the create that must check again
+    again = FrontRecords(a).admission("u/r-a", WEEK, NOW)
     assert again.version == 1 and again.placing == {"r-b"}  # b's create counts while it is placed
-    assert a.note_attempt("u/r-a", "c1", NOW, admitted=again.version).state is Attempt.PENDING
-    assert a.note_attempt("other/r", "c1", NOW, admitted=0).state is Attempt.PENDING  # users are apart
+    assert FrontRecords(a).note_attempt("u/r-a", "c1", NOW, admitted=again.version).state is Attempt.PENDING
+    assert FrontRecords(a).note_attempt("other/r", "c1", NOW, admitted=0).state is Attempt.PENDING  # users are apart
     # Refused, not settled: not under way, but maybe made until its commit_by passes.
-    a.note_attempt("u/r-refused", "c1", NOW)
-    a.settle_attempt("u/r-refused", "c1", Attempt.REFUSED)
-    seen = a.admission("u/r-a", WEEK, NOW)
+    FrontRecords(a).note_attempt("u/r-refused", "c1", NOW)
+    FrontRecords(a).settle_attempt("u/r-refused", "c1", Attempt.REFUSED)
+    seen = FrontRecords(a).admission("u/r-a", WEEK, NOW)
     assert seen.refused == {"r-refused"} and "r-refused" not in seen.placing
     # Once made, b's session is one of the user's sessions, no longer a placement under way.
-    b.remember_request("u/r-b", "c1.s-b", "c1", NOW - 10)
-    seen = a.admission("u/r-a", WEEK, NOW)
+    FrontRecords(b).remember_request("u/r-b", "c1.s-b", "c1", NOW - 10)
+    seen = FrontRecords(a).admission("u/r-a", WEEK, NOW)
     assert seen.placing == set() and (seen.live, seen.live_s) == (1, 10.0)
-    assert [(m.request_id, m.session_id) for m in a.made_not_seen_ended("u")] == [("r-b", "c1.s-b")]
-    assert b.admission("u/r-b", WEEK, NOW).answer == "c1.s-b"
+    assert [(m.request_id, m.session_id) for m in FrontRecords(a).made_not_seen_ended("u")] == [("r-b", "c1.s-b")]
+    assert FrontRecords(b).admission("u/r-b", WEEK, NOW).answer == "c1.s-b"
 
 
 def test_the_admission_sums_up_the_weeks_sessions_made(stores):
     a, _ = stores
     for i, made_at in enumerate([WEEK - 100, WEEK - 50, WEEK + 10, NOW - 30, NOW + 5]):
-        a.remember_request(f"u/r{i}", f"c1.s{i}", "c1", made_at)
-    a.mark_ended([("u/r0", "c1.s0", WEEK - 1), ("u/r1", "c1.s1", WEEK + 5), ("u/r2", "c1.s-not-its", WEEK + 20)])
-    seen = a.admission("u/r-new", WEEK, NOW)
+        FrontRecords(a).remember_request(f"u/r{i}", f"c1.s{i}", "c1", made_at)
+    FrontRecords(a).mark_ended([("u/r0", "c1.s0", WEEK - 1), ("u/r1", "c1.s1", WEEK + 5), ("u/r2", "c1.s-not-its", WEEK + 20)])
+    seen = FrontRecords(a).admission("u/r-new", WEEK, NOW)
     # s0 ended before the week: nothing. s1 ran in the week from its start to its end: 5 s. Not
     # seen to end: s2 since made, s3 for 30 s, s4 (made "after now": a clock ahead) for none.
     assert seen.live == 3
     assert seen.ended_s == 5.0 and seen.live_s == (NOW - (WEEK + 10)) + 30.0
-    assert {m.session_id for m in a.made_not_seen_ended("u")} == {"c1.s2", "c1.s3", "c1.s4"}
+    assert {m.session_id for m in FrontRecords(a).made_not_seen_ended("u")} == {"c1.s2", "c1.s3", "c1.s4"}
 
 
 def test_rows_a_front_of_the_previous_release_writes_count_for_their_user(stores):
@@ -91,15 +92,15 @@ def test_rows_a_front_of_the_previous_release_writes_count_for_their_user(stores
     a user; the request key names it."""
     a, _ = stores
     with a.transaction() as cur:
-        cur.execute(a._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at) "
+        cur.execute(a.sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at) "
                            "VALUES (?, ?, ?, ?)"), ("u/old-made", "c1.s-old", "c1", NOW - 10))
-        cur.execute(a._sql("INSERT INTO front_attempts (request_id, cluster, commit_by, outcome) VALUES (?, ?, ?, ?)"),
+        cur.execute(a.sql("INSERT INTO front_attempts (request_id, cluster, commit_by, outcome) VALUES (?, ?, ?, ?)"),
                     ("u/old-placing", "c1", NOW, "pending"))
-        cur.execute(a._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at) "
+        cur.execute(a.sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at) "
                            "VALUES (?, ?, ?, ?)"), ("u2/not-u", "c1.s-u2", "c1", NOW - 10))  # another user: u2
-    seen = a.admission("u/r-new", WEEK, NOW)
+    seen = FrontRecords(a).admission("u/r-new", WEEK, NOW)
     assert (seen.live, seen.live_s, seen.placing) == (1, 10.0, {"old-placing"})
-    assert [m.session_id for m in a.made_not_seen_ended("u")] == ["c1.s-old"]
+    assert [m.session_id for m in FrontRecords(a).made_not_seen_ended("u")] == ["c1.s-old"]
 
 
 def test_one_admission_among_threads(store_url, tmp_path):
@@ -110,7 +111,7 @@ def test_one_admission_among_threads(store_url, tmp_path):
 
     def record(i: int) -> None:
         start.wait()
-        if stores[i].note_attempt(f"u/r{i}", "c1", NOW, admitted=0) is not None:
+        if FrontRecords(stores[i]).note_attempt(f"u/r{i}", "c1", NOW, admitted=0) is not None:
             won.append(i)
 
     threads = [threading.Thread(target=record, args=(i,)) for i in range(len(stores))]
@@ -119,7 +120,7 @@ def test_one_admission_among_threads(store_url, tmp_path):
     for t in threads:
         t.join()
     assert len(won) == 1
-    assert stores[0].admission("u/r-next", WEEK, NOW).placing == {f"r{won[0]}"}
+    assert FrontRecords(stores[0]).admission("u/r-next", WEEK, NOW).placing == {f"r{won[0]}"}
     for s in stores:
         s.close()
 
@@ -136,7 +137,7 @@ def test_requests_recorded_before_they_carried_their_user_get_it(tmp_path):
     db.close()
     store = open_store(None, path)
     try:
-        seen = store.admission("u/r3", 0.0, 10.0)
+        seen = FrontRecords(store).admission("u/r3", 0.0, 10.0)
         assert (seen.live, seen.live_s) == (1, 9.0) and seen.placing == {"r2"}
     finally:
         store.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import front_channel
-from provisioner.clock import RealClock, fleet_clock
+from provisioner.common.clock import RealClock, fleet_clock
 from provisioner.config import default_clusters_dir, load_fleet
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc

@@ -12,7 +12,7 @@ from provisioner import client as api
 from provisioner.client.credentials import local_ca
 from provisioner.client.errors import from_rpc_error
 from provisioner.config import load_fleet
-from provisioner.ratelimit import TokenBuckets, take_all
+from provisioner.rules.ratelimit import TokenBuckets, take_all
 
 from conftest import fleet_config, warm_fleet
 

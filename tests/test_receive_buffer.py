@@ -1,4 +1,4 @@
-"""The project's long-lived channels keep a fixed receive buffer (provisioner/grpc_options.py), so
+"""The project's long-lived channels keep a fixed receive buffer (provisioner/common/grpc_options.py), so
 the window they offer stays above a loopback segment whatever the connection carried before: the
 front's to each cluster, and the shipped client's to the front."""
 
@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from provisioner import client as api
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.front.clusters import ClusterClient
-from provisioner.grpc_options import RECEIVE_BUFFER
+from provisioner.common.grpc_options import RECEIVE_BUFFER
 from provisioner.security.pki import ensure_local_pki, local_files
 
 

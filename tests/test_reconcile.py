@@ -7,8 +7,8 @@ from provisioner.cloud.base import CloudFailure, CloudVm
 from provisioner.decide.events import CommandFailed, EvictRequested, Reconciled, StopRequested, WipeDone
 from provisioner.decide.commands import Wipe
 from provisioner.decide.reconcile import reconcile
-from provisioner.model import Vm
-from provisioner.decide.states import SessionState, VmState
+from provisioner.model.records import Vm
+from provisioner.model.states import SessionState, VmState
 
 V = VmState
 

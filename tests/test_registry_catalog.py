@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from oci import Blob, build_image, push_image, push_versions, registry, start_token_registry  # noqa: F401 (fixture)
+from oci import Blob, build_image, push_image, push_versions, registry  # noqa: F401 (fixture)
+from oci_tokens import start_token_registry
 from prometheus_client import generate_latest
 
-from provisioner.metrics import Metrics
+from provisioner.observability.metrics import Metrics
 from provisioner.registry.catalog import CatalogFeed, RegistryCatalog, natural_key
 from provisioner.registry.client import OCI_INDEX, RegistryClient, RegistryError
 
@@ -136,3 +137,31 @@ def test_the_bearer_token_flow(registry, tmp_path):
     finally:
         server.stop()
         tokens.stop()
+
+
+def test_on_a_vm_the_registry_is_asked_with_the_service_accounts_access_token(tmp_path):
+    """`auth: {kind: gce_metadata}`: the user is `oauth2accesstoken` and the password the token the
+    metadata server gives, read when the registry challenges (as Artifact Registry takes it)."""
+    from fake_compute import FakeCompute
+    from fake_metadata import FakeMetadataServer
+    from oci import require_tools, start_registry
+    from provisioner.config.registry import RegistryAuthConfig, RegistryImagesConfig
+    from provisioner.registry.source import ACCESS_TOKEN_USER, registry_catalog
+
+    require_tools()
+    token = "ya29.a-token-of-the-vms-service-account"
+    server = start_registry(tmp_path / "registry", username=ACCESS_TOKEN_USER, password=token)
+    metadata = FakeMetadataServer(FakeCompute(), "p", "vm").start()
+    try:
+        images = push_versions(server)
+        cfg = RegistryImagesConfig(url=server.url, repository="nb", ca_file=str(server.ca_file),
+                                   auth=RegistryAuthConfig(kind="gce_metadata", metadata_url=metadata.url))
+        with pytest.raises(RegistryError):  # no token to be had: the registry is not asked blind
+            registry_catalog(cfg).fetch()
+        metadata.access_token = token
+        catalog = registry_catalog(cfg).fetch()
+        assert catalog.digest("nb:v2") == images["v2"].digest
+        assert ("GET", "/computeMetadata/v1/instance/service-accounts/default/token") in metadata.requests
+    finally:
+        metadata.stop()
+        server.stop()

@@ -192,7 +192,7 @@ async def test_two_fronts_on_one_postgresql_make_one_session_per_request_id(tmp_
 
 def test_replicas_sharing_a_sqlite_file_share_its_lease(tmp_path):
     """Replicas with their own data dirs but one SQLite database contend for one lease."""
-    from provisioner.serve import make_lease
+    from provisioner.cli.serve import make_lease
 
     url = f"sqlite:///{tmp_path / 'shared' / 'state.db'}"
     a, b = make_lease(url, tmp_path / "a", "c1"), make_lease(url, tmp_path / "b", "c1")

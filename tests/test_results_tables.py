@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.cli import main
-from provisioner.perf import tables
-from provisioner.sim.replay import HEADER, first_days, read_trace
+from provisioner.perf import bench_tables, tables
+from provisioner.sim.trace import HEADER, first_days, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -85,3 +85,67 @@ def test_the_shipped_results_table_is_what_its_runs_give():
     runs = sorted((RESULTS / "simulate").glob("*.json"))
     assert runs
     assert tables.main([*map(str, runs), "--out", str(RESULTS / "simulate.md"), "--check"]) == 0
+
+
+# Every results table of docs/simulator.md and docs/performance.md: (page, marker, kind, the runs' folder).
+SHIPPED = [("simulator.md", "standby", "standby", "standby"),
+           ("performance.md", "serving", "serving", "serving/every-trace.json"),
+           ("performance.md", "serving-sampled", "serving", "serving/sampled.json"),
+           ("performance.md", "queue", "queue", "queue"),
+           ("performance.md", "commits", "commits", "commits"),
+           ("google-cloud.md", "spot", "spot", "spot")]
+
+
+@pytest.mark.parametrize("page, marker, kind, runs", SHIPPED)
+def test_the_docs_tables_are_what_their_committed_runs_give(page, marker, kind, runs):
+    path = RESULTS / runs
+    files = [path] if path.suffix == ".json" else sorted(path.glob("*.json"))
+    assert files and all(f.is_file() for f in files)
+    out = ROOT / "docs" / page
+    assert tables.main(["--kind", kind, *map(str, files), "--out", str(out), "--marker", marker, "--check"]) == 0
+    for r in map(json.loads, (f.read_text() for f in files)):
+        assert f"`{r['command']} --json`" in out.read_text()
+
+
+def test_a_page_holds_several_tables_each_between_its_own_markers(tmp_path):
+    queue = {"creates": [], "stops": [{"queued": 9000, "stops": 1000, "ms_per_stop": 1.234, "moved_per_stop": 9500.4,
+                                       "records_per_stop": 1.0}],
+             "expired": {"sessions": 4999, "ms": 38.6}, "command": "python -m provisioner.perf.queue"}
+    commits = {"rows": [{"writers": 8, "ungrouped": {"commits_per_s": 350.0},
+                         "grouped": {"commits_per_s": 1120.4, "writes_per_transaction": 4.12}}],
+               "store": "SQLite", "command": "python -m provisioner.perf.commits"}
+    (tmp_path / "q.json").write_text(json.dumps(queue))
+    (tmp_path / "c.json").write_text(json.dumps(commits))
+    page = tmp_path / "page.md"
+    (qb, qe), (cb, ce) = tables.markers("queue"), tables.markers("commits")
+    page.write_text(f"# P\n\n{qb}\n{qe}\n\nbetween\n\n{cb}\n{ce}\n")
+    assert tables.main(["--kind", "queue", str(tmp_path / "q.json"), "--out", str(page), "--marker", "queue"]) == 0
+    assert tables.main(["--kind", "commits", str(tmp_path / "c.json"), "--out", str(page), "--marker", "commits"]) == 0
+    text = page.read_text()
+    assert "| a stop at the head, 9,000-10,000 queued | 1.23 | 9,500 | 1 | `python -m provisioner.perf.queue --json` |" in text
+    assert "| 4,999 queued sessions timing out in one step | 39 |" in text
+    assert "| SQLite | 8 | 350 | 1,120 | 4.1 | `python -m provisioner.perf.commits --json` |" in text
+    assert text.index("9,000-10,000") < text.index("between") < text.index("| SQLite |")
+    assert tables.main(["--kind", "queue", str(tmp_path / "q.json"), "--out", str(page), "--marker", "queue",
+                        "--check"]) == 0
+    page.write_text(text.replace("| 1.23 |", "| 0.50 |"))
+    assert tables.main(["--kind", "queue", str(tmp_path / "q.json"), "--out", str(page), "--marker", "queue",
+                        "--check"]) == 1
+
+
+def test_the_serving_table_shows_each_level_s_ratio_rate_and_p99():
+    run = {"vms": 200, "runs": 1, "seconds": 10.0, "command": "python -m provisioner.perf.serving --quick",
+           "rows": [{"workload": "create", "in_flight": k, "ratio": 0.25,
+                     "provisioner": {"calls_per_s": 250.0 * k, "p99_ms": 20.04}} for k in (1, 8)]}
+    columns, rows = bench_tables.serving_rows([run])
+    assert columns == ("workload", "1 in flight", "8 in flight", "runs", "warm VMs", "command")
+    assert rows == [["CreateSession (warm)", "0.25 (250), p99 20.0 ms", "0.25 (2,000), p99 20.0 ms", "1 x 10 s", "200",
+                     "`python -m provisioner.perf.serving --quick --json`"]]
+
+
+def test_a_benchmark_records_the_command_that_ran_it(capsys):
+    from provisioner.perf import queue
+    assert queue.main(["--creates", "30", "--users", "3", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["command"] == "python -m provisioner.perf.queue --creates 30 --users 3"
+    assert r["expired"]["sessions"] == 14 and r["stops"][-1]["records_per_stop"] == 1.0

@@ -16,13 +16,13 @@ from conftest import fleet_config
 from fake_compute import FakeCompute
 from oci import TOKEN_ENV, build_image, push_image, push_versions, require_tools, start_registry
 from podman import skip_or_fail, start_podman
-from provisioner.clock import RealClock
+from provisioner.common.clock import RealClock
 from provisioner.cloud.gce import GceBackend
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
-from provisioner.errors import NotFound
-from provisioner.model import SessionSpec
+from provisioner.model.errors import NotFound
+from provisioner.model.records import SessionSpec
 from provisioner.registry.catalog import RegistryCatalog
 from provisioner.registry.client import RegistryClient
 from test_agent_e2e import CLUSTER, POOL, PROJECT, TIME_SCALE, Agents, until
@@ -124,8 +124,8 @@ async def test_a_session_runs_its_pinned_digest_behind_its_secret_and_the_wipe_l
     # Another user cannot read it: the cluster answers a read for someone else's session NOT_FOUND
     # (the front passes the caller's user; tests/test_registry_fleet.py goes through the front).
     with pytest.raises(NotFound):
-        runtime.get(s.id, user_id="mallory")
-    assert runtime.get(s.id, user_id="alice").access_token == s.access_token
+        runtime.reads.get(s.id, user_id="mallory")
+    assert runtime.reads.get(s.id, user_id="alice").access_token == s.access_token
 
     # The tag is pushed again while the session runs: the catalog moves on, the session does not.
     push_image(registry, "nb", "v2", build_image("nb:v2", page="v2, rebuilt"))

@@ -9,8 +9,8 @@ from core_driver import Driver, make_core
 from provisioner.api import convert
 from provisioner.cluster.session_protos import SessionProtos
 from provisioner.decide import events as ev
-from provisioner.decide.states import SessionState as S
-from provisioner.model import SessionKind
+from provisioner.model.states import SessionState as S
+from provisioner.model.records import SessionKind
 from provisioner.v1 import types_pb2 as pb
 
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.sim import SimCloud, SimPhysics
 from provisioner.decide.core import ClusterCore
 from provisioner.decide.events import SessionRequested, SessionTouched, StopRequested
 from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.config import load_fleet
-from provisioner.model import SessionKind, SessionSpec
+from provisioner.model.records import SessionKind, SessionSpec
 from provisioner.sim.engine import Engine
 
 T0 = 1_700_000_000.0  # both sides start here: the forecast buckets by hour of day and week

@@ -7,7 +7,9 @@ import json
 
 from provisioner.cli import main
 from provisioner.config import load_fleet
-from provisioner.sim.replay import HEADER, Replay, read_trace, with_policy, with_priority
+from provisioner.sim.policies import with_policy, with_priority
+from provisioner.sim.replay import Replay
+from provisioner.sim.trace import HEADER, read_trace
 
 # A pool of two VMs in us-central1: ben's three day-long batches take both (the third waits), then
 # dee's interactive session arrives at hour 1, and ben's last batch would end at hour 5.

@@ -1,11 +1,11 @@
-"""Quotas in a replay: the front's checks (provisioner.quota) applied to each create, and a flood."""
+"""Quotas in a replay: the front's checks (provisioner.rules.quota) applied to each create, and a flood."""
 
 from __future__ import annotations
 
 from test_simulate import write_trace
 
 from provisioner.sim.parallel import Run, simulate
-from provisioner.sim.replay import FLOOD_USER, read_trace, with_flood
+from provisioner.sim.trace import FLOOD_USER, read_trace, with_flood
 
 HOUR = 3600
 

@@ -8,7 +8,9 @@ import json
 
 from provisioner.cli import main
 from provisioner.config import load_fleet
-from provisioner.sim.replay import HEADER, Replay, read_trace, with_policy
+from provisioner.sim.policies import with_policy
+from provisioner.sim.replay import Replay
+from provisioner.sim.trace import HEADER, read_trace
 from provisioner.sim.spot import with_spot
 
 # Six-hour sessions in one pool: preemptions at one per VM-hour will take most of them.
@@ -61,7 +63,7 @@ def test_cli_replays_spot(tmp_path, capsys):
 
 
 async def test_the_sim_backend_preempts_a_spot_pool_s_vms_at_its_rate():
-    from provisioner.clock import ManualClock
+    from provisioner.common.clock import ManualClock
     from provisioner.cloud.sim import SimCloud
     from test_sim_cloud import Cfg, ready, spec
 

@@ -8,7 +8,9 @@ import pytest
 
 from provisioner.cli import main
 from provisioner.config import load_fleet
-from provisioner.sim.replay import HEADER, Replay, TraceError, peak_concurrency, read_trace, superimpose, with_policy
+from provisioner.sim.policies import with_policy
+from provisioner.sim.replay import Replay
+from provisioner.sim.trace import HEADER, peak_concurrency, read_trace, superimpose, TraceError
 from provisioner.sim.parallel import Run
 
 ROWS = [

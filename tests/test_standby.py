@@ -15,9 +15,9 @@ from provisioner.decide.events import Restored
 from provisioner.decide.forecast import Dispersion, warm_for
 from provisioner.decide.pools import FORECAST_REFRESH_S, forecast_due
 from provisioner.decide.reconcile import reconcile
-from provisioner.decide.states import SessionState as S
-from provisioner.decide.states import VmState as V
-from provisioner.model import StartKind
+from provisioner.model.states import SessionState as S
+from provisioner.model.states import VmState as V
+from provisioner.model.records import StartKind
 
 
 def standby_pool(**pool) -> Driver:

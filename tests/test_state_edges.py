@@ -13,9 +13,9 @@ from core_driver import Driver, busy, make_core
 from provisioner.cloud.base import CloudVm
 from provisioner.decide.commands import Delete, Launch, Start, Stop
 from provisioner.decide.reconcile import reconcile
-from provisioner.decide.states import SESSION_TRANSITIONS, VM_TRANSITIONS
-from provisioner.decide.states import SessionState as S
-from provisioner.decide.states import VmState as V
+from provisioner.model.states import SESSION_TRANSITIONS, VM_TRANSITIONS
+from provisioner.model.states import SessionState as S
+from provisioner.model.states import VmState as V
 
 ZONE_C, ZONE_F = "us-central1-c", "us-central1-f"
 

@@ -6,10 +6,10 @@ from collections import deque
 
 import pytest
 
-from provisioner.errors import IllegalTransition
-from provisioner.decide.images import LayerCache
-from provisioner.model import Session, SessionSpec, Vm
-from provisioner.decide.states import (
+from provisioner.model.errors import IllegalTransition
+from provisioner.model.images import LayerCache
+from provisioner.model.records import Session, SessionSpec, Vm
+from provisioner.model.states import (
     SESSION_TERMINAL,
     SESSION_TRANSITIONS,
     VM_TRANSITIONS,

@@ -24,14 +24,9 @@ AWAY_S = 2.0
 @pytest.fixture(scope="module")
 def own_postgres():
     """A server of this module's own: it is shut down and started again."""
-    from pg import skip_or_fail, start_server
+    from pg import serving
 
-    try:
-        server = start_server()
-    except RuntimeError as e:
-        skip_or_fail(str(e))
-    yield server
-    server.stop()
+    yield from serving()
 
 
 def away_for(server, seconds: float) -> threading.Thread:
@@ -50,17 +45,17 @@ def away_for(server, seconds: float) -> threading.Thread:
 async def test_reads_and_grouped_writes_wait_for_the_database_to_come_back(own_postgres):
     store = PostgresStore(own_postgres.new_database())
     try:
-        await store.commit(store.save_quota_override, "ada", {"max_active": 2}, 1.0)
-        assert (await store.read(store.quota_override, "ada"))[0] == {"max_active": 2}
+        await store.commit(store.operator.save_quota_override, "ada", {"max_active": 2}, 1.0)
+        assert (await store.read(store.operator.quota_override, "ada"))[0] == {"max_active": 2}
         back = away_for(own_postgres, AWAY_S)
         started = time.monotonic()
         written, read = await asyncio.gather(
-            store.commit(store.save_quota_override, "bob", {"max_active": 3}, 2.0),
-            store.read(store.quota_override, "ada"))
+            store.commit(store.operator.save_quota_override, "bob", {"max_active": 3}, 2.0),
+            store.read(store.operator.quota_override, "ada"))
         waited = time.monotonic() - started
         back.join()
         assert read[0] == {"max_active": 2} and written is None
-        assert (await store.read(store.quota_override, "bob"))[0] == {"max_active": 3}
+        assert (await store.read(store.operator.quota_override, "bob"))[0] == {"max_active": 3}
         print(f"the read and the write were answered {waited:.2f} s after the server went away")
         assert waited >= AWAY_S * 0.9  # they did wait for it
     finally:
@@ -73,11 +68,11 @@ async def test_a_database_away_longer_than_the_ride_out_is_unavailable_without_i
     url = own_postgres.new_database()
     store = PostgresStore(url)
     try:
-        await store.commit(store.save_quota_override, "ada", {"max_active": 2}, 1.0)
+        await store.commit(store.operator.save_quota_override, "ada", {"max_active": 2}, 1.0)
         back = away_for(own_postgres, 4.0)
         try:
-            for attempt in (store.read(store.quota_override, "ada"),
-                            store.commit(store.save_quota_override, "bob", {"max_active": 3}, 2.0)):
+            for attempt in (store.read(store.operator.quota_override, "ada"),
+                            store.commit(store.operator.save_quota_override, "bob", {"max_active": 3}, 2.0)):
                 with pytest.raises(StoreUnavailable) as err:
                     await attempt
                 status = to_status(err.value)
@@ -89,7 +84,7 @@ async def test_a_database_away_longer_than_the_ride_out_is_unavailable_without_i
                 assert str(own_postgres.port) in err.value.detail  # the log is told where
         finally:
             back.join()
-        assert (await store.read(store.quota_override, "ada"))[0] == {"max_active": 2}  # and it reconnects
+        assert (await store.read(store.operator.quota_override, "ada"))[0] == {"max_active": 2}  # and it reconnects
     finally:
         store.close()
 

@@ -21,10 +21,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otlp_receiver import OtlpReceiver, otlp_receiver  # noqa: F401  (fixture)
 
-from provisioner import telemetry
+from provisioner.observability import telemetry
 from provisioner.api.wrapping import WrappingServer
 from provisioner.config import ConfigError, default_clusters_dir, load_fleet
-from provisioner.telemetry import (
+from provisioner.observability.telemetry import (
     ATTR_CLUSTER,
     ATTR_IMAGE,
     ATTR_POOL,
@@ -34,7 +34,7 @@ from provisioner.telemetry import (
     server_wrappers,
     setup_tracing,
 )
-from provisioner.traceview import find_traces, load_spans, render_tree
+from provisioner.observability.traceview import find_traces, load_spans, render_tree
 
 FRONT_METHOD = "/test.Front/Create"
 CLUSTER_METHOD = "/test.Cluster/Allocate"

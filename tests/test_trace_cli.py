@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from conftest import fleet_config, start_fleet
 from provisioner.cli import main
-from provisioner.telemetry import ATTR_SESSION_ID, JsonLinesSpanExporter
+from provisioner.observability.telemetry import ATTR_SESSION_ID, JsonLinesSpanExporter
 from provisioner.v1 import types_pb2 as pb
 
 

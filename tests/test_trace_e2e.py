@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver  # noqa: F401  (fixture)
 
 from conftest import fleet_config, start_fleet
-from provisioner import telemetry
+from provisioner.observability import telemetry
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
 from provisioner.v1 import types_pb2 as pb

@@ -6,7 +6,7 @@ import csv
 import random
 
 from provisioner.sim import tracegen
-from provisioner.sim.replay import read_trace
+from provisioner.sim.trace import read_trace
 from provisioner.sim.tracegen import DAY_S, HOUR_S, Arrival, Pod
 
 

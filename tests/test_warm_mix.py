@@ -13,7 +13,7 @@ import pytest
 from core_driver import Driver, make_core
 from provisioner.decide.commands import Pull
 from provisioner.decide.events import PrewarmRequested
-from provisioner.model import SessionKind, StartKind
+from provisioner.model.records import SessionKind, StartKind
 
 HOUR = 3600.0
 

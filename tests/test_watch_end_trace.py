@@ -7,7 +7,9 @@ import asyncio
 import json
 
 from conftest import fleet_config, quick_warm_up, warm_fleet
-from provisioner import cli, telemetry, traceview
+from provisioner import cli
+from provisioner.observability import telemetry
+from provisioner.observability import traceview
 
 WATCH = "/provisioner.v1.SessionService/WatchSession"
 

@@ -17,7 +17,7 @@ from provisioner.agent.metadata import Metadata, MetadataError
 from provisioner.agent.notebook import Notebooks
 from provisioner.agent.runtime import Runtime
 from provisioner.agent.usage import Usage, collect
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from provisioner.agent.gpu import Gpus
     from provisioner.agent.host import LocalHost
     from provisioner.agent.metadata import HttpMetadata
-    from provisioner.clock import RealClock
+    from provisioner.common.clock import RealClock
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     cfg = agent_config.load(args.config)
@@ -36,14 +36,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = cfg.model_copy(update=updates)
     clock = RealClock()
     if args.simulate:
-        from provisioner.agent.fakes import simulated
+        from provisioner.agent.simulated import simulated
 
         host, runtime, nvml = simulated(args.simulate, clock, args.simulate_bytes_per_s)
         gpus = Gpus(nvml, reset=host.reset_gpus)
     else:
         host, runtime, gpus = LocalHost(), DockerEngine(cfg.engine_url), Gpus()
         if args.simulate_gpus:
-            from provisioner.agent.fakes import fake_gpus
+            from provisioner.agent.simulated import fake_gpus
 
             gpus = fake_gpus(args.simulate_gpus)
     agent = Agent(cfg, HttpMetadata(cfg.metadata_url), runtime, gpus, host, clock,

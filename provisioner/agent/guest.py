@@ -14,7 +14,7 @@ import logging
 from collections import deque
 
 from provisioner.agent.metadata import Metadata, MetadataError
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -80,7 +80,11 @@ class HttpMetadata:
         await asyncio.to_thread(self._request, "DELETE", f"instance/guest-attributes/{NAMESPACE}/{key}")
 
     async def access_token(self) -> str:
-        raw, _ = await asyncio.to_thread(self._request, "GET", "instance/service-accounts/default/token")
+        return await asyncio.to_thread(self.access_token_now)
+
+    def access_token_now(self) -> str:
+        """The access token, read now (blocking): for callers outside an event loop."""
+        raw, _ = self._request("GET", "instance/service-accounts/default/token")
         try:
             return str(json.loads(raw)["access_token"])
         except (ValueError, KeyError) as err:

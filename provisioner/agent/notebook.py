@@ -18,7 +18,7 @@ from provisioner.agent.host import Host
 from provisioner.agent.metadata import Metadata
 from provisioner.agent.runtime import (ByteCallback, ContainerError, Credentials, ImageRef, NotebookSpec,
                                        Placement, Running, Runtime)
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 
 OAUTH_USER = "oauth2accesstoken"  # Artifact Registry's user name for an access token
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from provisioner.abuse_record import Decision
-from provisioner.audit import AuditRecord
-from provisioner.errors import InvalidArgument
-from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.decide.states import SessionState, StateChange, VmState
+from provisioner.model.abuse_record import Decision
+from provisioner.store.audit_log import AuditRecord
+from provisioner.model.errors import InvalidArgument
+from provisioner.model.records import Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.model.states import SessionState, StateChange, VmState
+from provisioner.decide.zone_memory import ProjectQuota
 from provisioner.v1 import admin_service_pb2 as admin_pb
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
@@ -143,6 +144,14 @@ def abuse_flag_to_pb(d: Decision) -> cluster_pb.AbuseFlag:
 def abuse_flag_from_pb(f: cluster_pb.AbuseFlag) -> Decision:
     return Decision(f.session_id, f.user_id, f.flag_time.ToNanoseconds() / 1e9, tuple(f.rules), f.reason,
                     f.evidence, f.dry_run)
+
+
+def project_quota_to_pb(q: ProjectQuota) -> pb.ProjectQuota:
+    return pb.ProjectQuota(until=timestamp(q.until), metric=q.metric, cluster=q.cluster)
+
+
+def project_quota_from_pb(q: pb.ProjectQuota) -> ProjectQuota:
+    return ProjectQuota(q.until.ToNanoseconds() / 1e9, q.metric, q.cluster)
 
 
 def audit_record_to_pb(r: AuditRecord) -> admin_pb.AuditRecord:

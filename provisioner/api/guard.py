@@ -25,9 +25,10 @@ from google.protobuf.message import DecodeError
 from opentelemetry import trace
 
 from provisioner.api import limits
+from provisioner.common.pacing import Pacer
 from provisioner.api.status import abort
-from provisioner.audit import DENIED, OK, AuditLog
-from provisioner.errors import InvalidArgument, PermissionDenied, ProvisionerError, QuotaExceeded, Unauthenticated
+from provisioner.store.audit_log import DENIED, OK, AuditLog
+from provisioner.model.errors import InvalidArgument, PermissionDenied, ProvisionerError, QuotaExceeded, Unauthenticated
 from provisioner.security.auth import ADMIN_SERVICE, ANONYMOUS, ANONYMOUS_SERVICES, Caller, Decision, Rule, authorize
 from provisioner.security.tokens import TokenVerifier
 
@@ -75,12 +76,13 @@ def bearer_identity(verifier: TokenVerifier) -> Identify:
                 if scheme.lower() != "bearer":
                     raise Unauthenticated("the authorization header must be 'Bearer <token>'")
                 break
+        token = token.strip()
         if not token:
             return ANONYMOUS
-        if (caller := verifier.cached(token)) is not None:
+        if (caller := verifier.verify_here(token)) is not None:
             return caller
         # A first sight of a token may fetch the issuer's keys: off the event loop.
-        return await asyncio.to_thread(verifier.verify, token.strip())
+        return await asyncio.to_thread(verifier.verify, token)
 
     return identify
 
@@ -115,9 +117,11 @@ class Guard:
     """Wraps each of a server's method handlers (`wrap`, see api/wrapping.py)."""
 
     def __init__(self, policy: dict[str, Rule], identify: Identify, audit: AuditLog | None = None,
-                 max_streams: Callable[[Caller], int] | None = None, wall: Callable[[], float] = time.monotonic):
+                 max_streams: Callable[[Caller], int] | None = None, wall: Callable[[], float] = time.monotonic,
+                 pacer: Pacer | None = None):
         """`wall` paces the log lines of unauthenticated refusals: wall time on purpose, since a
-        log's rate is read by people."""
+        log's rate is read by people. `pacer` holds those refusals before they are answered."""
+        self.pacer = pacer or Pacer(0)
         self.policy = policy
         self.identify = identify
         self.audit = audit
@@ -216,6 +220,7 @@ class Guard:
             # No credential that checks out: anyone on the network can send these as fast as they
             # like, so they are counted and sampled into the log, never one durable row each.
             self._note_unauthenticated(context, method, err)
+            await self.pacer.pause()
         elif self.audit is not None and not isinstance(err, QuotaExceeded):
             # Durable before the refusal is answered, as an action's record is before its answer:
             # a caller told no has its try on record even if this process dies right after. The

@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from provisioner.decide.images import parse_ref
-from provisioner.errors import InvalidArgument, quote
-from provisioner.safe_text import is_printable
+from provisioner.model.images import parse_ref
+from provisioner.model.errors import InvalidArgument, quote
+from provisioner.common.safe_text import is_printable
 from provisioner.v1 import admin_service_pb2, cluster_service_pb2, session_service_pb2
 
 SERVICES = tuple(
@@ -129,12 +129,16 @@ IMAGE = Text(256, "an image reference, name:version or name:latest (e.g. gpu:v15
 VM_ID = Text(63, "a VM id of lower-case letters, digits and dashes", re.compile(r"[a-z][a-z0-9-]{0,62}"))
 # Who called, as the audit log names them (a token's subject, a certificate's name).
 IDENTITY = Text(256, "1-256 printable ASCII characters without spaces", re.compile(r"[!-~]{1,256}"))
-# What cluster.service.page() issues: the offset of the next page.
+# What paging.page() issues: the offset of the next page.
 PAGE_TOKEN = Text(10, "a page token from an earlier response", re.compile(r"[0-9]{1,10}"))
+# What api/keyset.py issues: a position (a cluster's), or a position per cluster (a front's).
+KEYSET_TOKEN = Text(8192, "a page token from an earlier response", re.compile(r"[A-Za-z0-9_-]{1,8192}"))
 # Free text kept in a session's or VM's history: bounded and printable (safe_text: no control,
 # format or separator characters, so no escape sequence, line break or bidi override).
 REASON = Text(512, "printable text (no control, format or line-separator characters)", valid=is_printable)
 AUTOSCALER = Text(16, "fixed, headroom or predictive", re.compile(r"fixed|headroom|predictive"))
+# A Compute quota metric, as an error names it (GPUS_ALL_REGIONS, NVIDIA_T4_GPUS).
+QUOTA_METRIC = Text(64, "a quota metric of capital letters, digits and underscores", re.compile(r"[A-Z0-9_]{1,64}"))
 PAGE_SIZE = Int(0, 2**31 - 1)  # larger than the maximum means the maximum
 REVISION = Int(0, 2**62)
 SESSION_CAP = Int(0, 10_000)  # live sessions per user and kind
@@ -155,7 +159,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("provisioner.v1.GetSessionRequest", "session_id"): SESSION_ID,
     ("provisioner.v1.ListSessionsRequest", "user_id"): USER_ID,
     ("provisioner.v1.ListSessionsRequest", "page_size"): PAGE_SIZE,
-    ("provisioner.v1.ListSessionsRequest", "page_token"): PAGE_TOKEN,
+    ("provisioner.v1.ListSessionsRequest", "page_token"): KEYSET_TOKEN,
+    ("provisioner.v1.ListSessionsRequest", "created_after"): Instant(),
+    ("provisioner.v1.ListSessionsRequest", "created_before"): Instant(),
     ("provisioner.v1.ListSessionsRequest", "cluster"): NAME,
     ("provisioner.v1.WatchSessionRequest", "session_id"): SESSION_ID,
     ("provisioner.v1.WatchSessionRequest", "after_revision"): REVISION,
@@ -211,13 +217,18 @@ RULES: dict[tuple[str, str], Rule] = {
     ("provisioner.v1.GetRequest", "user_id"): USER_ID,
     ("provisioner.v1.ListRequest", "user_id"): USER_ID,
     ("provisioner.v1.ListRequest", "page_size"): PAGE_SIZE,
-    ("provisioner.v1.ListRequest", "page_token"): PAGE_TOKEN,
+    ("provisioner.v1.ListRequest", "page_token"): KEYSET_TOKEN,
+    ("provisioner.v1.ListRequest", "created_after"): Instant(),
+    ("provisioner.v1.ListRequest", "created_before"): Instant(),
     ("provisioner.v1.ListRequest", "ended_after"): Instant(),
     ("provisioner.v1.SetBudgetEndRequest", "session_id"): SESSION_ID,
     ("provisioner.v1.SetBudgetEndRequest", "end_time"): Instant(),
     # The whole list of blocked users, as the front pushes it (within the request's byte limit).
     ("provisioner.v1.SetBlockedUsersRequest", "user_ids"): Text(USER_ID.max_len, USER_ID.what, USER_ID.pattern,
                                                                max_items=10_000),
+    ("provisioner.v1.ProjectQuota", "until"): Instant(),
+    ("provisioner.v1.ProjectQuota", "metric"): QUOTA_METRIC,
+    ("provisioner.v1.ProjectQuota", "cluster"): NAME,
     ("provisioner.v1.TouchRequest", "session_id"): SESSION_ID,
     ("provisioner.v1.TouchRequest", "user_id"): USER_ID,
     ("provisioner.v1.StopRequest", "session_id"): SESSION_ID,

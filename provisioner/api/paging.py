@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from provisioner.api import convert
-from provisioner.audit import AuditLog
-from provisioner.errors import InvalidArgument
+from provisioner.store.audit_log import AuditLog
+from provisioner.model.errors import InvalidArgument
 from provisioner.v1 import admin_service_pb2 as admin_pb
 
 DEFAULT_PAGE_SIZE = 50
@@ -16,11 +16,16 @@ MAX_PAGE_SIZE = 500
 MAX_BRIEF_PAGE_SIZE = 5000
 
 
-def page(items: list, page_size: int, page_token: str, max_size: int = MAX_PAGE_SIZE) -> tuple[list, str]:
-    """Offset pagination over an already ordered list; the token is the next offset."""
-    if page_size < 0:
+def page_size(requested: int, max_size: int = MAX_PAGE_SIZE) -> int:
+    """The size of a page asked for: the default for 0, the maximum for more than the maximum."""
+    if requested < 0:
         raise InvalidArgument("page_size must not be negative", field="page_size")
-    size = min(page_size or DEFAULT_PAGE_SIZE, max_size)
+    return min(requested or DEFAULT_PAGE_SIZE, max_size)
+
+
+def page(items: list, requested_size: int, page_token: str, max_size: int = MAX_PAGE_SIZE) -> tuple[list, str]:
+    """Offset pagination over an already ordered list; the token is the next offset."""
+    size = page_size(requested_size, max_size)
     try:
         start = int(page_token) if page_token else 0
     except ValueError:

@@ -13,11 +13,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from provisioner import telemetry
+from provisioner.observability import telemetry
 from provisioner.api import limits
 from provisioner.api.guard import Guard
 from provisioner.api.wrapping import WrappingServer
-from provisioner.port_holder import PortTaken
+from provisioner.common.port_holder import PortTaken
 from provisioner.security.tls import check_plaintext
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class Server:
         if self.on_drain is not None:
             self.on_drain()
         if settle_s > 0:
-            await asyncio.sleep(settle_s)
+            await asyncio.sleep(settle_s)  # wall time: calls in flight on the network, not model time
         await self.server.stop(grace_s)
 
     async def _set_serving(self, status) -> None:

@@ -16,7 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from provisioner.errors import ProvisionerError
+from provisioner.model.errors import ProvisionerError
 
 DOMAIN = "provisioner.v1"
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import grpc
 from provisioner import client as api
 from provisioner.client import _base, credentials as api_credentials
 from provisioner.cli import render
-from provisioner.safe_text import printable
+from provisioner.common.safe_text import printable
 
 DEFAULT_FRONT = _base.DEFAULT_FRONT
 DEFAULT_TIMEOUT_S = _base.DEFAULT_TIMEOUT_S
@@ -163,10 +163,10 @@ class Tracing:
         self.exporter = exporter
         self.provider = None
         try:
-            self._telemetry = importlib.import_module("provisioner.telemetry")
+            self._telemetry = importlib.import_module("provisioner.observability.telemetry")
         except ModuleNotFoundError as e:
             # Without the module, or with only the client's packages installed: no tracing.
-            if e.name != "provisioner.telemetry" and (e.name or "").startswith("provisioner"):
+            if e.name != "provisioner.observability.telemetry" and (e.name or "").startswith("provisioner"):
                 raise
             return
         self.provider = self._telemetry.setup_tracing("provisioner-cli", exporter=exporter)

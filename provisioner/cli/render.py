@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from provisioner.safe_text import printable
+from provisioner.common.safe_text import printable
 from provisioner.v1 import types_pb2
 
 # --- enums ---------------------------------------------------------------------------------

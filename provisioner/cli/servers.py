@@ -136,12 +136,12 @@ def _tls_files(args):
 
 
 def _setup(args, service: str):
-    from provisioner import telemetry
-    from provisioner.clock import fleet_clock
+    from provisioner.observability import telemetry
+    from provisioner.common.clock import fleet_clock
     from provisioner.config import ConfigError, load_fleet
-    from provisioner.private_files import private_dir
+    from provisioner.common.private_files import private_dir
 
-    from provisioner import logs
+    from provisioner.observability import logs
 
     logs.setup(args.log_level, args.log_format)
     try:
@@ -170,7 +170,7 @@ def _serve_until_signalled(provider, start) -> int:
     or Ctrl-C, then drains and flushes the spans."""
     from provisioner.api.server import stop_event_on_signals
 
-    from provisioner.port_holder import PortTaken
+    from provisioner.common.port_holder import PortTaken
     from provisioner.registry.client import RegistryError
     from provisioner.security.tls import PlaintextRefused
     from provisioner.store import StoreError
@@ -214,7 +214,7 @@ class _Edge:
     @classmethod
     async def start(cls, args) -> _Edge:
         from provisioner.api.server import HealthPort
-        from provisioner.metrics import Metrics
+        from provisioner.observability.metrics import Metrics
 
         metrics, metrics_server, health_port = Metrics(), None, None
         if args.metrics_address:
@@ -246,7 +246,7 @@ def cmd_up(args) -> int:
     fleet, data_dir, clock, provider, exporter = _setup(args, "provisioner")
 
     async def start():
-        from provisioner.serve import freeze_startup_heap, start_local_fleet
+        from provisioner.cli.serve import freeze_startup_heap, start_local_fleet
         from provisioner.store import redact
 
         edge = await _Edge.start(args)
@@ -318,7 +318,7 @@ def cmd_serve_cluster(args) -> int:
         raise SystemExit(f"error: no cluster {args.name!r} in the fleet; clusters: {', '.join(fleet.cluster_names)}")
 
     async def start():
-        from provisioner.serve import freeze_startup_heap, start_cluster
+        from provisioner.cli.serve import freeze_startup_heap, start_cluster
 
         edge = await _Edge.start(args)
         proc = await start_cluster(fleet, args.name, clock, data_dir, address=args.address, tracer_provider=provider,
@@ -349,7 +349,7 @@ def cmd_serve_front(args) -> int:
         overrides[name] = address
 
     async def start():
-        from provisioner.serve import freeze_startup_heap, start_front
+        from provisioner.cli.serve import freeze_startup_heap, start_front
 
         edge = await _Edge.start(args)
         proc = await start_front(fleet, clock, data_dir, address=args.address, cluster_addresses=overrides,
@@ -385,7 +385,7 @@ def cmd_token(args) -> int:
 def cmd_certificates(args) -> int:
     from provisioner.config import ConfigError, load_fleet
     from provisioner.security.pki import CA_CERT, ensure_local_pki, local_files
-    from provisioner.serve import tls_leaves
+    from provisioner.cli.serve import tls_leaves
 
     try:
         fleet = load_fleet(args.clusters)
@@ -404,7 +404,7 @@ def cmd_certificates(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from provisioner import traceview
+    from provisioner.observability import traceview
 
     path = Path(args.file or default_data_dir() / "traces.jsonl")
     if not path.exists():
@@ -421,6 +421,6 @@ def cmd_trace(args) -> int:
 
 
 def _flush(provider) -> None:
-    from provisioner import telemetry
+    from provisioner.observability import telemetry
 
     telemetry.shutdown_tracing(provider)

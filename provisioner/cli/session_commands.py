@@ -91,7 +91,7 @@ def session_get(c: Client, args) -> int:
 def session_list(c: Client, args) -> int:
     req = session_pb.ListSessionsRequest(user_id=args.user or "", cluster=args.cluster or "",
                                          states=args.state or [], page_size=args.page_size or 0,
-                                         page_token=args.page_token or "")
+                                         page_token=args.page_token or "", with_history=args.history)
     sessions, seen = [], {req.page_token}
     while True:
         resp = c.call("ListSessions", req)
@@ -182,6 +182,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int)
     p.add_argument("--page-token")
     p.add_argument("--all", action="store_true", help="follow every page")
+    p.add_argument("--history", action="store_true", help="each session with its history (as `session get` shows it)")
 
     p = add("watch", session_watch,
                  "print each change until the session stops or fails")

@@ -73,7 +73,7 @@ def cmd_simulate(args) -> int:
     from provisioner.config import ConfigError
     from provisioner.sim.parallel import Run, simulate
     from provisioner.sim.parallel import results as results_of
-    from provisioner.sim.replay import TraceError
+    from provisioner.sim.trace import TraceError
 
     if (bad := _out_of_range(args)) is not None:
         print(f"error: {bad}", file=sys.stderr)

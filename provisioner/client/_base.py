@@ -65,10 +65,11 @@ def create_request(*, user_id: str, accelerator: str, image: str, request_id: st
     return session_pb.CreateSessionRequest(spec=spec)
 
 
-def list_request(user_id: str, cluster: str, states, page_size: int, page_token: str) -> session_pb.ListSessionsRequest:
+def list_request(user_id: str, cluster: str, states, page_size: int, page_token: str,
+                 with_history: bool = False) -> session_pb.ListSessionsRequest:
     return session_pb.ListSessionsRequest(
         user_id=user_id, cluster=cluster, states=[s._to_pb(types_pb2.SessionState) for s in states or ()],
-        page_size=page_size, page_token=page_token)
+        page_size=page_size, page_token=page_token, with_history=with_history)
 
 
 def is_new(s: types_pb2.Session, last: int, place: int | None = None) -> bool:

@@ -12,7 +12,7 @@ import grpc
 from provisioner.client import _base, errors
 from provisioner.client.credentials import front_credentials, resolve, server_name_options
 from provisioner.client.types import Quota, Session, SessionKind, SessionState
-from provisioner.grpc_options import RECEIVE_BUFFER
+from provisioner.common.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as session_pb
 from provisioner.v1 import session_service_pb2_grpc as session_grpc
@@ -42,7 +42,8 @@ class Client:
         self._admin = admin_grpc.AdminServiceStub(channel)
         self.timeout = timeout
         self.max_attempts = max_attempts
-        self.sleep: Callable[[float], None] = time.sleep  # between retries; a test may record instead
+        # Between retries, in wall time (call deadlines are wall time); a test may record instead.
+        self.sleep: Callable[[float], None] = time.sleep
 
     def close(self) -> None:
         self._channel.close()
@@ -120,12 +121,14 @@ class Client:
         return Session.from_proto(self.call("GetSession", session_pb.GetSessionRequest(session_id=session_id)).session)
 
     def list_sessions(self, user_id: str = "", states: Sequence[SessionState] = (), cluster: str = "",
-                      page_size: int = 0) -> list[Session]:
+                      page_size: int = 0, with_history: bool = False) -> list[Session]:
         """Sessions newest first, every page: a user's, or ("" with a service or admin token) every
-        user's; only `cluster`'s and only in `states` when given."""
+        user's; only `cluster`'s and only in `states` when given; each with its history only
+        `with_history`."""
         out, token = [], ""
         while True:
-            resp = self.call("ListSessions", _base.list_request(user_id, cluster, states, page_size, token))
+            resp = self.call("ListSessions", _base.list_request(user_id, cluster, states, page_size, token,
+                                                                   with_history))
             out += [Session.from_proto(s) for s in resp.sessions]
             if not resp.next_page_token or resp.next_page_token == token:
                 return out

@@ -13,7 +13,7 @@ import grpc
 from provisioner.client import _base, errors
 from provisioner.client.credentials import front_credentials, resolve, server_name_options
 from provisioner.client.types import Quota, Session, SessionKind, SessionState
-from provisioner.grpc_options import RECEIVE_BUFFER
+from provisioner.common.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import session_service_pb2 as session_pb
 from provisioner.v1 import session_service_pb2_grpc as session_grpc
@@ -103,10 +103,11 @@ class AsyncClient:
         return Session.from_proto(resp.session)
 
     async def list_sessions(self, user_id: str = "", states: Sequence[SessionState] = (), cluster: str = "",
-                            page_size: int = 0) -> list[Session]:
+                            page_size: int = 0, with_history: bool = False) -> list[Session]:
         out, token = [], ""
         while True:
-            resp = await self.call("ListSessions", _base.list_request(user_id, cluster, states, page_size, token))
+            resp = await self.call("ListSessions", _base.list_request(user_id, cluster, states, page_size, token,
+                                                                   with_history))
             out += [Session.from_proto(s) for s in resp.sessions]
             if not resp.next_page_token or resp.next_page_token == token:
                 return out

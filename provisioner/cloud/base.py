@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
 from provisioner.agent.usage import Usage
-from provisioner.decide.images import Layer
+from provisioner.model.images import Layer
 
 # Labels every VM carries, so a restarted cluster can match VMs to its records and find leaks.
 LABEL_CLUSTER = "provisioner-cluster"
@@ -46,6 +46,8 @@ class CloudFailure:
     shared_by: str = ""
     # A stockout's hint: the zones that have the shape now (Compute's `zonesAvailable`).
     zones_available: tuple[str, ...] = ()
+    # A quota's metric as the cloud named it (GPUS_ALL_REGIONS, NVIDIA_T4_GPUS), when it did.
+    metric: str = ""
 
     @property
     def retryable(self) -> bool:

@@ -62,13 +62,13 @@ from google.cloud import compute_v1
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from provisioner.agent.usage import parse as parse_usage
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.cloud.base import (LABEL_CLUSTER, PREEMPTED, CloudFailure, CloudVm, HealthReport,
                                      LaunchSpec, NotebookRequest, ProgressCallback, maintenance)
 from provisioner.cloud.gce_errors import failure_of, operation_failure, retryable, transport_errors
 from provisioner.cloud.gce_instance import GUEST_ATTRIBUTES_KEY, instance_for, notebook_endpoint, vm_of
 from provisioner.config import BackendConfig, ClusterConfig
-from provisioner.decide.images import Layer
+from provisioner.model.images import Layer
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ def quota_failure(message: str, zone: str, accelerator: str, metric: str = "", r
     project_wide = "ALL_REGIONS" in metric or region == ""
     gpu_metric = metric.endswith("_GPUS") and "ALL_REGIONS" not in metric
     return CloudFailure("quota", message, zone, scope="project" if project_wide else "region",
-                        shared_by=accelerator if gpu_metric else "")
+                        shared_by=accelerator if gpu_metric else "", metric=metric)
 
 
 def failure_of(err: gexc.GoogleAPICallError, zone: str, accelerator: str = "") -> CloudFailure:

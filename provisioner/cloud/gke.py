@@ -36,7 +36,7 @@ from google.cloud import compute_v1
 from google.cloud.container_v1 import ClusterManagerAsyncClient, types
 from google.cloud.container_v1.services.cluster_manager.transports import ClusterManagerGrpcAsyncIOTransport
 
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.cloud.base import LABEL_REQUEST, CloudFailure, CloudVm, LaunchSpec, NotebookRequest
 from provisioner.cloud.gce import GceBackend, gce_labels
 from provisioner.cloud.gce_errors import failure_of

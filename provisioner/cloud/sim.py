@@ -1,9 +1,9 @@
 """The simulated cloud: the embedded default backend, so everything runs on a laptop.
 
-Two parts. `SimPhysics` is pure and seeded: how long things take and whether a launch fails.
-The trace-driven simulator uses it directly, without asyncio. `SimCloud` is the async
-CloudBackend over a Clock: an in-memory inventory, latencies from the physics, stockouts, and
-faults injected by tests and demos.
+`SimCloud` is the async CloudBackend over a Clock: its VMs (cloud/sim_inventory.py), latencies
+and launch outcomes from the seeded physics (cloud/sim_physics.py, which the trace-driven
+simulator uses directly, without asyncio), stockouts, and faults injected by tests and demos
+(cloud/sim_faults.py).
 """
 
 from __future__ import annotations
@@ -11,23 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import math
-import os
 import random
-import sqlite3
-import time
-import zlib
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
-from provisioner.agent.fakes import miner
+from provisioner.agent.simulated import miner
 from provisioner.agent.usage import Usage
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.cloud.base import (
     LABEL_CLUSTER,
     LABEL_POOL,
@@ -39,21 +32,13 @@ from provisioner.cloud.base import (
     NotebookRequest,
     ProgressCallback,
 )
-from provisioner.errors import (
-    InvalidArgument,
-    NoCapacity,
-    NotFound,
-    ProvisionerError,
-    QuotaExceeded,
-    Unavailable,
-)
-from provisioner.decide.images import Layer
+from provisioner.cloud.sim_faults import OPS, RAISE_AS, Faults
+from provisioner.cloud.sim_inventory import Inventory, SimVm
+from provisioner.cloud.sim_physics import SimConfigLike, SimPhysics
+from provisioner.model.images import Layer
 
 _tracer = trace.get_tracer(__name__)
 
-OPS = frozenset({"create", "wait_ready", "pull", "wipe", "stop", "start", "delete", "list_vms", "start_notebook",
-                 "stop_notebook"})
-_CODES = frozenset({"stockout", "quota", "rate_limited", "unavailable", "not_found", "invalid", "internal"})
 _SPAN_NAMES = {op: f"sim.{op}" for op in OPS | {"health"}}
 
 # A pull reports progress at most this often (sim seconds) and at most this many times.
@@ -64,195 +49,11 @@ PULL_MAX_STEPS = 20
 LIST_PAGE = 500
 
 
-class SimConfigLike(Protocol):
-    """What the sim needs from its config (config.SimCloudConfig has these fields)."""
-
-    boot_s: float
-    boot_jitter_s: float
-    pull_bytes_per_s: float
-    wipe_s: float
-    delete_s: float
-    stop_s: float
-    notebook_start_s: float
-    notebook_stop_s: float
-    start_median_s: float
-    start_sigma: float
-    pool_start_median_s: dict[str, float]
-    stocked_out_zones: list[str]
-    launch_failure_rate: float
-    seed: int
-
-
-class SimPhysics:
-    """Durations and launch outcomes; deterministic for a given seed and call sequence."""
-
-    CREATE_S = 3.0  # the insert operation, before the VM starts booting
-    CREATE_JITTER_S = 1.0
-
-    def __init__(self, config: SimConfigLike):
-        self.config = config
-        self.rng = random.Random(config.seed)
-        # Mutable: stockouts come and go during a run.
-        self.stocked_out: set[str] = set(config.stocked_out_zones)
-
-    def create_s(self) -> float:
-        return self.CREATE_S + self.rng.uniform(-self.CREATE_JITTER_S, self.CREATE_JITTER_S)
-
-    def boot_s(self) -> float:
-        j = self.config.boot_jitter_s
-        return max(0.0, self.config.boot_s + (self.rng.uniform(-j, j) if j else 0.0))
-
-    def pull_s(self, nbytes: int) -> float:
-        return nbytes / self.config.pull_bytes_per_s if nbytes > 0 else 0.0
-
-    def wipe_s(self) -> float:
-        return self.config.wipe_s
-
-    def delete_s(self) -> float:
-        return self.config.delete_s
-
-    def stop_s(self) -> float:
-        return self.config.stop_s
-
-    def notebook_start_s(self) -> float:
-        return self.config.notebook_start_s
-
-    def notebook_stop_s(self) -> float:
-        return self.config.notebook_stop_s
-
-    def start_s(self, pool: str) -> float:
-        """A stopped VM of `pool` started, until its agent answers: lognormal, a long tail."""
-        c = self.config
-        median = c.pool_start_median_s.get(pool, c.start_median_s)
-        return self.rng.lognormvariate(math.log(median), c.start_sigma) if c.start_sigma else median
-
-    def launch_outcome(self, zone: str) -> CloudFailure | None:
-        """Whether a create, or a start (a stopped VM holds no GPU), gets its GPUs in `zone`."""
-        if zone in self.stocked_out:
-            return CloudFailure("stockout", f"zone {zone} has no GPUs of this shape (ZONE_RESOURCE_POOL_EXHAUSTED)", zone)
-        rate = self.config.launch_failure_rate
-        # Draw only when failures are on, so turning them off does not shift other durations.
-        if rate > 0 and self.rng.random() < rate:
-            return CloudFailure("unavailable", f"simulated launch failure in {zone}", zone)
-        return None
-
-    @staticmethod
-    def gpu_temperature_c(vm_id: str) -> float:
-        # Stable per VM and independent of the rng, so health checks do not shift durations.
-        return 45.0 + (zlib.crc32(vm_id.encode()) % 2500) / 100.0
-
-
 class SimCall(NamedTuple):
     op: str
     vm_id: str
     zone: str
 
-
-@dataclass(slots=True)
-class _Vm:
-    vm_id: str
-    zone: str
-    cluster: str
-    labels: dict[str, str]
-    endpoint: str
-    ready_at: float  # boot runs whether or not anyone waits for it
-    status: str = "provisioning"
-    health: HealthReport | None = None  # set by mark_unhealthy
-    usage: str | None = None  # what its session runs, as JSON (set_usage, mark_miner); a wipe clears it
-    layers: list[str] = dataclasses.field(default_factory=list)  # image layers on its disk, by id
-
-    def snapshot(self) -> CloudVm:
-        return CloudVm(self.vm_id, self.zone, self.status, dict(self.labels), self.endpoint)  # type: ignore[arg-type]
-
-    def to_json(self) -> str:
-        d = {f: getattr(self, f) for f in self.__slots__}
-        d["health"] = dataclasses.asdict(self.health) if self.health else None
-        return json.dumps(d)
-
-    @classmethod
-    def from_json(cls, body: str) -> _Vm:
-        d = json.loads(body)
-        d["health"] = HealthReport(**d["health"]) if d["health"] else None
-        return cls(**d)
-
-
-class Inventory(dict):
-    """The cloud's VMs by id. Given a path, also kept in SQLite: VMs then outlive the process that
-    made them, as a real cloud's do, and every replica of a cluster sees one cloud. The file
-    also logs each call with the calling process, to show who acted when (for a day)."""
-
-    CALLS_KEPT_S = 86_400.0
-    PRUNE_EVERY = 10_000  # calls
-
-    def __init__(self, path: str | Path | None = None):
-        super().__init__()
-        self._db: sqlite3.Connection | None = None
-        if path is None:
-            return
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # Survives a killed process, as the cloud must; a simulation need not survive power loss.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._calls = 0
-        self._db.execute("CREATE TABLE IF NOT EXISTS vms (id TEXT PRIMARY KEY, body TEXT NOT NULL)")
-        self._db.execute("CREATE TABLE IF NOT EXISTS calls (wall REAL NOT NULL, pid INTEGER NOT NULL, "
-                         "op TEXT NOT NULL, vm_id TEXT NOT NULL, zone TEXT NOT NULL)")
-        for vm_id, body in self._db.execute("SELECT id, body FROM vms"):
-            super().__setitem__(vm_id, _Vm.from_json(body))
-
-    def __setitem__(self, vm_id: str, vm: _Vm) -> None:
-        super().__setitem__(vm_id, vm)
-        self.save(vm)
-
-    def __delitem__(self, vm_id: str) -> None:
-        super().__delitem__(vm_id)
-        if self._db is not None:
-            self._db.execute("DELETE FROM vms WHERE id = ?", (vm_id,))
-
-    def pop(self, vm_id: str, default: Any = None) -> Any:
-        if vm_id not in self:
-            return default
-        vm = self[vm_id]
-        del self[vm_id]
-        return vm
-
-    def save(self, vm: _Vm) -> None:
-        """Writes a VM whose fields changed."""
-        if self._db is not None:
-            self._db.execute("INSERT INTO vms VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body",
-                             (vm.vm_id, vm.to_json()))
-
-    def log_call(self, op: str, vm_id: str, zone: str) -> None:
-        if self._db is not None:
-            now = time.time()
-            self._db.execute("INSERT INTO calls VALUES (?, ?, ?, ?, ?)", (now, os.getpid(), op, vm_id, zone))
-            self._calls += 1
-            if self._calls % self.PRUNE_EVERY == 0:
-                self._db.execute("DELETE FROM calls WHERE wall < ?", (now - self.CALLS_KEPT_S,))
-
-    def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-
-
-@dataclass(slots=True)
-class _Fault:
-    code: str
-    remaining: int
-    zone: str | None
-
-
-# list_vms returns a list, not a failure, so its injected faults are raised as typed errors.
-_RAISE_AS: dict[str, type[ProvisionerError]] = {
-    "stockout": NoCapacity,
-    "quota": QuotaExceeded,
-    "rate_limited": Unavailable,
-    "unavailable": Unavailable,
-    "not_found": NotFound,
-    "invalid": InvalidArgument,
-    "internal": ProvisionerError,
-}
 
 _DEFAULT: Any = object()
 _NO_SPAN = contextlib.nullcontext()
@@ -280,7 +81,7 @@ class SimCloud:
         self._record = record_calls
         self.calls: list[SimCall] = []
         self._vms = inventory if inventory is not None else Inventory()
-        self._faults: dict[str, list[_Fault]] = {}
+        self._faults = Faults()
         # Spot pools' preemptions per VM-hour, and when each running Spot VM is preempted (drawn
         # at its first health check; memoryless, so a restart drawing again changes nothing).
         self._spot = {pool: rate for pool, rate in (spot_rates or {}).items() if rate > 0}
@@ -294,13 +95,7 @@ class SimCloud:
 
     def inject(self, op: str, code: str, count: int = 1, zone: str | None = None) -> None:
         """The next `count` calls of `op` (in `zone`, if given) fail with `code`."""
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; one of {sorted(OPS)}")
-        if code not in _CODES:
-            raise ValueError(f"unknown failure code {code!r}; one of {sorted(_CODES)}")
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
-        self._faults.setdefault(op, []).append(_Fault(code, count, zone))
+        self._faults.inject(op, code, count, zone)
 
     def mark_unhealthy(self, vm_id: str, detail: str, hardware_errors: int = 1, temperature_c: float = 95.0) -> None:
         vm = self._vms[vm_id]
@@ -361,7 +156,7 @@ class SimCloud:
             failure = await self._notebook(vm_id, zone, "stop_notebook", self.physics.notebook_stop_s())
             return self._end(span, failure or None)
 
-    def _running_vm(self, op: str, vm_id: str, zone: str) -> _Vm | CloudFailure:
+    def _running_vm(self, op: str, vm_id: str, zone: str) -> SimVm | CloudFailure:
         """The VM an operation on a running VM (`op`) works on, or why it cannot."""
         fault = self._fault(op, zone)
         if fault is not None:
@@ -399,7 +194,7 @@ class SimCloud:
                 span.set_attribute("provisioner.cluster", cluster)
             fault = self._fault("list_vms", "")
             if fault is not None:
-                raise _RAISE_AS[fault.code](fault.message)
+                raise RAISE_AS[fault.code](fault.message)
             ids = [vm_id for vm_id, vm in self._vms.items() if vm.cluster == cluster]
             listed: list[CloudVm] = []
             for start in range(0, len(ids), LIST_PAGE):
@@ -452,7 +247,7 @@ class SimCloud:
         cluster = spec.labels.get(LABEL_CLUSTER, spec.cluster)
         # The cloud holds the VM from the moment it accepts the insert: a caller that gives up
         # mid-create still leaves a VM behind, as a real cloud would.
-        vm = _Vm(
+        vm = SimVm(
             spec.vm_id,
             spec.zone,
             cluster,
@@ -522,7 +317,7 @@ class SimCloud:
             self._vms.save(vm)
         return None
 
-    def _preempted(self, vm: _Vm) -> bool:
+    def _preempted(self, vm: SimVm) -> bool:
         rate = self._spot.get(vm.labels.get(LABEL_POOL, ""), 0.0)
         if not rate:
             return False
@@ -592,26 +387,13 @@ class SimCloud:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _find(self, vm_id: str, zone: str) -> _Vm | None:
+    def _find(self, vm_id: str, zone: str) -> SimVm | None:
         vm = self._vms.get(vm_id)
         # As in a real cloud, a VM asked for in the wrong zone is not found.
         return vm if vm is not None and vm.zone == zone else None
 
     def _fault(self, op: str, zone: str) -> CloudFailure | None:
-        if not self._faults:
-            return None
-        pending = self._faults.get(op)
-        if not pending:
-            return None
-        for i, f in enumerate(pending):
-            if f.zone is None or f.zone == zone:
-                f.remaining -= 1
-                if f.remaining <= 0:
-                    del pending[i]
-                    if not pending:
-                        del self._faults[op]
-                return CloudFailure(f.code, f"injected {f.code} fault on {op}", zone)  # type: ignore[arg-type]
-        return None
+        return self._faults.take(op, zone)
 
     def _enter(self, op: str, vm_id: str, zone: str) -> Any:
         if self._record:
@@ -636,7 +418,7 @@ class SimCloud:
         return result
 
 
-def _stopped(vm: _Vm) -> CloudFailure | None:
+def _stopped(vm: SimVm) -> CloudFailure | None:
     """A stopped VM runs nothing (it must be started first), as the gce backend reports it."""
     if vm.status == "terminated":
         return CloudFailure("unavailable", f"vm {vm.vm_id} is stopped", vm.zone)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from provisioner.decide.core import ClusterCore
-from provisioner.model import Vm
+from provisioner.model.records import Vm
 
 
 class CapacityCounts:

@@ -149,6 +149,7 @@ async def acquire(lease: Lease, cluster: str) -> None:
     if not lease.try_acquire():
         log.info("cluster %s: another replica leads; standing by", cluster)
         while not lease.try_acquire():
+            # Wall time on purpose, as every wait and term here: the database frees the lock in real time.
             await asyncio.sleep(POLL_S)
     if lease.grace:
         log.info("cluster %s: holding the lease; acting in %.0f s", cluster, GRACE_S)
@@ -157,7 +158,8 @@ async def acquire(lease: Lease, cluster: str) -> None:
 
 async def watch(lease: Lease, cluster: str, now: Callable[[], float] = time.monotonic) -> None:
     """Returns when the lease is lost: its term has run out since the last confirmed check
-    (module docstring). `now`: a monotonic clock, in seconds."""
+    (module docstring). `now`: a monotonic clock, in seconds: wall time on purpose, as the term is
+    measured against the database's session, never model time."""
     confirmed = now()
     while True:
         sent = now()

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from provisioner.api import convert
-from provisioner.model import Session
+from provisioner.model.records import Session
 from provisioner.v1 import types_pb2 as pb
 
 # Protos kept: more than a large cluster's live sessions, so a sweep's full list finds them all.

@@ -15,8 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Collection, Iterable, Mapping, Sequence
 
-from provisioner.decide.images import ImageCatalog
-from provisioner.model import Session, SessionKind, StartKind, Vm
+from provisioner.model.images import ImageCatalog
+from provisioner.model.records import Session, SessionKind, StartKind, Vm
 
 # Sessions a change of the queue moves one by one before sorting the whole queue costs less.
 MOVES_BEFORE_SORT = 64

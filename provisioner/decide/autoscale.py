@@ -7,7 +7,7 @@ import math
 from collections import deque
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
-from provisioner.model import Vm
+from provisioner.model.records import Vm
 
 # A warm VM must have been idle this long before scale-down may take it (hysteresis).
 SCALE_DOWN_IDLE_S = 600.0

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from provisioner.decide.images import Layer
-from provisioner.model import Session, Vm
+from provisioner.model.images import Layer
+from provisioner.model.records import Session, Vm
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ from collections import deque
 from typing import Iterable
 
 from provisioner.decide.events import Event, Restored
-from provisioner.errors import ProvisionerError
-from provisioner.model import Session, Vm
+from provisioner.model.errors import ProvisionerError
+from provisioner.model.records import Session, Vm
 
 
 class EventLog:

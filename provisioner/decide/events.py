@@ -13,9 +13,10 @@ from typing import Mapping
 
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.config import PoolConfig
-from provisioner.decide.images import ImageCatalog
+from provisioner.model.images import ImageCatalog
 from provisioner.decide.reconcile import Plan
-from provisioner.model import Session, SessionSpec, Vm
+from provisioner.decide.zone_memory import ProjectQuota
+from provisioner.model.records import Session, SessionSpec, Vm
 
 # ---- requests -------------------------------------------------------------------------------
 
@@ -58,6 +59,13 @@ class BlockedUsersSet:
     """The front's list of the users blocked from GPU sessions, whole: none of theirs is requeued."""
     at: float
     user_ids: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectQuotaTold:
+    """A front relayed the project-wide GPU quota another cluster found exhausted."""
+    at: float
+    quota: ProjectQuota
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +244,7 @@ class CommandFailed:
 
 Request = (SessionRequested | SessionTouched | StopRequested | DiscardRequested | SessionForgotten | DrainSet
            | PolicySet | PrewarmRequested | EvictRequested | BudgetSet)
-Report = Restored | Tick | HealthReported | Reconciled | CatalogChanged
+Report = Restored | Tick | HealthReported | Reconciled | CatalogChanged | ProjectQuotaTold
 Answer = (VmCreated | VmReady | PullProgress | PullDone | WipeDone | VmDeleted | VmStopped | VmStarted
           | NotebookStarted | NotebookStopped | CommandFailed)
 Event = Request | Report | Answer

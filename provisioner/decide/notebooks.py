@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from provisioner.cloud.base import CloudFailure
 from provisioner.decide.commands import StartNotebook, StopNotebook
-from provisioner.decide.states import SessionState, VmState
-from provisioner.model import Session, StartKind, Vm
+from provisioner.model.states import SessionState, VmState
+from provisioner.model.records import Session, StartKind, Vm
 
 S, V = SessionState, VmState
 _HOW = {StartKind.WARM: "a warm VM that held the image", StartKind.PARTIAL: "a warm VM that pulled the layers it "
@@ -30,7 +30,7 @@ class NotebookSteps:
         self._issue_start(s, vm, now)
 
     def _issue_start(self, s: Session, vm: Vm, now: float) -> None:
-        self._issue(StartNotebook, now, vm.id, vm.zone, s.id, s.spec.user_id, s.image, s.image_digest,
+        self._in_flight.issue(StartNotebook, now, vm.id, vm.zone, s.id, s.spec.user_id, s.image, s.image_digest,
                     self.catalog.repository)
 
     def _notebook_started(self, cmd: StartNotebook, endpoint: str, now: float) -> None:
@@ -40,7 +40,7 @@ class NotebookSteps:
         vm = self.vms[cmd.vm_id]
         s.ready_at = s.last_activity_at = s.estimated_ready_at = now
         s.endpoint = endpoint or vm.endpoint
-        self._watch_cull(s)
+        self.culling.watch(s)
         self._set_session(s, S.RUNNING, f"running on {_HOW[s.start or StartKind.COLD]} (VM {vm.id})", now)
 
     def _notebook_start_failed(self, cmd: StartNotebook, failure: CloudFailure, now: float) -> None:
@@ -55,7 +55,7 @@ class NotebookSteps:
 
     def _stop_notebook(self, s: Session, vm: Vm, now: float) -> None:
         """A stopping session's notebook ends first; its VM is released when it has."""
-        self._issue(StopNotebook, now, vm.id, vm.zone, s.id)
+        self._in_flight.issue(StopNotebook, now, vm.id, vm.zone, s.id)
 
     def _notebook_stopped(self, cmd: StopNotebook, now: float) -> None:
         """Done or failed alike: the wipe after it ends whatever is left of the container."""

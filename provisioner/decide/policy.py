@@ -10,14 +10,12 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from provisioner.errors import InvalidArgument
+from provisioner.config.cluster import MAX_HEADROOM_FRACTION
+from provisioner.model.errors import InvalidArgument
 
 # The fields SetPoolPolicy may change.
 FIELDS = ("min_vms", "max_vms", "headroom_fraction", "autoscaler", "recycle")
 AUTOSCALERS = ("fixed", "headroom", "predictive")
-# Warm VMs above demand, as a fraction of demand: 100 is far beyond any sane pool, and keeps the
-# autoscaler's arithmetic finite.
-MAX_HEADROOM_FRACTION = 100.0
 
 
 def merge_policy(current: Mapping[str, Any], changes: Mapping[str, Any], ceiling: int) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The cluster core's pools: counts kept as VMs change, autoscaling, and which images idle VMs hold.
+"""The cluster core's pools: counts kept as VMs change, and autoscaling (which images idle VMs hold is
+decide/prewarming.py's).
 
 Part of ClusterCore (provisioner/decide/core.py), split out by concern; pure like the rest.
 """
@@ -24,10 +25,10 @@ from provisioner.decide.autoscale import (
 from provisioner.decide.assignment import QueueOrder, choose_standby
 from provisioner.decide.deadlines import CREATE_ESTIMATE_S
 from provisioner.decide.forecast import Forecast
-from provisioner.decide.prewarm import RECENT_RELEASES, Demand, holdable, next_pull, rank_images
-from provisioner.decide.states import VM_ACTIVE, VmState
-from provisioner.errors import NotFound, quote
-from provisioner.model import Vm
+from provisioner.decide.prewarm import Demand
+from provisioner.model.states import VM_ACTIVE, VmState
+from provisioner.model.errors import NotFound, quote
+from provisioner.model.records import Vm
 
 V = VmState
 # Read on every tick: an Enum's attribute lookup (V.WARM) goes through its metaclass's __getattr__.
@@ -120,7 +121,7 @@ class PoolState:
 
 
 class Pools:
-    """ClusterCore's pool side: scaling, prewarming, operators' pool actions, estimates."""
+    """ClusterCore's pool side: scaling, operators' pool actions, estimates."""
 
     # ---- reads ---------------------------------------------------------------------------
 
@@ -139,10 +140,6 @@ class Pools:
     def assignable(self, pool: PoolState) -> list[Vm]:
         """Assignable VMs: warm and healthy, even while a prewarm pull runs (a session beats it)."""
         return list(pool.ready.values())
-
-    def _idle_settled(self, pool: PoolState) -> list[Vm]:
-        """Idle warm VMs with no pull under way: candidates for prewarming and scale-down."""
-        return [vm for vm in pool.ready.values() if not vm.pulling]
 
     def cold_start_s(self) -> float:
         return self._cold_start_s(self.catalog.latest)
@@ -163,7 +160,7 @@ class Pools:
     def _tick_pools(self, now: float) -> None:
         for pool in self.pools.values():
             if now - pool.ranking_at >= RANKING_REFRESH_S:
-                self._refresh_ranking(pool, now)
+                self.prewarming.refresh_ranking(pool, now)
             if pool.queue:
                 self._dispatch_queue(pool, now)
             if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
@@ -199,14 +196,14 @@ class Pools:
             # A prewarm under way does not save a surplus VM.
             idle = [vm for vm in pool.ready.values() if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
             stopping = pool.standby_total
-            for vm in pick_deletions(idle, plan.delete, lambda v: self._held_of_ranking(pool, v)):
+            for vm in pick_deletions(idle, plan.delete, lambda v: self.prewarming.held_of_ranking(pool, v)):
                 if stopping < keep:  # the most valuable surplus VMs are kept last: stop them
                     self._to_standby(vm, "scale-down: surplus warm VM kept stopped", now)
                     stopping += 1
                 else:
                     self._delete(vm, "scale-down: surplus warm VM", now)
         if (extra := len(pool.standby) - keep) > 0:
-            for vm in pick_deletions(list(pool.standby.values()), extra, lambda v: self._held_of_ranking(pool, v)):
+            for vm in pick_deletions(list(pool.standby.values()), extra, lambda v: self.prewarming.held_of_ranking(pool, v)):
                 self._delete(vm, "standby beyond the pool's standby target", now)
 
     def _forecast(self, pool: PoolState, now: float) -> None:
@@ -231,60 +228,3 @@ class Pools:
         pool.policy = policy
         pool.changed = True
         return policy
-
-    # ---- prewarming ----------------------------------------------------------------------
-
-    def _refresh_ranking(self, pool: PoolState, now: float) -> None:
-        """Re-ranks the images idle VMs should hold; when the ranking moved, idle VMs follow it."""
-        pool.ranking_at = now
-        catalog = self.catalog
-        ranking = holdable(rank_images(pool.demand.wanted(now, catalog.newest(RECENT_RELEASES)), self._age),
-                           catalog.sizes_of, pool.config.disk_cache_bytes)
-        n = RANKING_ORDER_MATTERS
-        if set(ranking) == set(pool.ranking) and ranking[:n] == pool.ranking[:n]:
-            return
-        pool.ranking = ranking
-        pool.keep_layers = frozenset().union(*(catalog.layer_ids(i) for i in ranking))
-        pool.ranking_gen += 1
-        for vm in self._idle_settled(pool):
-            self._fill(vm, now)
-
-    def _held_of_ranking(self, pool: PoolState, vm: Vm) -> int:
-        """How many of the pool's ranked images the VM holds, as far as its filling went."""
-        gen, k = self._filled.get(vm.id, (-1, 0))
-        return k if gen == pool.ranking_gen else 0
-
-    def _fill(self, vm: Vm, now: float) -> None:
-        """An idle warm VM pulls the next image its pool wants it to hold, if any."""
-        if vm.state is not V.WARM or vm.pulling or vm.session_id or not vm.healthy:
-            return
-        pool, cache, catalog = self.pools[vm.pool], vm.cache, self.catalog
-        gen, start = self._filled.get(vm.id, (-1, 0))
-        k = next_pull(pool.ranking, lambda i: cache.has_image(i, catalog),
-                      start if gen == pool.ranking_gen else 0)
-        self._filled[vm.id] = (pool.ranking_gen, k)
-        if k < len(pool.ranking):
-            self._prewarm(vm, pool.ranking[k], now)
-
-    def _prewarm(self, vm: Vm, image: str, now: float) -> None:
-        """Pulls an image onto an idle warm VM ahead of demand."""
-        if vm.state is not V.WARM or vm.pulling or vm.session_id:
-            return
-        missing = tuple(vm.cache.missing(image, self.catalog))
-        if missing:
-            vm.pulling = image
-            self._vm_changed(vm)
-            self._pull(now, vm, image, missing)
-
-    def _prewarm_request(self, name: str, image: str, count: int, now: float) -> list[str]:
-        """Pulls `image` onto up to `count` idle warm VMs (those missing the fewest bytes)."""
-        pool = self.pool(name)
-        version = self.catalog.resolve(image)
-        have = sum(1 for vm in self.assignable(pool) if vm.cache.has_image(version, self.catalog))
-        candidates = sorted((vm for vm in self._idle_settled(pool) if not vm.cache.has_image(version, self.catalog)),
-                            key=lambda vm: (self.catalog.missing_bytes(version, vm.cache.layer_ids), vm.id))
-        chosen = candidates[:max(0, count - have)]
-        for vm in chosen:
-            self._prewarm(vm, version, now)
-        pool.demand.count(version, now)
-        return [vm.id for vm in chosen]

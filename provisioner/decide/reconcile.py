@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from provisioner.cloud.base import CloudVm
-from provisioner.model import Vm
-from provisioner.decide.states import VmState
+from provisioner.model.records import Vm
+from provisioner.model.states import VmState
 
 V = VmState
 LIVE = frozenset({V.BOOTING, V.WARM, V.ASSIGNED, V.RECYCLING})

@@ -5,23 +5,28 @@ Part of ClusterCore (provisioner/decide/core.py), split out by concern; pure lik
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import defaultdict
 from typing import Mapping
 
 from provisioner.decide.assignment import choose_standby, choose_vm
 from provisioner.decide.autoscale import queued_demand
+from provisioner.decide.culling import minutes
 from provisioner.decide.pools import PoolState
-from provisioner.decide.states import SessionState, VmState
-from provisioner.errors import FailedPrecondition, NotFound, UserBlocked, quote
-from provisioner.model import Session, SessionKind, SessionSpec, StartKind, Vm
-from provisioner.validation import priority_class, validate_spec
+from provisioner.model.states import SessionState, VmState
+from provisioner.decide.preemption import PREEMPTION
+from provisioner.model.errors import FailedPrecondition, NotFound, ProvisionerError, UserBlocked, quote
+from provisioner.model.records import Notice, Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.rules.validation import priority_class, validate_spec
 
 S, V = SessionState, VmState
 # A session whose VM failed this many times before it ran (a create, boot or pull failed, or
 # never answered; a stockout does not count: the session waits for capacity) fails, with the last
 # failure as its reason, instead of trying for ever.
 PLACEMENT_ATTEMPTS = 3
+# A requeued session with less max runtime left than this is not worth a VM's assignment.
+MIN_REQUEUED_RUNTIME_S = 60.0
 
 
 class Sessions:
@@ -90,7 +95,7 @@ class Sessions:
         s = self.get(session_id, user_id)
         if not s.terminal:
             s.last_activity_at = now
-            self._session_changed(s)
+            self._changes.session(s)
         return s
 
     def _stop(self, session_id: str, reason: str, now: float, user_id: str = "") -> Session:
@@ -107,7 +112,7 @@ class Sessions:
             vm = self.vms.get(s.vm_id)
             if vm is not None:
                 vm.reserved_for = ""  # the VM joins the pool when it boots
-                self._vm_changed(vm)
+                self._changes.vm(vm)
             s.vm_id = ""
             self._end(s, S.STOPPED, reason, now)
         else:
@@ -159,6 +164,31 @@ class Sessions:
         s.ended_at = now
         self._failed_tries.pop(s.id, None)
         self._set_session(s, state, reason, now)
+
+    def _requeue(self, v: Session, now: float) -> None:
+        """A new session with the preempted one's spec, under a request id of its own, and with
+        what is left of its max runtime: a chain of requeues runs no longer than the first
+        session may. None for a blocked user (the front's list): a block stops every way to GPU
+        time, requeues too."""
+        left = v.max_runtime_s - (now - v.ready_at if v.ready_at else 0.0)
+        if v.spec.user_id in self.blocked_users:
+            why = "its user is blocked from GPU sessions"
+        elif left < MIN_REQUEUED_RUNTIME_S:
+            why = "its max runtime is used up"
+        else:
+            why = ""
+        try:
+            if why:
+                raise FailedPrecondition(why)
+            new = self._allocate(dataclasses.replace(v.spec, request_id=f"requeue-{v.id}", max_runtime_s=left),
+                                 now, v.trace_context)
+        except ProvisionerError as err:  # draining, or the image or pool is gone since
+            v.notices.append(Notice(PREEMPTION, f"not queued again: {err.message}", now, now))
+            self._changes.session(v)
+            return
+        v.requeued_as, new.requeued_from = new.id, v.id
+        self._changes.session(v)
+        self._changes.session(new)
 
     # ---- placement -----------------------------------------------------------------------
 
@@ -227,7 +257,7 @@ class Sessions:
 
     def _wait(self, s: Session, why: str, now: float) -> None:
         """Queues a session its pool cannot place now, after preempting others for it if it may."""
-        self._enqueue(s, self._preempt_for(s, now) or why, now)
+        self._enqueue(s, self.preemption.preempt_for(s, now) or why, now)
 
     def _enqueue(self, s: Session, reason: str, now: float) -> None:
         pool = self.pools[s.pool]
@@ -259,7 +289,7 @@ class Sessions:
             if s is None or s.state is not S.QUEUED or s.history[-1].time + timeout > now:
                 continue
             self._dequeue(s)
-            self._end(s, S.FAILED, f"waited {_minutes(timeout)} in the queue without getting a VM", now)
+            self._end(s, S.FAILED, f"waited {minutes(timeout)} in the queue without getting a VM", now)
             left[s.pool] = self.pools[s.pool]
         for pool in left.values():
             self._renumber_queue(pool)
@@ -275,12 +305,12 @@ class Sessions:
             s = order[pos]
             if s.queue_position != pos + 1:
                 s.queue_position = pos + 1
-                self._moved[s.id] = s
+                self._changes.moved(s)
 
     def _holding(self, pool: PoolState) -> dict[str, int]:
         """The pool's VMs each user's sessions hold or have coming (a stopping session's until it
         is wiped), from counts kept as sessions change state (decide/preemption.py)."""
-        return self._held.get(pool.config.name, {})
+        return self.holdings.of_pool(pool.config.name)
 
     def _at_user_ceiling(self, pool: PoolState, s: Session) -> bool:
         ceiling = pool.policy.max_vms_per_user
@@ -297,7 +327,7 @@ class Sessions:
                                 self._first(pool))
 
     def _first(self, pool: PoolState) -> frozenset[str]:
-        return self._claimants(pool.config.name) if self._claims else frozenset()
+        return self.preemption.claimants(pool.config.name)
 
     def _queued_demand(self, pool: PoolState) -> int:
         """The queued sessions the autoscaler grows the pool for: with a per-user ceiling, a user's
@@ -324,39 +354,6 @@ class Sessions:
         if placed:
             self._renumber_queue(pool)
 
-    # ---- culling -------------------------------------------------------------------------
-
-    def _watch_cull(self, s: Session) -> None:
-        heapq.heappush(self._cull_due, (self._cull_at(s), s.id))
-
-    @staticmethod
-    def _cull_at(s: Session) -> float:
-        """When a running session is next due for culling, as things stand."""
-        due = s.ready_at + s.max_runtime_s if s.max_runtime_s else float("inf")
-        if s.spec.kind is SessionKind.INTERACTIVE:
-            due = min(due, s.last_activity_at + s.idle_timeout_s)
-        return due
-
-    def _cull(self, now: float) -> None:
-        """Stops sessions idle too long or past their max runtime. A touch moves a deadline
-        later without touching the heap: an entry found early is pushed back at the new time."""
-        heap = self._cull_due
-        while heap and heap[0][0] <= now:
-            _, sid = heapq.heappop(heap)
-            s = self.sessions.get(sid)
-            if s is None or s.state is not S.RUNNING:
-                continue
-            if (due := self._cull_at(s)) > now:
-                heapq.heappush(heap, (due, sid))
-            elif s.spec.kind is SessionKind.INTERACTIVE and now - s.last_activity_at >= s.idle_timeout_s:
-                self._stop(s.id, f"idle for {_minutes(s.idle_timeout_s)}", now)
-            else:
-                self._stop(s.id, f"reached its max runtime of {_minutes(s.max_runtime_s)}", now)
-
 
 def _gb(nbytes: int) -> str:
     return f"{nbytes / 1e9:.1f} GB"
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.0f}h"

@@ -10,13 +10,13 @@ from __future__ import annotations
 from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
 from provisioner.decide.autoscale import pick_zone, zones_available
 from provisioner.decide.commands import Delete, Launch, Pull, Start, StartNotebook, Stop, StopNotebook, Wipe
-from provisioner.decide.images import LayerCache
+from provisioner.model.images import LayerCache
 from provisioner.decide.pools import PoolState
 from provisioner.decide.reconcile import Plan
-from provisioner.decide.states import SessionState, VmState
-from provisioner.decide.zone_memory import remember
-from provisioner.errors import FailedPrecondition, NotFound, quote
-from provisioner.model import Session, SessionKind, StartKind, Vm
+from provisioner.model.states import SessionState, VmState
+from provisioner.decide.zone_memory import ProjectQuota, hold_project_quota, project_quota_of, remember
+from provisioner.model.errors import FailedPrecondition, NotFound, quote
+from provisioner.model.records import Session, SessionKind, StartKind, Vm
 
 S, V = SessionState, VmState
 
@@ -40,7 +40,7 @@ class VmLifecycle:
         self.vms[vm.id] = vm
         why = f"cold start for {reserved_for.id}" if reserved_for else "filling the warm pool"
         self._set_vm(vm, V.CREATING, why, now)
-        self._issue(Launch, now, vm.id, pool.config.name, zone, images, reserved_for.id if reserved_for else "")
+        self._in_flight.issue(Launch, now, vm.id, pool.config.name, zone, images, reserved_for.id if reserved_for else "")
         return vm
 
     def _can_start(self, pool: PoolState) -> bool:
@@ -51,16 +51,15 @@ class VmLifecycle:
         vm.reserved_for = reserved_for.id if reserved_for else ""
         why = f"started for {reserved_for.id}" if reserved_for else "started to refill the warm pool"
         self._set_vm(vm, V.STARTING, why, now)
-        self._issue(Start, now, vm.id, vm.pool, vm.zone, vm.reserved_for)
+        self._in_flight.issue(Start, now, vm.id, vm.pool, vm.zone, vm.reserved_for)
 
     def _to_standby(self, vm: Vm, reason: str, now: float) -> None:
         """Stops an idle warm VM: it keeps its disk (image cache) and bills for the disk alone. A
         prewarm under way dies with it: its answer, whatever it is, no longer applies."""
-        for cid in list(self._vm_commands.get(vm.id, ())):
-            self._settle(self._in_flight[cid])
+        self._in_flight.settle_vm(vm.id)
         vm.pulling = ""
         self._set_vm(vm, V.STOPPING_STANDBY, reason, now)
-        self._issue(Stop, now, vm.id, vm.zone)
+        self._in_flight.issue(Stop, now, vm.id, vm.zone)
 
     def _release(self, vm: Vm, now: float) -> None:
         """After a session: wipe and keep, or delete, per pool policy. Never reuse unwiped."""
@@ -68,33 +67,49 @@ class VmLifecycle:
         pool.forecast.departure(now)
         if pool.policy.recycle and vm.healthy:
             self._set_vm(vm, V.RECYCLING, f"wiping after session {vm.session_id}", now)
-            self._issue(Wipe, now, vm.id, vm.zone, vm.session_id)
+            self._in_flight.issue(Wipe, now, vm.id, vm.zone, vm.session_id)
         else:
             why = "unhealthy" if not vm.healthy else "pool deletes VMs after use"
             self._delete(vm, why, now)
 
     def _delete(self, vm: Vm, reason: str, now: float) -> None:
         self._set_vm(vm, V.DELETING, reason, now)
-        self._issue(Delete, now, vm.id, vm.zone, vm.session_id)
+        self._in_flight.issue(Delete, now, vm.id, vm.zone, vm.session_id)
 
     def _reissue(self, vm: Vm, now: float) -> None:
         """After a restart: the cloud work the VM's state says was under way, again (every
         command is idempotent by VM id, so repeating one that had finished is harmless)."""
         if vm.state in (V.CREATING, V.BOOTING):
-            self._issue(Launch, now, vm.id, vm.pool, vm.zone, (), vm.reserved_for)
+            self._in_flight.issue(Launch, now, vm.id, vm.pool, vm.zone, (), vm.reserved_for)
         elif vm.state is V.RECYCLING:
-            self._issue(Wipe, now, vm.id, vm.zone, vm.session_id)
+            self._in_flight.issue(Wipe, now, vm.id, vm.zone, vm.session_id)
         elif vm.state is V.DELETING:
-            self._issue(Delete, now, vm.id, vm.zone, vm.session_id)
+            self._in_flight.issue(Delete, now, vm.id, vm.zone, vm.session_id)
         elif vm.state is V.STOPPING_STANDBY:
-            self._issue(Stop, now, vm.id, vm.zone)
+            self._in_flight.issue(Stop, now, vm.id, vm.zone)
         elif vm.state is V.STARTING:
-            self._issue(Start, now, vm.id, vm.pool, vm.zone, vm.reserved_for)
+            self._in_flight.issue(Start, now, vm.id, vm.pool, vm.zone, vm.reserved_for)
         else:
             self._reissue_notebook(vm, now)
             if vm.pulling:
                 missing = tuple(vm.cache.missing(vm.pulling, self.catalog))
                 self._pull(now, vm, vm.pulling, missing, vm.session_id)
+
+    def _remember(self, pool: PoolState, failure: CloudFailure, zone: str, now: float) -> None:
+        """A stockout or quota failure: the zones it reaches are skipped for a while, and a
+        project-wide quota is held for the fleet too (the capacity stream reports it)."""
+        remember(self.pools, pool, failure, zone, now)
+        if (quota := project_quota_of(failure, self.name, now)) is not None:
+            self._hold_project_quota(quota)
+
+    def _hold_project_quota(self, quota: ProjectQuota) -> bool:
+        """Holds the later of the quota known and `quota` (learned here or told by a front);
+        whether it changed."""
+        if self.project_quota is not None and self.project_quota.until >= quota.until:
+            return False
+        self.project_quota = quota
+        hold_project_quota(self.pools, quota)
+        return True
 
     # ---- answers -------------------------------------------------------------------------
 
@@ -146,7 +161,7 @@ class VmLifecycle:
         what = f"{failure.code}: {failure.message}"
         stockout = failure.zone_exhausted and not expired
         if stockout:
-            remember(self.pools, pool, failure, vm.zone, now)
+            self._remember(pool, failure, vm.zone, now)
             self._set_vm(vm, V.STANDBY, f"start failed ({what}); stays stopped", now)
         else:
             self._delete(vm, f"start failed: {what}", now)
@@ -161,7 +176,7 @@ class VmLifecycle:
         pool = self.pools[vm.pool]
         if failure.zone_exhausted:
             # The cloud's word on where (a GKE node pool has its own zone), else where we asked.
-            remember(self.pools, pool, failure, vm.zone, now)
+            self._remember(pool, failure, vm.zone, now)
         created = maybe_there or vm.state is V.BOOTING
         self._set_vm(vm, V.FAILED, f"{failure.code}: {failure.message}", now)
         if created:  # something may be left in the cloud
@@ -186,16 +201,16 @@ class VmLifecycle:
             s.pull_bytes_done = bytes_done
             remaining = max(0, s.pull_bytes_total - bytes_done)
             s.estimated_ready_at = now + remaining / self._bandwidth()
-            self._session_changed(s)
+            self._changes.session(s)
 
     def _pull_done(self, cmd: Pull, now: float) -> None:
         vm, image = self.vms[cmd.vm_id], cmd.image
         # The layers are on disk, even if superseded; eviction spares the pool's top images.
         if vm.cache.add_layers(self.catalog.layers(image), now, spare=self.pools[vm.pool].keep_layers):
-            self._filled.pop(vm.id, None)  # something was evicted: look again from the top
+            self.prewarming.forget(vm.id)  # something was evicted: look again from the top
         if vm.pulling == image:
             vm.pulling = ""
-        self._vm_changed(vm)
+        self._changes.vm(vm)
         s = self.sessions.get(vm.session_id)
         if (vm.state is V.ASSIGNED and s is not None and s.state is S.PULLING_IMAGE
                 and vm.cache.has_image(s.image, self.catalog)):
@@ -215,7 +230,7 @@ class VmLifecycle:
             vm.session_id = ""
             self._delete(vm, f"pull failed: {failure.code}: {failure.message}", now)
         else:  # a prewarm under a session already running on the VM: the session keeps it
-            self._vm_changed(vm)
+            self._changes.vm(vm)
         if waiting:
             self._replace(s, "the image pull failed; waiting for another VM", now,
                           f"pull failed: {failure.code}: {failure.message}")
@@ -312,7 +327,7 @@ class VmLifecycle:
             return
         vm.healthy, vm.health_detail = False, report.detail
         self.pools[vm.pool].ready.pop(vm.id, None)
-        self._vm_changed(vm)
+        self._changes.vm(vm)
         if vm.state is V.WARM and not vm.pulling:
             self._delete(vm, f"unhealthy: {report.detail}", now)
         elif vm.state is V.ASSIGNED:
@@ -337,7 +352,7 @@ class VmLifecycle:
             self._delete(vm, f"unhealthy: {vm.health_detail}", now)
             return
         self._dispatch_queue(self.pools[vm.pool], now)
-        self._fill(vm, now)
+        self.prewarming.fill(vm, now)
 
     # ---- operators -----------------------------------------------------------------------
 

@@ -102,7 +102,7 @@ TRANSITIONS: dict[tuple[Attempt | None, Event], Attempt] = {
 }
 
 
-class IllegalTransition(Exception):
+class IllegalAttemptChange(Exception):
     pass
 
 
@@ -111,13 +111,13 @@ def transition(state: Attempt | None, event: Event) -> Attempt:
     try:
         return TRANSITIONS[state, event]
     except KeyError:
-        raise IllegalTransition(f"attempt {state or 'absent'}: {event} is not a transition") from None
+        raise IllegalAttemptChange(f"attempt {state or 'absent'}: {event} is not a transition") from None
 
 
 def check_change(before: Attempt | None, after: Attempt) -> None:
     """Raises unless some event takes `before` to `after` (what the store is asked to apply)."""
     if not any(b == before and a == after for (b, _), a in TRANSITIONS.items()):
-        raise IllegalTransition(f"attempt {before or 'absent'} -> {after} is not a transition")
+        raise IllegalAttemptChange(f"attempt {before or 'absent'} -> {after} is not a transition")
 
 
 def sources(event: Event) -> dict[Attempt | None, Attempt]:
@@ -350,7 +350,7 @@ class PlacementRun:
                 return then(now)
             case Fetched(session=s):
                 return Done(s, "duplicate")
-        raise IllegalTransition(f"placement: unexpected {event!r}")
+        raise IllegalAttemptChange(f"placement: unexpected {event!r}")
 
     def _settle(self, event: Event, outcome: str, then) -> Action:
         to = transition(self.state, event)
@@ -422,7 +422,7 @@ class ResolveRun:
                 return Done(None, self.outcome)
             case Settled(applied=False):
                 return Leave("changed meanwhile")  # a new attempt there: decided again later
-        raise IllegalTransition(f"resolver: unexpected {event!r}")
+        raise IllegalAttemptChange(f"resolver: unexpected {event!r}")
 
     def _settle(self, event: Event, outcome: str) -> Settle:
         self.outcome = outcome

@@ -3,7 +3,7 @@
 A block is a row of the front's store (shared by every front replica), read on each create:
 an operator's (`provisioner admin user block`) or the detector's, with the reason and, for the
 detector's, the evidence. It stays until an operator clears it. The cluster that flags a session
-makes its decision record (provisioner/abuse_record.py) and every front hears of it on its
+makes its decision record (provisioner/model/abuse_record.py) and every front hears of it on its
 capacity stream; `apply` records it and blocks the user, or, in a dry run, records it only.
 
 A cluster requeues a preempted session by itself, with no create at a front: so the clusters are
@@ -21,12 +21,14 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from provisioner.abuse_record import MAX_EVIDENCE_CHARS, Decision
+from provisioner.model.abuse_record import Decision
 from provisioner.api.status import RemoteError
-from provisioner.errors import UserBlocked, quote
+from provisioner.model.errors import UserBlocked, quote
 from provisioner.front import cluster_reports
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
+from provisioner.front.coalesced import Coalesced
 from provisioner.front.retry import call
+from provisioner.front.records import FrontRecords
 from provisioner.store import Store
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 
@@ -45,24 +47,23 @@ class Block:
 
     @classmethod
     def read(cls, store: Store, user_id: str) -> Block | None:
-        row = store.user_block(user_id)
+        row = store.blocks.user_block(user_id)
         return cls(*row) if row else None
 
 
-def check(store: Store, user_id: str) -> None:
-    """Refuses a new session of a blocked user (one indexed read)."""
-    if (block := Block.read(store, user_id)) is not None:
-        # The user is told that and since when, not the evidence: a miner told which rule caught
-        # it learns how to dodge it. Operators see it all (`admin user show`).
-        who = "abuse detection" if block.blocked_by == DETECTOR else "an operator"
-        raise UserBlocked(f"user {quote(user_id)} may not start GPU sessions: blocked by {who} since "
-                          f"{_iso(block.blocked_at)}; an operator can lift the block", field="spec.user_id")
+def refusal(block: Block) -> UserBlocked:
+    """The refusal of a blocked user's create. The user is told that and since when, not the
+    evidence: a miner told which rule caught it learns how to dodge it. Operators see it all
+    (`admin user show`)."""
+    who = "abuse detection" if block.blocked_by == DETECTOR else "an operator"
+    return UserBlocked(f"user {quote(block.user_id)} may not start GPU sessions: blocked by {who} since "
+                       f"{_iso(block.blocked_at)}; an operator can lift the block", field="spec.user_id")
 
 
 async def apply(store: Store, d: Decision) -> bool:
     """Records the decision, and unless it is a dry run blocks its user (a block already there
     stands), in one durable write. Idempotent by session: whether the decision was new."""
-    return await store.commit(store.record_abuse_decision, d.session_id, d.user_id, d.at, ",".join(d.rules),
+    return await store.commit(store.blocks.record_abuse_decision, d.session_id, d.user_id, d.at, ",".join(d.rules),
                               d.reason, d.evidence, not d.dry_run, DETECTOR)
 
 
@@ -73,7 +74,7 @@ async def apply_all(store: Store, cluster: str, decisions: list[Decision]) -> in
     front made (a cluster's requeue, or an invented id) is recorded but blocks nobody."""
     checked = []
     for d in decisions:
-        owner = await store.read(store.owner_of_session, d.session_id)
+        owner = await store.read(FrontRecords(store).owner_of_session, d.session_id)
         if problem := cluster_reports.flag_problem(cluster, d, owner):
             log.warning("dropped an abuse flag from cluster %s: %s (session %s, user %s)", cluster, problem,
                         d.session_id, d.user_id)
@@ -99,7 +100,7 @@ BLOCKS_PAGE = 1000
 async def blocked_user_ids(store: Store) -> list[str]:
     """Every blocked user, from the store."""
     users: list[str] = []
-    while page := await store.read(store.blocked_users, BLOCKS_PAGE, len(users)):
+    while page := await store.read(store.blocks.blocked_users, BLOCKS_PAGE, len(users)):
         users += [row[0] for row in page]
         if len(page) < BLOCKS_PAGE:
             break
@@ -120,35 +121,15 @@ async def push(store: Store, clients) -> None:
             raise result
 
 
-class Pusher:
+class Pusher(Coalesced):
     """Pushes in the background, so that no caller (a capacity stream, an operator's call) waits
-    on the clusters; the pushes asked for while one runs make one more after it."""
+    on the clusters; the pushes asked for while one runs make one more after it. A cluster not
+    reachable now is told when its capacity stream starts again."""
 
     def __init__(self, store: Store, clients: dict):
         self.store, self.clients = store, clients  # by name, as Fleet.clients
-        self._task: asyncio.Task | None = None
-        self._again = False
-
-    def soon(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._again = True
-            return
-        self._task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            self._again = False
-            try:  # a cluster not reachable now is told when its capacity stream starts again
-                await push(self.store, [c for c in self.clients.values() if c.healthy])
-            except Exception:  # noqa: BLE001 - the store away: the next push tries again
-                log.exception("could not push the blocked users to the clusters")
-            if not self._again:
-                return
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        super().__init__(lambda: push(self.store, [c for c in self.clients.values() if c.healthy]),
+                         "push the blocked users to the clusters")
 
 
 def _iso(t: float) -> str:

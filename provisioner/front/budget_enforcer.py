@@ -24,19 +24,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from provisioner import quota
+from provisioner.rules import quota
 from provisioner.api import convert
 from provisioner.api.status import RemoteError
-from provisioner.config_policy import QuotaConfig
-from provisioner.errors import quote
+from provisioner.config.policy import QuotaConfig
+from provisioner.model.errors import quote
 from provisioner.front.attempts import ATTEMPT_TIMEOUT_S
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.ended_sessions import CLOCK_MARGIN_S
 from provisioner.front.retry import call
-from provisioner.front.service import LIVE_STATES, listed
+from provisioner.front.listing import LIVE_STATES, listed
+from provisioner.front.weeks import Weeks
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
+
+if TYPE_CHECKING:
+    from provisioner.front.service import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +79,10 @@ class _Lists:
 
 
 class BudgetEnforcer:
-    def __init__(self, sessions):
-        """`sessions`: the front's SessionServicer (its clusters, clock, quotas and metering)."""
-        self.svc = sessions
+    def __init__(self, weeks: Weeks, fleet: Fleet):
+        """`weeks`: the users' quota weeks, as the creates' checks read them (with the fleet's
+        clock); `fleet`: the clusters."""
+        self.weeks, self.fleet, self.clock = weeks, fleet, weeks.clock
         self._basis: dict[str, _Basis] = {}  # by user, of those running at the last sweep
         self._listed_at: dict[str, float] = {}  # by cluster: when its last sweep list was asked for
         self._ended: set[str] = set()  # the ended sessions the last sweep saw
@@ -89,20 +95,20 @@ class BudgetEnforcer:
                 raise
             except Exception:
                 log.exception("the GPU budget sweep failed; the next one retries")
-            await self.svc.clock.sleep(ENFORCE_EVERY_S)
+            await self.clock.sleep(ENFORCE_EVERY_S)
 
     async def sweep(self) -> int:
         """Sends each running session whose budget end moved its new end; returns how many. And
         has the clusters told the blocked users again (front/blocks.py)."""
-        if (pusher := self.svc.fleet.block_pusher) is not None:
+        if (pusher := self.fleet.block_pusher) is not None:
             pusher.soon()
         lists = await self._list_all()
         basis: dict[str, _Basis] = {}
         sent = 0
         for user in sorted(lists.running):
             await asyncio.sleep(0)  # a sweep of many users holds up no call for long (reads can be inline)
-            q = await self.svc.quotas(user)
-            now_basis = _Basis(frozenset(lists.running[user]), q, self.svc._week_start(q))
+            q = await self.weeks.quotas(user)
+            now_basis = _Basis(frozenset(lists.running[user]), q, self.weeks.week_start(q))
             if lists.ended.get(user, set()) - self._ended or self._basis.get(user) != now_basis:
                 told, complete = await self._enforce(user, q, lists)
                 sent += told
@@ -115,21 +121,21 @@ class BudgetEnforcer:
         return sent
 
     def _known_week(self, user: str, q: QuotaConfig, lists: _Lists) -> tuple[list[pb.Session], list] | None:
-        """The user's week (as SessionServicer._week gives it) from this sweep's lists and the
+        """The user's week (as Weeks.week gives it) from this sweep's lists and the
         ended sessions remembered, if every cluster answered and every end the user had on each
         before its list is remembered; else None."""
-        remembered = self.svc.ended_sessions
+        remembered = self.weeks.ended_sessions
         if not lists.every_cluster or any(remembered.covered(user, c) < at for c, at in lists.asked_at.items()):
             return None
-        week_start = self.svc._week_start(q)
-        ended = [row for c in self.svc.fleet.clients for row in remembered.rows(user, c, week_start)]
+        week_start = self.weeks.week_start(q)
+        ended = [row for c in self.fleet.clients for row in remembered.rows(user, c, week_start)]
         return lists.live.get(user, []), ended
 
     async def _list_all(self) -> _Lists:
         """One list of each cluster. A cluster that does not answer is left out (its users'
         running sessions then look changed, and are looked at in full) and asked again from the
         same time at the next sweep."""
-        clients = [c for c in self.svc.fleet.clients.values() if c.healthy]
+        clients = [c for c in self.fleet.clients.values() if c.healthy]
         results = await asyncio.gather(*(self._list(c) for c in clients), return_exceptions=True)
         lists = _Lists(every_cluster=True)
         for c, result in zip(clients, results):
@@ -156,7 +162,7 @@ class BudgetEnforcer:
         """Every user's live sessions on `c`, and those ended since its last sweep list (less a
         margin for the clocks), brief; and when they were asked for. What they tell of ends is
         carried into the front's memory of each user's ended sessions."""
-        asked_at, before = self.svc.clock.now(), self._listed_at.get(c.name)
+        asked_at, before = self.clock.now(), self._listed_at.get(c.name)
         since = (asked_at if before is None else before) - CLOCK_MARGIN_S
         out = await listed(c, cluster_pb.ListRequest(ended_after=convert.timestamp(since), brief=True),
                            ATTEMPT_TIMEOUT_S, SWEEP_PAGE_SIZE, SWEEP_PAGE_PAUSE_S)
@@ -168,8 +174,8 @@ class BudgetEnforcer:
                 if i and not i % SWEEP_SESSIONS_AT_ONCE:
                     await asyncio.sleep(0)
                 if s.state not in LIVE_STATES:
-                    ended_by_user.setdefault(s.spec.user_id, []).append(self.svc.ended_row(s))
-            self.svc.ended_sessions.extend(c.name, before, asked_at, ended_by_user)
+                    ended_by_user.setdefault(s.spec.user_id, []).append(self.weeks.ended_row(s))
+            self.weeks.ended_sessions.extend(c.name, before, asked_at, ended_by_user)
         self._listed_at[c.name] = asked_at
         return out, asked_at
 
@@ -177,9 +183,9 @@ class BudgetEnforcer:
         """Tells the user's running sessions their budget end; how many were told, and whether
         every one that needed it was. A cluster that cannot be reached is left for the next sweep:
         the sweep goes on with the user's other sessions and the other users."""
-        sessions, ended = self._known_week(user, q, lists) or await self.svc._week(user, q)
-        now = self.svc.clock.now()
-        ends_at = quota.exhaustion_time(self.svc._usage(sessions, ended, now, q), now) or 0.0
+        sessions, ended = self._known_week(user, q, lists) or await self.weeks.week(user, q)
+        now = self.clock.now()
+        ends_at = quota.exhaustion_time(self.weeks.usage(sessions, ended, now, q), now) or 0.0
         sent, complete = 0, True
         for s in sessions:
             held = s.budget_end_time.ToNanoseconds() / 1e9 if s.HasField("budget_end_time") else 0.0
@@ -188,7 +194,7 @@ class BudgetEnforcer:
             request = cluster_pb.SetBudgetEndRequest(session_id=s.id)
             if ends_at:
                 request.end_time.CopyFrom(convert.timestamp(ends_at))
-            client = self.svc.fleet.for_session(s.id)
+            client = self.fleet.for_session(s.id)
             try:
                 await call(client.sessions.SetBudgetEnd, request, ATTEMPT_TIMEOUT_S)
             except RemoteError as err:

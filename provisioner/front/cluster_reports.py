@@ -19,12 +19,13 @@ import re
 from typing import Mapping
 from urllib.parse import urlsplit
 
-from provisioner.abuse_record import MAX_EVIDENCE_CHARS, MAX_REASON_CHARS, Decision
-from provisioner.api.limits import SESSION_ID, USER_ID
-from provisioner.decide.images import parse_ref
-from provisioner.errors import InvalidArgument, ProvisionerError
-from provisioner.model import cluster_of
-from provisioner.safe_text import is_printable
+from provisioner.model.abuse_record import MAX_EVIDENCE_CHARS, MAX_REASON_CHARS, Decision
+from provisioner.api.limits import NAME, QUOTA_METRIC, SESSION_ID, USER_ID
+from provisioner.model.images import parse_ref
+from provisioner.decide.zone_memory import QUOTA_MEMORY_S
+from provisioner.model.errors import InvalidArgument, ProvisionerError
+from provisioner.model.records import cluster_of
+from provisioner.common.safe_text import is_printable
 from provisioner.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,8 @@ def capacity_problem(cluster: str, cap: pb.ClusterCapacity, ceilings: Mapping[st
     (An image the front does not know is no harm: creates ask only for images the front knows.)"""
     if cap.cluster and cap.cluster != cluster:
         return "capacity of another cluster"
+    if cap.HasField("project_quota") and (problem := _quota_problem(cap)):
+        return problem
     for p in cap.pools:
         ceiling = ceilings.get(p.pool)
         if ceiling is None:
@@ -137,4 +140,14 @@ def capacity_problem(cluster: str, cap: pb.ClusterCapacity, ceilings: Mapping[st
             return f"pool {p.pool}: a count or a start time out of bounds"
         if any(parse_ref(ic.image) is None or not 0 <= ic.count <= p.warm for ic in p.warm_by_image):
             return f"pool {p.pool}: warm VMs of images that are no references, or more than it has warm"
+    return None
+
+
+def _quota_problem(cap: pb.ClusterCapacity) -> str | None:
+    """A project quota is of the fleet's form and ends within the quota memory of the report."""
+    q = cap.project_quota
+    if not _valid(QUOTA_METRIC, q.metric) or not _valid(NAME, q.cluster):
+        return "a project quota whose metric or cluster is not of the fleet's form"
+    if q.until.ToNanoseconds() > cap.time.ToNanoseconds() + int((QUOTA_MEMORY_S + 1.0) * 1e9):
+        return "a project quota that ends further ahead than any cluster holds one"
     return None

@@ -11,14 +11,14 @@ from typing import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
-from provisioner import telemetry
-from provisioner.abuse_record import Decision
+from provisioner.observability import telemetry
+from provisioner.model.abuse_record import Decision
 from provisioner.api import convert
-from provisioner.clock import Clock
+from provisioner.common.clock import Clock
 from provisioner.front.breaker import CircuitBreaker
 from provisioner.front.cluster_reports import ReportRefused, capacity_problem
 from provisioner.front.router import ClusterView, PoolView
-from provisioner.grpc_options import RECEIVE_BUFFER
+from provisioner.common.grpc_options import RECEIVE_BUFFER
 from provisioner.v1 import admin_service_pb2_grpc as admin_grpc
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import cluster_service_pb2_grpc as cluster_grpc
@@ -50,17 +50,19 @@ class ClusterClient:
                  interceptors: Sequence[grpc.aio.ClientInterceptor] = (), *,
                  credentials: grpc.ChannelCredentials, server_name: str, clock: Clock,
                  on_flags: Callable[[list[Decision]], Awaitable[object]] | None = None,
-                 on_connect: Callable[[], object] | None = None, ceilings: Mapping[str, int] | None = None):
+                 on_connect: Callable[[], object] | None = None, on_push: Callable[[], object] | None = None,
+                 ceilings: Mapping[str, int] | None = None):
         """Mutual TLS: `credentials` carry the front's certificate, and the cluster must prove it
         is `server_name` (whatever address it is reached at). `clock` runs at wall speed: the
         breaker's waits and reconnects are network time. `on_flags` is given the abuse flags
         each push carries (blocks.apply_all), before the push's capacity is taken; `on_connect`
-        is called at the first push of each capacity stream (the cluster may have restarted).
+        is called at the first push of each capacity stream (the cluster may have restarted),
+        `on_push` after each push is taken.
         `ceilings`: the cluster's pools and the most VMs each may hold by the fleet's config; a push
         beyond them (cluster_reports.capacity_problem) is not taken and ends the stream (None: not checked)."""
         self.name, self.region, self.address = name, region, address
         self.clock = clock
-        self.on_flags, self.on_connect = on_flags, on_connect
+        self.on_flags, self.on_connect, self.on_push = on_flags, on_connect, on_push
         self.ceilings = ceilings
         self.channel = grpc.aio.secure_channel(
             address, credentials, options=[*KEEPALIVE, *RECEIVE_BUFFER, ("grpc.ssl_target_name_override", server_name)],
@@ -109,6 +111,8 @@ class ClusterClient:
                                    if h.settled_at_push is None or h.settled_at_push >= self._pushes}
                     self._held_pools = None
                     self.updated.set()
+                    if self.on_push is not None:
+                        self.on_push()
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as err:

@@ -18,18 +18,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from provisioner.quota import Metered
+from provisioner.rules.quota import Row
 
 # Sessions that ended this long before the latest end seen are asked for again.
 CLOCK_MARGIN_S = 60.0
 MAX_USERS = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class EndedRow:
-    metered: Metered
-    kind: str
-    request_id: str
 
 
 @dataclass
@@ -38,7 +31,7 @@ class _Seen:
 
     latest_end: float = float("-inf")
     covered: float = float("-inf")  # every end before this is in rows: when the list was asked
-    rows: dict[str, EndedRow] = field(default_factory=dict)  # session id -> its row
+    rows: dict[str, Row] = field(default_factory=dict)  # session id -> its row
 
 
 class EndedSessions:
@@ -58,7 +51,7 @@ class EndedSessions:
         seen = self._users.get(user_id, {}).get(cluster)
         return float("-inf") if seen is None else seen.covered
 
-    def add(self, user_id: str, cluster: str, ended: list[tuple[str, float, EndedRow]],
+    def add(self, user_id: str, cluster: str, ended: list[tuple[str, float, Row]],
             asked_at: float | None = None) -> None:
         """Remembers the ended sessions (id, end, row) a cluster listed, in full, for what
         `ask_after` asked, when the list was asked for at `asked_at`."""
@@ -74,7 +67,7 @@ class EndedSessions:
             seen.covered = max(seen.covered, asked_at)
 
     def extend(self, cluster: str, complete_from: float, asked_at: float,
-               ended: dict[str, list[tuple[str, float, EndedRow]]]) -> None:
+               ended: dict[str, list[tuple[str, float, Row]]]) -> None:
         """Takes in a list of every user's sessions on `cluster`, asked for at `asked_at`, that
         holds every end since `complete_from` (`ended`: by user). A user remembered without a gap
         before `complete_from` is then known up to `asked_at`; the others are left as they are,
@@ -85,7 +78,7 @@ class EndedSessions:
                 _remember(seen, ended.get(user_id, ()))
                 seen.covered = max(seen.covered, asked_at)
 
-    def rows(self, user_id: str, cluster: str, week_start: float) -> list[EndedRow]:
+    def rows(self, user_id: str, cluster: str, week_start: float) -> list[Row]:
         """The ended sessions remembered, those that ended before the week dropped."""
         seen = self._users.get(user_id, {}).get(cluster)
         if seen is None:

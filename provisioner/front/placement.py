@@ -20,10 +20,10 @@ from typing import AsyncIterator, Callable
 import grpc
 from opentelemetry import trace
 
-from provisioner import telemetry
+from provisioner.observability import telemetry
 from provisioner.api.status import RemoteError
-from provisioner.clock import Clock
-from provisioner.errors import Unavailable
+from provisioner.common.clock import Clock
+from provisioner.model.errors import Unavailable
 from provisioner.front import cluster_reports
 from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, Allocated, Ask, Discard, Discarded, Done, FetchWinner,
                                         Fetched, Found, GiveUp, Invalid, Leave, NoReply, NotFound, PlacementRun,
@@ -32,7 +32,8 @@ from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, Allocated, Ask, Disca
 from provisioner.front.clusters import ClusterClient
 from provisioner.front.retry import ambiguous, call
 from provisioner.front.router import Candidate
-from provisioner.model import cluster_of, request_key, split_request_key
+from provisioner.front.records import FrontRecords
+from provisioner.model.records import cluster_of, request_key, split_request_key
 from provisioner.store import Store
 from provisioner.v1 import cluster_service_pb2 as cluster_pb
 from provisioner.v1 import types_pb2 as pb
@@ -59,6 +60,7 @@ class Placement:
                  rng: random.Random | None = None):
         self.clients = clients
         self.store = store
+        self.records = FrontRecords(store)  # the front's requests and attempts, over the store's engine
         self.clock = clock  # wall speed: see the module's docstring
         self.rng = rng or random.Random()  # backoff jitter
         self._locks: dict[str, asyncio.Lock] = {}
@@ -99,7 +101,7 @@ class Placement:
             return await self._place(run, key, request, admitted, made_at, span)
         except asyncio.CancelledError:
             if run.claimed:  # its caller is gone: it never answered, so others may record elsewhere
-                self._in_background(self.store.commit(self.store.waive_claim, key, run.cluster),
+                self._in_background(self.store.commit(self.records.waive_claim, key, run.cluster),
                                     lambda task: _log_failure(task, f"request {key}: could not waive its claim "
                                                                     "(the resolver settles it)"))
             raise
@@ -144,7 +146,7 @@ class Placement:
                     event = await self._carry_out(key, action)
                 case Record(cluster=cluster, commit_by=commit_by):
                     # Durable before the cluster is called: the resolver's record of a maybe-made session.
-                    noted = await self.store.commit(self.store.note_attempt, key, cluster, commit_by, admitted)
+                    noted = await self.store.commit(self.records.note_attempt, key, cluster, commit_by, admitted)
                     if noted is None:
                         raise AdmissionChanged()
                     admitted, event = None, Recorded(noted.state, noted.first)
@@ -190,7 +192,7 @@ class Placement:
         return Found(resp.session.id, resp.session)
 
     async def _settle(self, key: str, settle: Settle) -> Settled:
-        applied = await self.store.commit(self.store.settle_attempt, key, settle.cluster, settle.to,
+        applied = await self.store.commit(self.records.settle_attempt, key, settle.cluster, settle.to,
                                           settle.expected, settle.commit_by, settle.waive)
         if settle.outcome in ("refused", "unresolved"):
             self.attempt_outcomes[settle.cluster, settle.outcome] += 1
@@ -238,7 +240,7 @@ class Placement:
         # at a different cluster, and this first-writer-wins record, with the claim, is what makes
         # both answer the same one. The cluster's request key settles one cluster's outcome, not
         # which of two clusters' sessions is the answer.
-        return Remembered(await self.store.commit(self.store.remember_request, key, session_id, cluster,
+        return Remembered(await self.store.commit(self.records.remember_request, key, session_id, cluster,
                                                   self.clock.now() if made_at is None else made_at))
 
     async def _carry_out(self, key: str, action):
@@ -257,7 +259,7 @@ class Placement:
                 log.info("request %s: placed as %s; discarded its duplicate in %s", key, winner, cluster)
                 return Discarded(True)
             case FetchWinner(session_id=sid):
-                sid = sid or await self.store.read(self.store.session_for_request, key)
+                sid = sid or await self.store.read(self.records.session_for_request, key)
                 owner = self.clients[cluster_of(sid)]
                 return Fetched((await call(owner.sessions.Get, cluster_pb.GetRequest(session_id=sid),
                                            ATTEMPT_TIMEOUT_S)).session)
@@ -268,8 +270,8 @@ class Placement:
     async def resolve(self) -> int:
         """Settles open attempts whose commit_by has passed; returns how many it settled."""
         settled = 0
-        await self.store.commit(self.store.prune_attempts, self.clock.now() - PRUNE_AFTER_S)
-        for key, cluster, state, commit_by in await self.store.read(self.store.attempts_to_resolve):
+        await self.store.commit(self.records.prune_attempts, self.clock.now() - PRUNE_AFTER_S)
+        for key, cluster, state, commit_by in await self.store.read(self.records.attempts_to_resolve):
             client = self.clients.get(cluster)
             if key in self._locks or client is None or not client.healthy:
                 continue  # being placed here now, or the cluster cannot answer

@@ -30,6 +30,7 @@ async def call(rpc, request, timeout: float | None = None, tries: int = TRIES):
     """An RPC to a cluster, made up to `tries` times on ambiguous failures (more than once only
     for idempotent calls) while the next try would start within `timeout` (else 30 s) of the
     first; the last error status goes back to our caller unchanged."""
+    # Wall time on purpose, as the call's own deadline is: the backoff waits out a network's blip.
     deadline = time.monotonic() + (timeout or DEFAULT_DEADLINE_S)
     try_no = 1
     while True:

@@ -4,6 +4,9 @@ Clusters are ranked by expected seconds until the session runs: a warm VM with t
 then a partial pull, then a cold start, then a queue; a cluster outside the user's home region
 pays a fixed penalty; ties go to the less loaded cluster, then to the name. The front tries the
 candidates one at a time in this order (ordered spillover, never a fan-out to every cluster).
+
+While the project's GPU quota is exhausted (front/project_quota.py), no cluster can add a VM: a
+cold start is no candidate, and a queue is one only where the pool has VMs that will come free.
 """
 
 from __future__ import annotations
@@ -53,20 +56,25 @@ class Candidate:
         return (self.expected_s + self.region_penalty_s, self.load, self.cluster)
 
 
-def expected_start(pool: PoolView, image: str) -> tuple[float, str]:
+def expected_start(pool: PoolView, image: str, new_vms: bool = True) -> tuple[float, str] | None:
+    """Seconds until a session would run here and how; None if it cannot (no VM can be added,
+    and none will come free). `new_vms`: whether the cloud may be asked for a VM."""
     if pool.warm_by_image.get(image, 0) > 0:
         return WARM_START_S, "warm"
     if pool.warm > 0:
         return pool.cold_start_s * PARTIAL_PULL_SHARE, "partial"
-    if pool.room > 0:
+    if new_vms and pool.room > 0:
         return pool.cold_start_s, "cold"
+    if not new_vms and pool.booting + pool.assigned == 0:
+        return None
     # Queued: wait behind those already queued for VMs to come free.
     return pool.cold_start_s * (2 + pool.queued), "queue"
 
 
 def rank(clusters: list[ClusterView], accelerator: str, image: str, region_hint: str,
-         region_required: bool, inter_region_penalty_s: float) -> list[Candidate]:
-    """Usable clusters, best first. A drained or unhealthy cluster is never a candidate."""
+         region_required: bool, inter_region_penalty_s: float, new_vms: bool = True) -> list[Candidate]:
+    """Usable clusters, best first. A drained or unhealthy cluster is never a candidate, nor one
+    that could only add a VM while `new_vms` is false (the project's GPU quota is exhausted)."""
     out = []
     for c in clusters:
         if not c.healthy or c.draining or accelerator not in c.pools:
@@ -74,7 +82,9 @@ def rank(clusters: list[ClusterView], accelerator: str, image: str, region_hint:
         if region_required and c.region != region_hint:
             continue
         pool = c.pools[accelerator]
-        seconds, how = expected_start(pool, image)
+        if (start := expected_start(pool, image, new_vms)) is None:
+            continue
+        seconds, how = start
         penalty = inter_region_penalty_s if region_hint and c.region != region_hint else 0.0
         load = (pool.assigned + pool.queued) / max(1, pool.max_vms)
         out.append(Candidate(c.name, seconds, how, penalty, load))
@@ -82,12 +92,17 @@ def rank(clusters: list[ClusterView], accelerator: str, image: str, region_hint:
     return out
 
 
-def why_none(clusters: list[ClusterView], accelerator: str, region_hint: str, region_required: bool) -> str:
-    """Why `rank` found no candidate, naming each cluster that could have served (for the caller)."""
+def why_none(clusters: list[ClusterView], accelerator: str, region_hint: str, region_required: bool,
+             no_new_vms: str = "") -> str:
+    """Why `rank` found no candidate, naming each cluster that could have served (for the caller).
+    `no_new_vms`: why no VM can be added now ("" if one can)."""
     eligible = [c for c in clusters if accelerator in c.pools and (not region_required or c.region == region_hint)]
     where = f" in {region_hint}" if region_required else ""
     if not eligible:
         return f"no cluster{where} has a {accelerator} pool"
+    if no_new_vms and (up := [c.name for c in eligible if c.healthy and not c.draining]):
+        return (f"{no_new_vms}, and no {accelerator} VM of {', '.join(up)} is free or will come free to queue for "
+                f"(none is warm, starting or in use)")
     states = ", ".join(f"{c.name} is {'draining' if c.draining else 'unreachable'}" for c in eligible)
     return f"no cluster{where} can take {accelerator} sessions now: {states}"
 

@@ -4,7 +4,7 @@
 
 Each writer saves one session row at a time and waits until it is durable, as a request does:
 `ungrouped` commits each write in its own transaction on the event loop (as the store's
-synchronous methods do), `grouped` through `await store.commit_save(...)`. SQLite in a temporary
+synchronous methods do), `grouped` through `await store.sessions.commit_save(...)`. SQLite in a temporary
 directory unless `--database-url` names a PostgreSQL database. Progress on stderr.
 """
 
@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner.decide.states import SessionState
-from provisioner.model import Session, SessionSpec
+from provisioner.model.states import SessionState
+from provisioner.model.records import Session, SessionSpec
+from provisioner.perf import command
 from provisioner.store import open_store
 
 
@@ -42,9 +43,9 @@ async def measure(store, grouped: bool, writers: int, seconds: float) -> dict:
         while time.monotonic() < end:
             session = _session(next(_ids))
             if grouped:
-                await store.commit_save([session], [])
+                await store.sessions.commit_save([session], [])
             else:
-                store.save([session], [])
+                store.sessions.save([session], [])
                 await asyncio.sleep(0)  # let the other writers in, as requests on one loop are
             done += 1
 
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = run(args.writers, args.seconds, args.database_url)
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"rows": rows, "store": "PostgreSQL" if args.database_url else "SQLite",
+                          "command": command("provisioner.perf.commits", argv)}))
         return 0
     print(f"{'writers':>7}  {'ungrouped/s':>11}  {'grouped/s':>9}  {'writes per transaction':>22}")
     for r in rows:

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from provisioner.config import default_clusters_dir, load_fleet
-from provisioner.telemetry import ENV_SAMPLE
+from provisioner.observability.telemetry import ENV_SAMPLE
 
 CLUSTER = "us-central1"
 POOL = "gpu-p100"
@@ -71,7 +71,7 @@ def prepare_security(clusters: Path, data_dir: Path) -> str:
     """Makes the local CA, every process's certificate and the token key; returns the name the
     cluster's certificate carries (what a client of it checks)."""
     from provisioner.security.tokens import ensure_local_key
-    from provisioner.serve import local_tls
+    from provisioner.cli.serve import local_tls
 
     fleet = load_fleet(clusters)
     local_tls(fleet, data_dir, "front")
@@ -131,6 +131,16 @@ def start_fleet(clusters: Path, data_dir: Path, log_dir: Path, traces: str, samp
         raise
     front.metrics_port = ports["front"]
     return [front, cluster]
+
+
+def start_up(clusters: Path, data_dir: Path, log_dir: Path, traces: str) -> list[Proc]:
+    """The whole fleet in one process, as `provisioner up` runs it, with its /metrics port."""
+    port = free_port()
+    up = spawn("up", ["-c", _CLI, "up", "--clusters", str(clusters), "--data-dir", str(data_dir), "--time-scale",
+                      str(TIME_SCALE), "--traces", traces, "--log-level", "WARNING",
+                      "--metrics-address", f"127.0.0.1:{port}"], "front ", log_dir)
+    up.metrics_port = port
+    return [up]
 
 
 def start_echo(data_dir: Path, log_dir: Path, address: str, backend_name: str) -> list[Proc]:

@@ -2,14 +2,15 @@
 same network floods the fleet, one kind of flood at a time, and the table says what each did to
 bob's creates against a quiet run of the same length.
 
-    python -m provisioner.perf.floods [--seconds 20] [--floods metrics list quota refused idle]
+    python -m provisioner.perf.floods [--fleet split up] [--seconds 20] [--floods metrics list quota refused idle]
 
 Floods: `metrics` (8 loops scraping the front's and the cluster's /metrics), `list` and `quota`
 (a user with 4 loops of ListSessions or GetQuota, over sessions it made beforehand), `refused`
 (4 loops of calls with a token that does not check out), `idle` (3,000 TCP connections to the
-front's port that never say a word). The fleet is the front and one cluster as separate
-processes (`provisioner serve`, on the simulated cloud, a warm pool larger than bob needs); each
-flood runs in a process of its own, so this one only measures. Progress on stderr; `--json`.
+front's port that never say a word). The fleet runs on the simulated cloud with one cluster and
+a warm pool larger than bob needs, split (the front and the cluster as separate processes,
+`provisioner serve`) or in one process (`provisioner up`), each in turn with a fresh data dir;
+each flood runs in a process of its own, so this one only measures. Progress on stderr; `--json`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -28,9 +31,11 @@ from pathlib import Path
 import grpc
 import yaml
 
-from provisioner.perf.fleet import CLUSTER, POOL, free_port, prepare_security, start_fleet, write_clusters
+from provisioner.perf.fleet import CLUSTER, POOL, free_port, prepare_security, start_fleet, start_up, write_clusters
+from provisioner.perf.usage import cpu_s
 
 FLOODS = ("metrics", "list", "quota", "refused", "idle")
+FLEETS = ("split", "up")
 BOB_PERIOD_S = 0.5
 LOOPS = 4
 METRIC_LOOPS = 8
@@ -80,7 +85,14 @@ async def seed_mallory(front: str, data_dir: Path, count: int) -> None:
     async with channel:
         for i in range(count):
             spec = pb.SessionSpec(request_id=f"mallory-{i}", user_id="mallory", accelerator=POOL, image="gpu:latest")
-            s = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=30, metadata=md)).session
+            for wait in range(120):  # the front may not have heard of the pool yet
+                try:
+                    s = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=30, metadata=md)).session
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() != grpc.StatusCode.UNAVAILABLE or wait == 119:
+                        raise
+                    await asyncio.sleep(0.5)
             await stub.StopSession(s_pb.StopSessionRequest(session_id=s.id), timeout=30, metadata=md)
 
 
@@ -139,7 +151,10 @@ def _summary(latencies: list[float]) -> dict:
             "max_ms": round(max(latencies), 1) if latencies else None}
 
 
-async def measure(front: str, metrics_ports: list[int], data_dir: Path, seconds: float, floods: list[str]) -> list[dict]:
+async def measure(front: str, procs: list, data_dir: Path, seconds: float, floods: list[str]) -> list[dict]:
+    """Bob alone, then beside each flood; each row with the CPU seconds the fleet's processes and
+    the flood's used meanwhile (on one machine, the flood's own CPU is taken from the fleet's)."""
+    metrics_ports = [p.metrics_port for p in procs]
     rows = []
     for kind in ["quiet", *floods]:
         print(f"  {kind}: {seconds:g} s of bob{'' if kind == 'quiet' else ' beside the flood'}", file=sys.stderr,
@@ -150,9 +165,16 @@ async def measure(front: str, metrics_ports: list[int], data_dir: Path, seconds:
                                       "--data-dir", str(data_dir), "--seconds", str(seconds + 2),
                                       "--metrics-ports", *map(str, metrics_ports)], stdout=subprocess.PIPE)
             await asyncio.sleep(1.0)  # the flood under way
+        fleet_cpu, flood_cpu = sum(cpu_s(p.pid) for p in procs), resource.getrusage(resource.RUSAGE_CHILDREN)
         latencies = await bob(front, data_dir, seconds)
+        fleet_cpu = sum(cpu_s(p.pid) for p in procs) - fleet_cpu
         made = int(child.communicate()[0] or 0) if child else 0
-        rows.append({"flood": kind, **_summary(latencies), "flood_calls": made})
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        flood_cpu = after.ru_utime + after.ru_stime - flood_cpu.ru_utime - flood_cpu.ru_stime
+        # The machine's 1-minute load average as the row ends: a shared machine's other work shows.
+        rows.append({"flood": kind, **_summary(latencies), "flood_calls": made, "fleet_cpu_s": round(fleet_cpu, 1),
+                     "flood_cpu_s": round(flood_cpu, 1), "load": round(os.getloadavg()[0], 2)})
+        print(f"    {rows[-1]}", file=sys.stderr, flush=True)
     quiet = rows[0]["p50_ms"] or 1.0
     for r in rows:
         r["p50_vs_quiet"] = round((r["p50_ms"] or 0) / quiet, 2)
@@ -160,14 +182,41 @@ async def measure(front: str, metrics_ports: list[int], data_dir: Path, seconds:
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["flood     bob creates  p50 ms  vs quiet  max ms  flood calls",
-             *(f"{r['flood']:<9} {r['creates']:>11}  {r['p50_ms']:>6}  {r['p50_vs_quiet']:>7}x  {r['max_ms']:>6}  "
-               f"{r['flood_calls']:>11}" for r in rows)]
+    lines = ["fleet  flood     bob creates  p50 ms  vs quiet  max ms  flood calls  fleet CPU s  flood CPU s  load",
+             *(f"{r['fleet']:<6} {r['flood']:<9} {r['creates']:>11}  {r['p50_ms']:>6}  {r['p50_vs_quiet']:>7}x  {r['max_ms']:>6}  "
+               f"{r['flood_calls']:>11}  {r['fleet_cpu_s']:>11}  {r['flood_cpu_s']:>11}  {r['load']:>4}" for r in rows)]
     return "\n".join(lines)
+
+
+def run_fleet(kind: str, args) -> list[dict]:
+    """Every measurement against one fleet, started afresh in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="provisioner-floods-") as tmp:
+        root = Path(tmp)
+        front_port = free_port()
+        clusters = write_clusters(root, warm_vms=args.warm_vms, cluster_port=free_port(), front_port=front_port,
+                                  disk_cache_gb=30)
+        fleet = yaml.safe_load((clusters / "fleet.yaml").read_text())
+        fleet["rate_limits"].update(creates_per_user_per_s=1000, create_burst_per_user=1000)  # the seeding
+        (clusters / "fleet.yaml").write_text(yaml.safe_dump(fleet))
+        data_dir = root / "data"
+        prepare_security(clusters, data_dir)
+        print(f"{kind}: starting the fleet...", file=sys.stderr, flush=True)
+        procs = start_fleet(clusters, data_dir, root, traces="none") if kind == "split" else \
+            start_up(clusters, data_dir, root, traces="none")
+        try:
+            front = f"127.0.0.1:{front_port}"
+            print(f"seeding {args.mallory_sessions} sessions of the flooding user...", file=sys.stderr, flush=True)
+            asyncio.run(seed_mallory(front, data_dir, args.mallory_sessions))
+            return asyncio.run(measure(front, procs, data_dir, args.seconds, args.floods))
+        finally:
+            for proc in procs:
+                proc.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m provisioner.perf.floods", description=__doc__.split("\n\n")[0])
+    p.add_argument("--fleet", nargs="+", choices=FLEETS, default=list(FLEETS),
+                   help="split: the front and the cluster as processes of their own; up: one process (default both)")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--floods", nargs="+", choices=FLOODS, default=list(FLOODS))
     p.add_argument("--json", action="store_true")
@@ -182,26 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(asyncio.run(flood(args.child, args.front, args.metrics_ports, args.data_dir, args.seconds)))
         return 0
-    with tempfile.TemporaryDirectory(prefix="provisioner-floods-") as tmp:
-        root = Path(tmp)
-        front_port = free_port()
-        clusters = write_clusters(root, warm_vms=args.warm_vms, cluster_port=free_port(), front_port=front_port,
-                                  disk_cache_gb=30)
-        fleet = yaml.safe_load((clusters / "fleet.yaml").read_text())
-        fleet["rate_limits"].update(creates_per_user_per_s=1000, create_burst_per_user=1000)  # the seeding
-        (clusters / "fleet.yaml").write_text(yaml.safe_dump(fleet))
-        data_dir = root / "data"
-        prepare_security(clusters, data_dir)
-        print("starting the front and one cluster...", file=sys.stderr, flush=True)
-        procs = start_fleet(clusters, data_dir, root, traces="none")
-        try:
-            front = f"127.0.0.1:{front_port}"
-            print(f"seeding {args.mallory_sessions} sessions of the flooding user...", file=sys.stderr, flush=True)
-            asyncio.run(seed_mallory(front, data_dir, args.mallory_sessions))
-            rows = asyncio.run(measure(front, [p.metrics_port for p in procs], data_dir, args.seconds, args.floods))
-        finally:
-            for proc in procs:
-                proc.stop()
+    rows = []
+    for kind in args.fleet:
+        rows += [{"fleet": kind, **r} for r in run_fleet(kind, args)]
     print(json.dumps(rows, indent=2) if args.json else report(rows))
     return 0
 

@@ -7,7 +7,7 @@ Builds VMs holding the pool's usual ~40 releases and ended sessions with their h
 trips them through a SQLite store as a restart does, then times `gc.collect()`: before
 `gc.freeze()`, and after it with a few thousand new objects made since, as serving makes them.
 Then makes as much again, as a pool warming up after start-up does, and times full collections
-without and with the freezer that `serve` runs (provisioner/gc_freeze.py).
+without and with the freezer that `serve` runs (provisioner/common/gc_freeze.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from provisioner.config import load_fleet
-from provisioner.decide.images import LayerCache
-from provisioner.decide.states import StateChange, VmState
-from provisioner.gc_freeze import LongLivedFreezer
-from provisioner.model import Vm
+from provisioner.model.images import LayerCache
+from provisioner.model.states import StateChange, VmState
+from provisioner.common.gc_freeze import LongLivedFreezer
+from provisioner.model.records import Vm
 from provisioner.perf.commits import _session
 from provisioner.store import open_store
 
@@ -46,9 +46,9 @@ def restored_heap(vms: int, sessions: int) -> tuple[list, list]:
         cache.add(version, catalog, 0.0)
     with tempfile.TemporaryDirectory(prefix="provisioner-gc-") as tmp:
         store = open_store(None, Path(tmp) / "store.db")
-        store.save([], [_vm(i, cache) for i in range(vms)])
-        store.save([_session(i) for i in range(sessions)], [])
-        loaded = store.load_vms("perf"), store.load_sessions("perf")
+        store.sessions.save([], [_vm(i, cache) for i in range(vms)])
+        store.sessions.save([_session(i) for i in range(sessions)], [])
+        loaded = store.sessions.load_vms("perf"), store.sessions.load_sessions("perf")
         store.close()
     return loaded
 

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from provisioner.front.records import FrontRecords
 from provisioner.store import open_store
 
 NOW = 1_800_000_000.0
@@ -30,11 +31,11 @@ LIVE = 10
 
 def _fill(store, attempts: int, requests: int) -> None:
     with store.transaction() as cur:
-        cur.executemany(store._sql("INSERT INTO front_attempts (request_id, cluster, commit_by, outcome, user_id) "
+        cur.executemany(store.sql("INSERT INTO front_attempts (request_id, cluster, commit_by, outcome, user_id) "
                                    "VALUES (?, 'c1', ?, 'made', ?)"),
                         [(f"u{i % 200}/a{i}", NOW - HOUR_S + i * HOUR_S / attempts, f"u{i % 200}")
                          for i in range(attempts)])
-        cur.executemany(store._sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at, user_id, "
+        cur.executemany(store.sql("INSERT INTO front_requests (request_id, session_id, cluster, created_at, user_id, "
                                    "ended_at) VALUES (?, ?, 'c1', ?, 'ada', ?)"),
                         [(f"ada/r{i}", f"c1.s-{i}", WEEK_START - 86400.0 + i * 1e-3,
                           WEEK_START - 3600.0 + i * 1e-3 if i >= LIVE else None) for i in range(requests + LIVE)])
@@ -55,10 +56,11 @@ def run(attempts: int, requests: int, database_url: str | None, repeats: int = 2
         try:
             print(f"filling: {attempts} attempts, {requests} ended requests of one user ...", file=sys.stderr, flush=True)
             _fill(store, attempts, requests)
+            records = FrontRecords(store)
             print("timing ...", file=sys.stderr, flush=True)
-            prune = _median_ms(lambda: store.prune_attempts(NOW - HOUR_S), repeats)
-            admission = _median_ms(lambda: store.admission("ada/new", WEEK_START, NOW), repeats)
-            live = store.admission("ada/new", WEEK_START, NOW).live
+            prune = _median_ms(lambda: records.prune_attempts(NOW - HOUR_S), repeats)
+            admission = _median_ms(lambda: records.admission("ada/new", WEEK_START, NOW), repeats)
+            live = records.admission("ada/new", WEEK_START, NOW).live
         finally:
             store.close()
     return {"attempts": attempts, "requests": requests, "prune_ms": prune, "admission_ms": admission, "live": live}

@@ -25,8 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from provisioner.telemetry import rotated
-from provisioner.traceview import load_spans
+from provisioner.observability.telemetry import rotated
+from provisioner.observability.traceview import load_spans
 
 CREATE = "/provisioner.v1.SessionService/CreateSession"
 ALLOCATE = "/provisioner.v1.ClusterService/Allocate"

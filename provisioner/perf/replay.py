@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from provisioner.sim.replay import HEADER, first_days, read_trace
+from provisioner.sim.trace import first_days, HEADER, read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = ROOT / "provisioner" / "sim" / "traces" / "genai-sessions.csv"

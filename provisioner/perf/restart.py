@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.config import load_fleet
-from provisioner.decide.states import StateChange, SessionState
-from provisioner.model import Session, SessionSpec, StartKind
+from provisioner.model.states import StateChange, SessionState
+from provisioner.model.records import Session, SessionSpec, StartKind, created_ns
 from provisioner.perf.usage import rss_mb
 
 NOW = 1_800_000_000.0  # the restart's model time
@@ -49,7 +49,8 @@ def _row(cluster: str, i: int, ended_at: float | None) -> tuple:
                       StateChange("stopped", "stopped by the user", ended_at)]
         s.state, s.ended_at = SessionState.STOPPED, ended_at
     s.revision = len(s.history)
-    return (s.id, cluster, s.spec.key, spec.user_id, s.state.value, s.revision, s.ended_at, json.dumps(s.to_dict()))
+    return (s.id, cluster, s.spec.key, spec.user_id, s.state.value, s.revision, s.ended_at, created_ns(created),
+            json.dumps(s.to_dict()))
 
 
 def fill(path: Path, cluster: str, ended: int, live: int, retention_s: float) -> float:
@@ -58,8 +59,8 @@ def fill(path: Path, cluster: str, ended: int, live: int, retention_s: float) ->
     started = time.monotonic()
     store = SqliteStore(path)
     recent = min(ended, 100)  # ended within the retention period: restored with the live ones
-    sql = ("INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, ended_at, body) "
-           "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+    sql = ("INSERT INTO sessions (id, cluster, request_id, user_id, state, revision, ended_at, created_ns, body) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
     try:
         for first in range(0, ended + live, CHUNK):
             rows = []

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner.perf import fleet, phases, usage
+from provisioner.perf import command, fleet, phases, usage
 from provisioner.perf.load import WORKLOADS
 
 DEFAULT_VMS = 5000
@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--trace-sample must be between 0 and 1")
     results = run(vms, runs, seconds, tuple(args.in_flight), tuple(args.workloads), args.traces, cache, args.data_dir,
                   args.trace_sample)
+    results["command"] = command("provisioner.perf.serving", argv)
     print(json.dumps(results) if args.json else table(results))
     return 0
 

@@ -3,13 +3,16 @@
     provisioner simulate ... --json > docs/results/simulate/NAME.json     (one run per file)
     python -m provisioner.perf.tables docs/results/simulate/*.json --out docs/results/simulate.md
     python -m provisioner.perf.tables docs/results/simulate/*.json --out docs/results/simulate.md --check
-    python -m provisioner.perf.tables --kind standby docs/results/standby/*.json --out docs/results/standby.md
     python -m provisioner.perf.tables docs/economics/*.json --out docs/economics.md --between-markers
+    python -m provisioner.perf.tables --kind standby docs/results/standby/*.json --out docs/simulator.md --marker standby
+    python -m provisioner.perf.tables --kind serving docs/results/serving/*.json --out docs/performance.md --marker serving
 
 Each row is one run's JSON, with the command that reproduces it (the JSON's `command`). `--check`
-exits 1 when the file differs from what the runs give (the test suite checks the shipped table).
+exits 1 when the file differs from what the runs give (the test suite checks the shipped tables).
 `--between-markers` puts the table into a page written by hand around it: only the text between
-the BEGIN and END marker lines of --out is replaced (or, with --check, compared).
+the BEGIN and END marker lines of --out is replaced (or, with --check, compared); `--marker NAME`
+does so between the lines of that name, so one page can hold several tables. The kinds serving,
+queue and commits are the serving path's benchmarks (provisioner/perf/bench_tables.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from provisioner.perf import bench_tables
 
 HEADER = ("Made by `python -m provisioner.perf.tables` from the `provisioner simulate --json` output beside "
           "this file; do not edit by hand. `cost vs assigned` is the run's cost over the cost of the VM time "
@@ -45,7 +50,7 @@ def simulate_table(runs: list[dict]) -> str:
 # traces the tier's one constant was tuned on are marked; the target is the tier's acceptance.
 TUNED_ON = ("genai-sessions.csv", "openb-sessions.csv", "rollout-sessions.csv")
 TARGET_COST_RATIO, TARGET_FAST_STARTS = 1.15, 0.995
-STANDBY_HEADER = (f"{HEADER} `target`: cost at most {TARGET_COST_RATIO:g} times the assigned cost with at "
+STANDBY_HEADER = (f"{HEADER.replace('beside this file', 'in docs/results/standby/')} `target`: cost at most {TARGET_COST_RATIO:g} times the assigned cost with at "
                   f"least {TARGET_FAST_STARTS:.1%} fast starts.")
 STANDBY_COLUMNS = ("trace", "policy", "cost vs assigned", "standby VM-hours", "standby cost", "fast starts",
                    "wait p99", "cold / partial starts", "never started", "target", "wall", "command")
@@ -85,7 +90,37 @@ def standby_table(runs: list[dict]) -> str:
     return _table(STANDBY_HEADER, STANDBY_COLUMNS, [standby_row(r) for r in runs])
 
 
-KINDS = {"simulate": simulate_table, "standby": standby_table}
+# The Spot table (docs/google-cloud.md): the same trace on demand and on Spot VMs at some rates.
+SPOT_HEADER = ("Made by `python -m provisioner.perf.tables` from the `provisioner simulate --json` runs in "
+               "docs/results/spot/; do not edit by hand. `started within 60 s`: `fast_start_ratio`, over every session; "
+               "`interactive wait p99`: the interactive sessions' (`interactive.wait_p99_s`); `sessions ended by it`: "
+               "sessions a preemption ended, the batch ones among them queued again.")
+SPOT_COLUMNS = ("capacity", "cost (USD)", "assigned cost (USD)", "VM-hours", "started within 60 s",
+                "interactive wait p99", "VMs preempted", "sessions ended by it", "batch requeued (and ran)", "wall",
+                "command")
+
+
+def spot_row(r: dict) -> list[str]:
+    words = r["command"].split()
+    rate = words[words.index("--spot") + 1] if "--spot" in words else ""
+    return [f"Spot, {rate} preemptions per VM-hour" if rate else "on demand", f"{r['cost_usd']:,.2f}",
+            f"{r['assigned_cost_usd']:,.2f}", f"{r['vm_hours']:,.0f}", f"{r['fast_start_ratio']:.2%}",
+            f"{r['interactive']['wait_p99_s']:.1f} s", f"{r['spot_preemptions']:,}",
+            f"{r['spot_preempted_sessions']:,}", f"{r['requeued']:,} ({r['requeued_started']:,})", f"{r['wall_s']:.0f} s",
+            f"`{r['command']} --json`"]
+
+
+def spot_table(runs: list[dict]) -> str:
+    runs = sorted(runs, key=lambda r: ("--spot" in r["command"], r["command"]))
+    return _table(SPOT_HEADER, SPOT_COLUMNS, [spot_row(r) for r in runs])
+
+
+def _bench_table(kind: str):
+    header, rows = bench_tables.KINDS[kind]
+    return lambda runs: _table(header, *rows(runs))
+
+
+KINDS = {"simulate": simulate_table, "standby": standby_table, "spot": spot_table, **{k: _bench_table(k) for k in bench_tables.KINDS}}
 
 
 def _table(header: str, columns: tuple[str, ...], rows: list[list[str]]) -> str:
@@ -94,12 +129,21 @@ def _table(header: str, columns: tuple[str, ...], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def between_markers(page: str, table: str) -> str:
-    """`page` with the text between its BEGIN and END lines replaced by `table`."""
-    head, begin, rest = page.partition(BEGIN + "\n")
-    _, end, tail = rest.partition(END)
+def markers(name: str = "") -> tuple[str, str]:
+    """The BEGIN and END lines of the table `name` ("": a page's only table)."""
+    if not name:
+        return BEGIN, END
+    return (f"<!-- results table {name}: made by python -m provisioner.perf.tables, not to be edited by hand -->",
+            f"<!-- end of the results table {name} -->")
+
+
+def between_markers(page: str, table: str, name: str = "") -> str:
+    """`page` with the text between its BEGIN and END lines (of table `name`) replaced by `table`."""
+    first, last = markers(name)
+    head, begin, rest = page.partition(first + "\n")
+    _, end, tail = rest.partition(last)
     if not begin or not end:
-        raise ValueError(f"no {BEGIN!r} line followed by {END!r} in the page")
+        raise ValueError(f"no {first!r} line followed by {last!r} in the page")
     return head + begin + table + end + tail
 
 
@@ -110,22 +154,26 @@ def load_runs(paths: list[Path]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m provisioner.perf.tables", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", type=Path, help="JSON files, each one `provisioner simulate --json` output")
+    p.add_argument("runs", nargs="+", type=Path, help="JSON files, each one run's `--json` output")
     p.add_argument("--out", type=Path, required=True, help="the Markdown file to write")
     p.add_argument("--check", action="store_true", help="only compare: exit 1 if --out differs")
     p.add_argument("--kind", choices=sorted(KINDS), default="simulate",
-                   help="simulate: one row per run; standby: the standby tier's table (docs/simulator.md)")
+                   help="simulate: one row per run; standby: the standby tier's table (docs/simulator.md); spot: "
+                        "on demand against Spot (docs/google-cloud.md); serving, "
+                        "queue, commits: those benchmarks' `--json` output (docs/performance.md)")
     p.add_argument("--between-markers", action="store_true",
                    help="replace only the text between the marker lines of --out, a page written around the table")
+    p.add_argument("--marker", default="", metavar="NAME",
+                   help="the marker lines of table NAME, in a page of several (implies --between-markers)")
     args = p.parse_args(argv)
     try:
         table = KINDS[args.kind](load_runs(args.runs))
     except (OSError, ValueError, KeyError) as e:
         print(f"error: cannot read the runs: {e!r}", file=sys.stderr)
         return 1
-    if args.between_markers:
+    if args.between_markers or args.marker:
         try:
-            table = between_markers(args.out.read_text(), table)
+            table = between_markers(args.out.read_text(), table, args.marker)
         except (OSError, ValueError) as e:
             print(f"error: {args.out}: {e}", file=sys.stderr)
             return 1

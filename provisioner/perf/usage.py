@@ -9,7 +9,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from provisioner.metrics import LAG_BUCKETS, LOOP_LAG
+from provisioner.observability.metrics import LAG_BUCKETS, LOOP_LAG
 
 LAG_BUCKETS_MS = tuple(1000 * b for b in LAG_BUCKETS)
 

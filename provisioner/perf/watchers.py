@@ -19,11 +19,12 @@ import asyncio
 import sys
 import time
 
-from provisioner.clock import ManualClock
+from provisioner.common.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
-from provisioner.cluster.runtime import MOVE_REPORT_S, ClusterRuntime
+from provisioner.cluster.runtime import ClusterRuntime
+from provisioner.cluster.watchers import MOVE_REPORT_S
 from provisioner.perf.queue import POOL, core
-from provisioner.model import SessionSpec
+from provisioner.model.records import SessionSpec
 
 
 async def run(queued: int, departures: int, per_s: float, move_report_s: float) -> dict:
@@ -38,7 +39,7 @@ async def run(queued: int, departures: int, per_s: float, move_report_s: float) 
 
     async def watch(session_id: str) -> None:
         nonlocal reports
-        async for _ in rt.watch(session_id):
+        async for _ in rt.watchers.watch(session_id):
             reports += 1
 
     watchers = [asyncio.create_task(watch(s.id)) for s in sessions[1:]]

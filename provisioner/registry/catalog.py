@@ -17,8 +17,8 @@ import re
 import urllib.parse
 from typing import Callable
 
-from provisioner.clock import Clock
-from provisioner.decide.images import LATEST, ImageCatalog
+from provisioner.common.clock import Clock
+from provisioner.model.images import LATEST, ImageCatalog
 from provisioner.registry.client import Manifest, RegistryClient, RegistryError
 
 log = logging.getLogger(__name__)

@@ -17,53 +17,15 @@ server for the VM's service account's access token (as Artifact Registry wants, 
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field, PositiveFloat, model_validator
-
-from provisioner.clock import Clock
-from provisioner.config_base import _At, _Model
+from provisioner.agent.metadata import HttpMetadata, MetadataError
+from provisioner.common.clock import Clock
+from provisioner.config.registry import RegistryAuthConfig, RegistryImagesConfig
 from provisioner.registry.catalog import CatalogFeed, RegistryCatalog
 from provisioner.registry.client import Credentials, RegistryClient, RegistryError
 
-METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
-TOKEN_PATH = "/instance/service-accounts/default/token"
 ACCESS_TOKEN_USER = "oauth2accesstoken"
-
-
-class RegistryAuthConfig(_Model):
-    kind: Literal["none", "basic", "gce_metadata"] = "none"
-    username: str = ""
-    password_file: str = ""  # basic: a file holding the password (never the password itself)
-    metadata_url: str = METADATA_URL  # gce_metadata: the metadata server
-
-    @model_validator(mode="after")
-    def _check(self) -> RegistryAuthConfig:
-        if self.kind == "basic" and not (self.username and self.password_file):
-            raise _At("username", "basic authentication needs username and password_file")
-        return self
-
-
-class RegistryImagesConfig(_Model):
-    url: str = Field(pattern=r"^https?://[^/]+$")
-    repository: str = Field(pattern=r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-    name: str = Field(default="", pattern=r"^([a-z0-9][a-z0-9._/-]*)?$")
-    latest: str = ""
-    refresh_s: PositiveFloat = 300.0
-    ca_file: str | None = None
-    auth: RegistryAuthConfig = RegistryAuthConfig()
-
-    def resolved(self, base: Path) -> RegistryImagesConfig:
-        """The same with relative file names made absolute against `base`."""
-        def at(name: str | None) -> str | None:
-            return str(base / name) if name and not Path(name).is_absolute() else name
-
-        auth = self.auth.model_copy(update={"password_file": at(self.auth.password_file) or ""})
-        return self.model_copy(update={"ca_file": at(self.ca_file), "auth": auth})
 
 
 def credentials(auth: RegistryAuthConfig) -> Credentials:
@@ -76,13 +38,12 @@ def credentials(auth: RegistryAuthConfig) -> Credentials:
     return lambda: None
 
 
-def metadata_access_token(base_url: str, timeout_s: float = 10.0) -> str:
-    req = urllib.request.Request(base_url.rstrip("/") + TOKEN_PATH, headers={"Metadata-Flavor": "Google"})
+def metadata_access_token(base_url: str) -> str:
+    """The VM's service-account token, from the metadata server (the agent's own reader)."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read())["access_token"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
-        raise RegistryError(f"no access token from the metadata server: {getattr(e, 'reason', e)}") from e
+        return HttpMetadata(base_url).access_token_now()
+    except MetadataError as e:
+        raise RegistryError(f"no access token from the metadata server: {e}") from e
 
 
 def registry_catalog(cfg: RegistryImagesConfig) -> RegistryCatalog:

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from provisioner.private_files import open_private
+from provisioner.common.private_files import open_private
 
 CA_CERT, CA_KEY = "ca.pem", "ca-key.pem"
 CA_DAYS, LEAF_DAYS = 365, 90

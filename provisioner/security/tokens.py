@@ -22,12 +22,15 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from provisioner.errors import Unauthenticated, Unavailable
+from provisioner.model.errors import Unauthenticated, Unavailable
 from provisioner.security.auth import Caller
 
 ALGORITHMS = ["ES256", "RS256"]
 LEEWAY_S = 30.0  # clock skew allowed between the minting and the verifying machine
 CACHE_SIZE = 10_000
+REFUSAL_KEPT_S = 300.0  # how long a refused token is answered from memory
+NOT_YET_VALID = "the token is not valid yet"  # the one refusal that time may lift
+NOT_A_JWT = "the bearer token is not a JWT"
 JWKS_REFRESH_S = 3600.0
 LOCAL_ISSUER, LOCAL_AUDIENCE = "provisioner-local", "provisioner"
 KEY_FILE, PUBLIC_KEY_FILE = "token-key.pem", "token-key.pub.pem"
@@ -67,6 +70,8 @@ class TokenVerifier:
         self.wall = wall  # token lifetimes are wall-clock times, whatever the fleet's model clock
         # Read on the event loop, written by verifications in worker threads: one lock for both.
         self._verified: OrderedDict[str, tuple[Caller, float]] = OrderedDict()
+        # Tokens refused lately, with why and until when (wall time): a repeated one costs a lookup.
+        self._refused: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._lock = threading.Lock()
         # Each fetches its issuer's keys on first use, and again on an unknown key id at most every
         # 30 s (the client's cooldown), so forged key ids cannot make the front hammer the issuer.
@@ -85,15 +90,43 @@ class TokenVerifier:
                 return None
             return caller
 
-    def verify(self, token: str) -> Caller:
-        """The caller a token names, or Unauthenticated saying why not. May fetch an issuer's
-        keys (blocking): call it off the event loop unless `cached` answered."""
+    def verify_here(self, token: str) -> Caller | None:
+        """`verify`, where it needs no fetch of an issuer's keys and so may run on the event loop:
+        a token seen before (verified or refused), one that is no JWT or names an untrusted
+        issuer, and one of an issuer with a key file. None: call `verify` off the loop. Without
+        this, every call with a token that does not check out (anyone can send them, as fast as
+        they like) took a trip through a worker thread and back."""
         if (caller := self.cached(token)) is not None:
             return caller
+        with self._lock:
+            refused = self._refused.get(token)
+        if refused is not None and self.wall() < refused[1]:
+            raise Unauthenticated(refused[0])
         try:
             unverified = jwt.decode(token, options={"verify_signature": False})
         except jwt.PyJWTError:
-            raise Unauthenticated("the bearer token is not a JWT") from None
+            self._remember_refusal(token, NOT_A_JWT)
+            raise Unauthenticated(NOT_A_JWT) from None
+        issuer = self.issuers.get(unverified.get("iss")) if isinstance(unverified, dict) else None
+        return self.verify(token) if issuer is None or issuer.public_key is not None else None
+
+    def verify(self, token: str) -> Caller:
+        """The caller a token names, or Unauthenticated saying why not. May fetch an issuer's
+        keys (blocking): call it off the event loop unless `verify_here` answered."""
+        if (caller := self.cached(token)) is not None:
+            return caller
+        try:
+            return self._verify(token)
+        except Unauthenticated as e:
+            if e.message != NOT_YET_VALID:  # the rest stays refused
+                self._remember_refusal(token, e.message)
+            raise
+
+    def _verify(self, token: str) -> Caller:
+        try:
+            unverified = jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError:
+            raise Unauthenticated(NOT_A_JWT) from None
         issuer = self.issuers.get(unverified.get("iss")) if isinstance(unverified, dict) else None
         if issuer is None:
             raise Unauthenticated("the token's issuer is not trusted here")
@@ -112,10 +145,17 @@ class TokenVerifier:
             raise Unauthenticated("the token has expired")
         starts = max((claims[c] for c in ("nbf", "iat") if isinstance(claims.get(c), (int, float))), default=0.0)
         if now + LEEWAY_S < starts:
-            raise Unauthenticated("the token is not valid yet")
+            raise Unauthenticated(NOT_YET_VALID)
         caller = issuer.caller(claims)
         self._remember(token, caller, expires)
         return caller
+
+    def _remember_refusal(self, token: str, why: str) -> None:
+        with self._lock:
+            self._refused[token] = (why, self.wall() + REFUSAL_KEPT_S)
+            self._refused.move_to_end(token)
+            while len(self._refused) > CACHE_SIZE:
+                self._refused.popitem(last=False)
 
     def _remember(self, token: str, caller: Caller, expires: float) -> None:
         with self._lock:
@@ -152,7 +192,7 @@ def ensure_local_key(directory: Path) -> None:
 def mint(private_key_pem: bytes, subject: str, *, ttl_s: float = 3600.0, issuer: str = LOCAL_ISSUER,
          audience: str = LOCAL_AUDIENCE, now: float | None = None) -> str:
     """A signed dev token for `subject`."""
-    now = time.time() if now is None else now
+    now = time.time() if now is None else now  # wall time: every verifier checks `exp` against its own
     key = serialization.load_pem_private_key(private_key_pem, None)
     claims = {"iss": issuer, "aud": audience, "sub": subject, "iat": int(now), "exp": int(now + ttl_s),
               "jti": uuid.uuid4().hex}

@@ -14,21 +14,22 @@ A Spot pool's running VMs are preempted at its `spot_preemptions_per_hour` (a Po
 VM, drawn from a generator of its own so runs without Spot draw exactly as before): the core
 hears it as the gce backend reports it, a health report with the cause "preempted".
 
-Subclasses hook in by overriding `changes` (what changed in a step), `carry_out` (commands), the
-delivery of answers (`deliver`) and the duration/outcome methods. The hot path does no logging
-and copies nothing.
+How long each command takes and whether it fails is the physics' answer, one per core
+(`physics`, a provisioner.cloud.sim_physics.SimPhysics or anything with its methods: the tests'
+driver has fixed durations and failure knobs). Subclasses hook in by overriding `changes` (what
+changed in a step), `carry_out` (commands) and the delivery of answers (`deliver`). The hot
+path does no logging and copies nothing.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 from typing import Callable, Iterable
 
-from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
-from provisioner.cloud.sim import SimPhysics
+from provisioner.cloud.base import PREEMPTED, HealthReport
+from provisioner.cloud.sim_physics import SimPhysics
 from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop, StopNotebook,
                                          Wipe)
 from provisioner.decide.core import ClusterCore
@@ -36,8 +37,8 @@ from provisioner.decide.events import (
     CommandFailed, Event, HealthReported, NotebookStarted, NotebookStopped, PullDone, Tick, VmCreated, VmDeleted,
     VmReady, VmStarted, VmStopped, WipeDone,
 )
-from provisioner.decide.states import VmState
-from provisioner.model import Session, Vm
+from provisioner.model.states import VmState
+from provisioner.model.records import Session, Vm
 
 # A tick's place among work due at the same time: after all of it (events are numbered from 0 in
 # the order they are scheduled), and the cores' ticks in the cores' order.
@@ -134,12 +135,12 @@ class Engine:
         """Runs after every step, once its changes and commands are handled; for subclasses."""
 
     def carry_out(self, core: ClusterCore, commands: list[Command]) -> None:
-        answer, now = self._answer, self.now
+        answer, now, physics = self._answer, self.now, self.physics[core.name]
         for cmd in commands:
             match cmd:
                 case Launch():
-                    failure = self.launch_outcome(core, cmd)
-                    delay = self.create_delay(core)
+                    failure = physics.launch_outcome(cmd.zone)
+                    delay = physics.create_s()
                     if failure is not None:
                         answer(core, CommandFailed(now + delay, cmd.id, failure))
                     else:
@@ -147,41 +148,40 @@ class Engine:
                 case Pull():
                     nbytes = sum(layer.size_bytes for layer in cmd.layers)
                     self.bytes_pulled += nbytes
-                    delay = self.pull_delay(core, nbytes)
-                    failure = self.pull_outcome(core, cmd)
+                    delay = physics.pull_s(nbytes)
+                    failure = physics.pull_outcome(cmd.zone)
                     answer(core, PullDone(now + delay, cmd.id) if failure is None
                            else CommandFailed(now + delay, cmd.id, failure))
                 case Wipe():
-                    failure = self.wipe_outcome(core, cmd)
-                    delay = self.wipe_delay(core)
+                    failure = physics.wipe_outcome(cmd.zone)
+                    delay = physics.wipe_s()
                     answer(core, WipeDone(now + delay, cmd.id) if failure is None
                            else CommandFailed(now + delay, cmd.id, failure))
                 case Delete():
-                    delay = self.delete_delay(core)
-                    answer(core, VmDeleted(now + delay, cmd.id))
+                    answer(core, VmDeleted(now + physics.delete_s(), cmd.id))
                 case Stop():
-                    answer(core, VmStopped(now + self.stop_delay(core), cmd.id))
+                    answer(core, VmStopped(now + physics.stop_s(), cmd.id))
                 case Start():
                     # A stopped VM holds no GPU: its start meets stockouts as a create does.
-                    failure = self.start_outcome(core, cmd)
+                    failure = physics.launch_outcome(cmd.zone)
                     if failure is not None:
-                        answer(core, CommandFailed(now + self.create_delay(core), cmd.id, failure))
+                        answer(core, CommandFailed(now + physics.create_s(), cmd.id, failure))
                     else:
-                        up = now + self.start_delay(core, cmd.pool)
+                        up = now + physics.start_s(cmd.pool)
                         answer(core, VmStarted(up, cmd.id, f"sim://{cmd.vm_id}"))
                         self._spot_run_from(core, cmd.vm_id, cmd.pool, up)
                 case StartNotebook():
-                    failure = self.notebook_outcome(core, cmd)
-                    delay = self.notebook_start_delay(core)
+                    failure = physics.notebook_outcome(cmd.zone)
+                    delay = physics.notebook_start_s()
                     answer(core, NotebookStarted(now + delay, cmd.id) if failure is None
                            else CommandFailed(now + delay, cmd.id, failure))
                 case StopNotebook():
-                    answer(core, NotebookStopped(now + self.notebook_stop_delay(core), cmd.id))
+                    answer(core, NotebookStopped(now + physics.notebook_stop_s(), cmd.id))
 
     def _created(self, core: ClusterCore, cmd: Launch, now: float) -> None:
         """The cloud has the VM: it says so, and the boot starts (its time drawn only now)."""
         self.deliver(core, VmCreated(now, cmd.id, f"sim://{cmd.vm_id}"), now)
-        delay = self.boot_delay(core)
+        delay = self.physics[core.name].boot_s()
         self._answer(core, VmReady(now + delay, cmd.id))
         self._spot_run_from(core, cmd.vm_id, cmd.pool, now + delay)
 
@@ -200,50 +200,6 @@ class Engine:
             return  # deleted, stopped or started again since
         self.spot_preemptions += 1
         self.deliver(core, HealthReported(now, vm_id, HealthReport(False, detail=PREEMPTED, cause="preempted")), now)
-
-    # ---- durations and outcomes (the physics; tests override them) -------------------------
-
-    def create_delay(self, core: ClusterCore) -> float:
-        return self.physics[core.name].create_s()
-
-    def boot_delay(self, core: ClusterCore) -> float:
-        return self.physics[core.name].boot_s()
-
-    def pull_delay(self, core: ClusterCore, nbytes: int) -> float:
-        return self.physics[core.name].pull_s(nbytes)
-
-    def wipe_delay(self, core: ClusterCore) -> float:
-        return self.physics[core.name].wipe_s()
-
-    def delete_delay(self, core: ClusterCore) -> float:
-        return self.physics[core.name].delete_s()
-
-    def stop_delay(self, core: ClusterCore) -> float:
-        return self.physics[core.name].stop_s()
-
-    def start_delay(self, core: ClusterCore, pool: str) -> float:
-        return self.physics[core.name].start_s(pool)
-
-    def notebook_start_delay(self, core: ClusterCore) -> float:
-        return self.physics[core.name].notebook_start_s()
-
-    def notebook_stop_delay(self, core: ClusterCore) -> float:
-        return self.physics[core.name].notebook_stop_s()
-
-    def launch_outcome(self, core: ClusterCore, cmd: Launch) -> CloudFailure | None:
-        return self.physics[core.name].launch_outcome(cmd.zone)
-
-    def start_outcome(self, core: ClusterCore, cmd: Start) -> CloudFailure | None:
-        return self.physics[core.name].launch_outcome(cmd.zone)
-
-    def pull_outcome(self, core: ClusterCore, cmd: Pull) -> CloudFailure | None:
-        return None
-
-    def wipe_outcome(self, core: ClusterCore, cmd: Wipe) -> CloudFailure | None:
-        return None
-
-    def notebook_outcome(self, core: ClusterCore, cmd: StartNotebook) -> CloudFailure | None:
-        return None
 
 
 # Running VMs a preemption can take (a stopped one holds no Spot capacity).

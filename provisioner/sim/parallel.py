@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from provisioner.config import FleetConfig, load_fleet
-from provisioner.sim.replay import (Replay, Tally, first_days, peak_concurrency, read_trace, superimpose, trace_end,
-                                    with_flood, with_policy, with_priority)
+from provisioner.sim.policies import with_policy, with_priority
+from provisioner.sim.replay import Replay
+from provisioner.sim.tally import Tally
+from provisioner.sim.trace import first_days, peak_concurrency, read_trace, superimpose, trace_end, with_flood
 from provisioner.sim.spot import with_spot
 
 # Progress of each worker (fraction done), shared with the parent. Set in each worker process.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from provisioner.sim.replay import PoolSample
+from provisioner.sim.tally import PoolSample
 
 DAY_S = 86_400.0
 COLORS = {"assigned": "#3b75af", "warm": "#9ecae1", "starting": "#fdae6b", "standby": "#7f7f7f", "queued": "#d62728"}

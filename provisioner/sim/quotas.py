@@ -1,4 +1,4 @@
-"""Quotas in a replay, decided by the same code as the front's (`provisioner.quota`).
+"""Quotas in a replay, decided by the same code as the front's (`provisioner.rules.quota`).
 
 The front meters a user's week from the session records its clusters return; a replay has no
 front, so it keeps the same facts as the sessions change: each session's weighted GPUs, kind,
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from provisioner import quota
-from provisioner.config_policy import QuotaConfig
-from provisioner.model import Session
+from provisioner.rules import quota
+from provisioner.config.policy import QuotaConfig
+from provisioner.model.records import Session
 
 
 @dataclass

@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from provisioner.sim.replay import HEADER
+from provisioner.sim.trace import HEADER
 
 DAY_S = 86_400
 HOUR_S = 3_600

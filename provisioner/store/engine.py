@@ -1,178 +1,184 @@
-"""Store, composed of its machinery and table mixins, over SQLite (WAL) or PostgreSQL, and
-open_store to pick one from a database URL."""
+"""The store: one engine (transactions alone or grouped into one commit, reads off the event
+loop, schema upgrades, the SQL helpers) and the repositories composed over it, one per aggregate:
+`sessions` (a cluster's sessions and VMs), `operator` (what operators set), `blocks` (blocked
+users and the abuse detector's decisions) and `audit` (the audit log). The front's records
+(requests, attempts, admissions) are its own repository over this engine, front/records.py, so
+the store knows nothing of the front's protocol. Subclasses (store/databases.py) supply the
+connection, the transactions and the placeholder.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
-from provisioner.private_files import DIR_MODE, create_private
 from provisioner.store.audit_records import AuditRecords
-from provisioner.store.base import StoreBase, StoreError, T
-from provisioner.store.outage import StoreUnavailable, connection_lost, ride_out
-from provisioner.store.schema import MIGRATION_LOCK
-from provisioner.store.cluster_records import ClusterRecords
-from provisioner.store.front_records import FrontRecords
+from provisioner.store.group_commit import GroupCommit, WriterClosed
+from provisioner.store.operator_records import OperatorRecords
+from provisioner.store.schema import BACKFILLS, MIGRATIONS
+from provisioner.store.session_records import SessionRecords
 from provisioner.store.user_blocks import UserBlocks
 
-
-class Store(ClusterRecords, FrontRecords, UserBlocks, AuditRecords, StoreBase):
-    """The statements; subclasses supply a connection, transactions and the placeholder."""
+T = TypeVar("T")
 
 
-class SqliteStore(Store):
-    def __init__(self, path: str | Path):
-        super().__init__()
-        self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-            create_private(self.path)
-        self._db = self._connect()
-        self._writer_db: sqlite3.Connection | None = None
-        self._migrate()
+class StoreError(Exception):
+    pass
 
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA busy_timeout=5000")
-        return db
 
-    @contextmanager
-    def _transaction(self, db: sqlite3.Connection | None = None,
-                     lock: threading.Lock | None = None) -> Iterator[sqlite3.Cursor]:
-        with lock or self._lock:
-            cur = (db or self._db).cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                yield cur
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+class Store:
+    """The engine and its repositories; subclasses supply a connection, transactions and the
+    placeholder."""
 
-    def _writer_transaction(self):
-        if self.path == ":memory:":  # a second connection would open another database
-            return self._transaction
-        db, lock = self._connect(), threading.Lock()
-        self._writer_db = db
-        return lambda: self._transaction(db, lock)
+    placeholder = "?"
+    dialect = "sqlite"  # which of a migration's variants this database runs (store/schema.py)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._batch = threading.local()  # the writer thread's cursor while it runs a batch
+        self._writer: GroupCommit | None = None
+        self._writer_closed = False
+        self._tx = threading.local()  # this thread's transaction: its after-commit actions
+        self.sessions = SessionRecords(self)
+        self.operator = OperatorRecords(self)
+        self.blocks = UserBlocks(self)
+        self.audit = AuditRecords(self)
+
+    # ---- what subclasses provide ----------------------------------------------------------
 
     @contextmanager
-    def reading(self) -> Iterator[sqlite3.Cursor]:
-        with self._lock:
-            yield self._db.cursor()  # autocommit: the statement reads one snapshot
+    def _transaction(self) -> Iterator[Any]:
+        """A cursor in one transaction, committed on exit, rolled back on error."""
+        raise NotImplementedError
+
+    def _writer_transaction(self) -> Callable[[], Any]:
+        """What group commit writes through: `_transaction` on a connection of its own, so the
+        event loop's reads never wait for a commit."""
+        raise NotImplementedError
+
+    @contextmanager
+    def reading(self) -> Iterator[Any]:
+        """A cursor for one read: no transaction, so no write lock taken and no extra round trips."""
+        raise NotImplementedError
 
     def close(self) -> None:
-        self._close_writer()
+        raise NotImplementedError
+
+    # ---- transactions, alone or grouped -----------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A cursor in one transaction, committed on exit, rolled back on error. Within a write
+        given to `commit`, the cursor of its group's transaction."""
+        batch = getattr(self._batch, "cursor", None)
+        if batch is not None:
+            yield batch
+            return
+        with self._after_commit() as after:
+            with self._transaction() as cur:
+                self._tx.after = after
+                yield cur
+
+    @contextmanager
+    def _after_commit(self) -> Iterator[list[Callable[[], None]]]:
+        """Collects what `on_commit` asks within a transaction and runs it once the transaction
+        has committed (not if it rolled back)."""
+        after: list[Callable[[], None]] = []
+        try:
+            yield after
+        finally:
+            self._tx.after = None
+        for action in after:
+            action()
+
+    def on_commit(self, action: Callable[[], None]) -> None:
+        """Runs `action` once the current transaction has committed (never if it rolls back)."""
+        self._tx.after.append(action)
+
+    @property
+    def writer(self) -> GroupCommit:
+        """The group committer, made with the first grouped write."""
         with self._lock:
-            self._db.close()
-            if self._writer_db is not None:
-                self._writer_db.close()
+            if self._writer_closed:
+                raise WriterClosed("the store is closed")
+            if self._writer is None:
+                transient, ride_out_s = self._rides_out()
+                self._writer = GroupCommit(self._grouped(self._writer_transaction()),
+                                           transient=transient, ride_out_s=ride_out_s)
+            return self._writer
 
+    def _rides_out(self) -> tuple[Callable[[BaseException], bool], float]:
+        """Which failures of a grouped batch are the database's, the batch tried again whole, and
+        for how long: none here (a database on this machine is not away for a moment)."""
+        return (lambda e: False), 0.0
 
-CONNECT_TIMEOUT_S = 5  # a server that does not answer at all is given up on within a ride-out
+    def _grouped(self, transaction: Callable[[], Any]) -> Callable[[], Any]:
+        @contextmanager
+        def grouped():
+            with self._after_commit() as after:
+                with transaction() as cur:
+                    self._batch.cursor, self._tx.after = cur, after
+                    try:
+                        yield cur
+                    finally:
+                        self._batch.cursor = None
+        return grouped
 
-
-class PostgresStore(Store):
-    placeholder = "%s"
-    dialect = "postgres"
-
-    def __init__(self, url: str):
-        super().__init__()
-        self.url = url
-        self._db = None
-        self._writer_db: list = []  # the writer's connection, once it has one
-        # Reads from the event loop wait for a network round trip: they wait in this thread.
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="store-reader")
-        try:  # a process starting while the database restarts waits for it, as a running one does
-            ride_out(self._migrate)
-        except StoreUnavailable as e:
-            raise StoreError(f"cannot connect to the database {e.detail}") from None
+    async def commit(self, write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Runs `write(*args, **kwargs)` (a write method of one of the repositories) in the writer thread,
+        in one transaction with other callers' writes, and returns its result once that
+        transaction is durable. A write that fails fails alone (see group_commit). The writer
+        reads `args` when it runs: pass values, and sessions and VMs through `sessions.commit_save`."""
+        return await self.writer.submit_async(lambda _cur: write(*args, **kwargs))
 
     async def read(self, read: Callable[..., T], *args: Any) -> T:
-        """As StoreBase.read, and a database away for a moment is waited out (store/outage.py)."""
-        return await asyncio.get_running_loop().run_in_executor(self._reader, ride_out, lambda: read(*args))
+        """Runs `read(*args)` (a read of one of the repositories) without holding up the event loop for
+        longer than the read itself costs. SQLite's run here: an indexed read of pages in memory
+        takes tens of microseconds, less than a hand-off to a thread."""
+        return read(*args)
 
-    def _connect(self):
-        import psycopg  # only when PostgreSQL is asked for
+    def _close_writer(self) -> None:
+        """Commits the grouped writes still queued; a write after this raises WriterClosed."""
+        with self._lock:
+            self._writer_closed = True
+            writer = self._writer
+        if writer is not None:
+            writer.close()
 
-        with self._lost():
-            return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+    def sql(self, statement: str) -> str:
+        """`statement`, written with `?` placeholders, in this database's placeholder style."""
+        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
 
-    @contextmanager
-    def _lost(self) -> Iterator[None]:
-        """A lost connection (or none to be had) becomes StoreUnavailable, which tells callers no
-        address; the log gets the details, the URL without its password."""
-        try:
-            yield
-        except Exception as e:
-            if not connection_lost(e):
-                raise
-            raise StoreUnavailable(f"{redact(self.url)}: {type(e).__name__}: {e}") from None
+    def rows(self, statement: str, args: tuple = ()) -> list[tuple]:
+        """The rows of one read (one snapshot)."""
+        with self.reading() as cur:
+            cur.execute(self.sql(statement), args)
+            return list(cur.fetchall())
 
-    @contextmanager
-    def _transaction(self):
-        with self._lock, self._lost():
-            with self._connection().transaction(), self._db.cursor() as cur:
-                yield cur
+    # ---- schema ---------------------------------------------------------------------------
 
-    def _writer_transaction(self):
-        db = self._writer_db
-
-        @contextmanager
-        def transaction():
-            with self._lost():
-                if not db or db[0].closed:  # as _connection: the next batch reconnects
-                    db[:] = [self._connect()]
-                with db[0].transaction(), db[0].cursor() as cur:
-                    yield cur
-        return transaction
-
-    @contextmanager
-    def reading(self):
-        with self._lock, self._lost():
-            with self._connection().cursor() as cur:  # autocommit: one statement, one snapshot
-                yield cur
-
-    def _connection(self):
-        if self._db is None or self._db.closed:  # lost with a server restart or failover: the next call reconnects
-            self._db = self._connect()
-        return self._db
+    def _migrate(self) -> None:
+        with self.transaction() as cur:
+            self._lock_schema(cur)
+            cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            cur.execute("SELECT max(version) FROM schema_version")
+            current = cur.fetchone()[0] or 0
+            if current > len(MIGRATIONS):
+                raise StoreError(f"the database has schema version {current}; this release knows up to "
+                                 f"{len(MIGRATIONS)}: upgrade the provisioner")
+            for version, sql in enumerate(MIGRATIONS[current:], start=current + 1):
+                statements = sql[self.dialect] if isinstance(sql, dict) else filter(str.strip, sql.split(";"))
+                for statement in statements:
+                    cur.execute(statement)
+                if version in BACKFILLS:
+                    BACKFILLS[version](cur, self.sql)
+                cur.execute(self.sql("INSERT INTO schema_version (version) VALUES (?)"), (version,))
 
     def _lock_schema(self, cur) -> None:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        """Only one process upgrades the schema at a time."""
 
-    def close(self) -> None:
-        self._close_writer()
-        self._reader.shutdown()
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-            for db in self._writer_db:
-                db.close()
+    @property
+    def schema_version(self) -> int:
+        return self.rows("SELECT max(version) FROM schema_version")[0][0]
 
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    creds, at, host = rest.rpartition("@")
-    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***{at}{host}" if ":" in creds else url
-
-
-def open_store(database_url: str | None, default_path: str | Path) -> Store:
-    """PostgreSQL for a postgresql:// URL, else SQLite at the URL's path or `default_path`."""
-    if database_url and database_url.startswith(("postgresql://", "postgres://")):
-        return PostgresStore(database_url)
-    if database_url and database_url.startswith("sqlite:///"):
-        return SqliteStore(database_url.removeprefix("sqlite:///"))
-    if database_url:
-        raise StoreError(f"unsupported database URL {redact(database_url)!r}: use postgresql://... or sqlite:///PATH")
-    return SqliteStore(default_path)

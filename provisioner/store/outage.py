@@ -14,9 +14,9 @@ import logging
 import time
 from typing import Callable, TypeVar
 
-from provisioner.errors import Unavailable
-from provisioner.group_commit import backoff
-from provisioner.store.base import StoreError
+from provisioner.model.errors import Unavailable
+from provisioner.store.engine import StoreError
+from provisioner.store.group_commit import backoff
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,7 +53,8 @@ def connection_lost(err: BaseException) -> bool:
 
 
 def ride_out(fn: Callable[[], T], sleep: Callable[[float], None] = time.sleep) -> T:
-    """`fn()`, tried again on StoreUnavailable until RIDE_OUT_S has passed. Called in a store
+    """`fn()`, tried again on StoreUnavailable until RIDE_OUT_S (wall time on purpose: a database's
+    restart takes real seconds) has passed. Called in a store
     thread (a reader or the writer), never on the event loop: its waits block that thread only,
     and every call it holds up would fail the same way meanwhile."""
     for wait in backoff(RIDE_OUT_S):  # a database back is used within half a second

@@ -1,5 +1,9 @@
 """The schema: its migrations, in order, and the lock that serializes applying them."""
 
+from typing import Callable
+
+from provisioner.model.records import split_request_key
+
 _CLAIMS = """CREATE TABLE front_claims (
     request_id TEXT PRIMARY KEY,
     cluster TEXT NOT NULL,
@@ -174,7 +178,7 @@ MIGRATIONS: list[str | dict[str, list[str]]] = [
     ALTER TABLE front_requests ADD COLUMN ended_at DOUBLE PRECISION;
     CREATE INDEX front_requests_user ON front_requests (user_id, ended_at);
     """,
-    # A request's first placement claims it (front_records.note_attempt): that placement may answer
+    # A request's first placement claims it (front/records.py: note_attempt): that placement may answer
     # with what its first cluster made before the request's record is written. So no other session
     # may be recorded as the request's answer while that first attempt may still have made one,
     # unless its placement waived the claim (it moved on without answering). The database keeps
@@ -224,10 +228,38 @@ MIGRATIONS: list[str | dict[str, list[str]]] = [
     """
     ALTER TABLE audit_log ADD COLUMN peer TEXT NOT NULL DEFAULT '';
     """,
+    # A user's list is paged by creation time and id (api/keyset.py), newest first: a page of the
+    # sessions that left memory is a range of this index, not the user's whole history. The time
+    # in whole nanoseconds, as the API gives it, so a page token compares exactly.
+    {
+        "sqlite": [
+            "ALTER TABLE sessions ADD COLUMN created_ns BIGINT NOT NULL DEFAULT 0",
+            "UPDATE sessions SET created_ns = CAST(json_extract(body, '$.created_at') * 1e9 AS INTEGER)",
+            "CREATE INDEX sessions_user_created ON sessions (cluster, user_id, created_ns, id)",
+        ],
+        "postgres": [
+            "ALTER TABLE sessions ADD COLUMN created_ns BIGINT NOT NULL DEFAULT 0",
+            "UPDATE sessions SET created_ns = "
+            "trunc((body::json->>'created_at')::double precision * 1e9::double precision)::bigint",
+            "CREATE INDEX sessions_user_created ON sessions (cluster, user_id, created_ns, id)",
+        ],
+    },
 ]
 
-# Python run after a migration's SQL, by the version it brings the schema to.
-BACKFILLS = {9: "backfill_users"}
+
+
+def _backfill_users(cur, sql: Callable[[str], str]) -> None:
+    """The user of each request and attempt recorded before they carried one (the key's first part)."""
+    for table in ("front_requests", "front_attempts"):
+        cur.execute(f"SELECT DISTINCT request_id FROM {table} WHERE user_id = ''")
+        keys = [key for (key,) in cur.fetchall()]
+        cur.executemany(sql(f"UPDATE {table} SET user_id = ? WHERE request_id = ?"),
+                        [(split_request_key(key)[0], key) for key in keys])
+
+
+# Python run after a migration's SQL (given its cursor and the placeholder rewrite), by the
+# version it brings the schema to.
+BACKFILLS = {9: _backfill_users}
 
 # Serializes schema upgrades between replicas starting at once (PostgreSQL advisory lock key).
 MIGRATION_LOCK = 0x70726F76

@@ -1,1 +1,1 @@
-"""Generated from protos/provisioner/v1 by `python -m provisioner.protogen`; do not edit."""
+"""Generated from protos/provisioner/v1 by `python -m provisioner.v1.protogen`; do not edit."""

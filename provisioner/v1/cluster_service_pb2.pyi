@@ -10,6 +10,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SetProjectQuotaRequest(_message.Message):
+    __slots__ = ("quota",)
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    quota: _types_pb2.ProjectQuota
+    def __init__(self, quota: _Optional[_Union[_types_pb2.ProjectQuota, _Mapping]] = ...) -> None: ...
+
+class SetProjectQuotaResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class SetBlockedUsersRequest(_message.Message):
     __slots__ = ("user_ids",)
     USER_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -67,20 +77,24 @@ class GetResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ...) -> None: ...
 
 class ListRequest(_message.Message):
-    __slots__ = ("user_id", "states", "page_size", "page_token", "ended_after", "brief")
+    __slots__ = ("user_id", "states", "page_size", "page_token", "ended_after", "brief", "created_after", "created_before")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ENDED_AFTER_FIELD_NUMBER: _ClassVar[int]
     BRIEF_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.SessionState]
     page_size: int
     page_token: str
     ended_after: _timestamp_pb2.Timestamp
     brief: bool
-    def __init__(self, user_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.SessionState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., ended_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., brief: _Optional[bool] = ...) -> None: ...
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    def __init__(self, user_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.SessionState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., ended_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., brief: _Optional[bool] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListResponse(_message.Message):
     __slots__ = ("sessions", "next_page_token")

@@ -85,6 +85,11 @@ class ClusterServiceStub:
                 request_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersRequest.SerializeToString,
                 response_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersResponse.FromString,
                 _registered_method=True)
+        self.SetProjectQuota = channel.unary_unary(
+                '/provisioner.v1.ClusterService/SetProjectQuota',
+                request_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetProjectQuotaRequest.SerializeToString,
+                response_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetProjectQuotaResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -165,6 +170,17 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetProjectQuota(self, request, context):
+        """The project-wide GPU quota another cluster found exhausted (the front relays what any
+        cluster's capacity reports): the cluster inserts and starts no GPU VM until quota.until (at
+        most the quota memory ahead of its clock). The later `until` wins, so fronts may tell it
+        again and in any order. Idempotent; a front sends it when a cluster's capacity stream starts
+        and when a report brings a later `until`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +233,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.SetBlockedUsers,
                     request_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersRequest.FromString,
                     response_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersResponse.SerializeToString,
+            ),
+            'SetProjectQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetProjectQuota,
+                    request_deserializer=provisioner_dot_v1_dot_cluster__service__pb2.SetProjectQuotaRequest.FromString,
+                    response_serializer=provisioner_dot_v1_dot_cluster__service__pb2.SetProjectQuotaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -490,6 +511,33 @@ class ClusterService:
             '/provisioner.v1.ClusterService/SetBlockedUsers',
             provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersRequest.SerializeToString,
             provisioner_dot_v1_dot_cluster__service__pb2.SetBlockedUsersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetProjectQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/provisioner.v1.ClusterService/SetProjectQuota',
+            provisioner_dot_v1_dot_cluster__service__pb2.SetProjectQuotaRequest.SerializeToString,
+            provisioner_dot_v1_dot_cluster__service__pb2.SetProjectQuotaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,44 +22,45 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from provisioner.v1 import types_pb2 as provisioner_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$provisioner/v1/session_service.proto\x12\x0eprovisioner.v1\x1a\x1aprovisioner/v1/types.proto\"A\n\x14\x43reateSessionRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x1b.provisioner.v1.SessionSpec\"Y\n\x15\x43reateSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\x12\x16\n\x0eplacement_note\x18\x02 \x01(\t\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\">\n\x12GetSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"\x8c\x01\n\x13ListSessionsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12,\n\x06states\x18\x02 \x03(\x0e\x32\x1c.provisioner.v1.SessionState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x0f\n\x07\x63luster\x18\x05 \x01(\t\"Z\n\x14ListSessionsResponse\x12)\n\x08sessions\x18\x01 \x03(\x0b\x32\x17.provisioner.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"A\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x03\"@\n\x14WatchSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\")\n\x13TouchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"@\n\x14TouchSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"8\n\x12StopSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"?\n\x13StopSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"\"\n\x0fGetQuotaRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"8\n\x10GetQuotaResponse\x12$\n\x05quota\x18\x01 \x01(\x0b\x32\x15.provisioner.v1.Quota2\xfd\x04\n\x0eSessionService\x12\\\n\rCreateSession\x12$.provisioner.v1.CreateSessionRequest\x1a%.provisioner.v1.CreateSessionResponse\x12S\n\nGetSession\x12!.provisioner.v1.GetSessionRequest\x1a\".provisioner.v1.GetSessionResponse\x12Y\n\x0cListSessions\x12#.provisioner.v1.ListSessionsRequest\x1a$.provisioner.v1.ListSessionsResponse\x12[\n\x0cWatchSession\x12#.provisioner.v1.WatchSessionRequest\x1a$.provisioner.v1.WatchSessionResponse0\x01\x12Y\n\x0cTouchSession\x12#.provisioner.v1.TouchSessionRequest\x1a$.provisioner.v1.TouchSessionResponse\x12V\n\x0bStopSession\x12\".provisioner.v1.StopSessionRequest\x1a#.provisioner.v1.StopSessionResponse\x12M\n\x08GetQuota\x12\x1f.provisioner.v1.GetQuotaRequest\x1a .provisioner.v1.GetQuotaResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$provisioner/v1/session_service.proto\x12\x0eprovisioner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aprovisioner/v1/types.proto\"A\n\x14\x43reateSessionRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x1b.provisioner.v1.SessionSpec\"Y\n\x15\x43reateSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\x12\x16\n\x0eplacement_note\x18\x02 \x01(\t\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\">\n\x12GetSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"\x89\x02\n\x13ListSessionsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12,\n\x06states\x18\x02 \x03(\x0e\x32\x1c.provisioner.v1.SessionState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x0f\n\x07\x63luster\x18\x05 \x01(\t\x12\x31\n\rcreated_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cwith_history\x18\x08 \x01(\x08\"Z\n\x14ListSessionsResponse\x12)\n\x08sessions\x18\x01 \x03(\x0b\x32\x17.provisioner.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"A\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x03\"@\n\x14WatchSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\")\n\x13TouchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"@\n\x14TouchSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"8\n\x12StopSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"?\n\x13StopSessionResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.provisioner.v1.Session\"\"\n\x0fGetQuotaRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"8\n\x10GetQuotaResponse\x12$\n\x05quota\x18\x01 \x01(\x0b\x32\x15.provisioner.v1.Quota2\xfd\x04\n\x0eSessionService\x12\\\n\rCreateSession\x12$.provisioner.v1.CreateSessionRequest\x1a%.provisioner.v1.CreateSessionResponse\x12S\n\nGetSession\x12!.provisioner.v1.GetSessionRequest\x1a\".provisioner.v1.GetSessionResponse\x12Y\n\x0cListSessions\x12#.provisioner.v1.ListSessionsRequest\x1a$.provisioner.v1.ListSessionsResponse\x12[\n\x0cWatchSession\x12#.provisioner.v1.WatchSessionRequest\x1a$.provisioner.v1.WatchSessionResponse0\x01\x12Y\n\x0cTouchSession\x12#.provisioner.v1.TouchSessionRequest\x1a$.provisioner.v1.TouchSessionResponse\x12V\n\x0bStopSession\x12\".provisioner.v1.StopSessionRequest\x1a#.provisioner.v1.StopSessionResponse\x12M\n\x08GetQuota\x12\x1f.provisioner.v1.GetQuotaRequest\x1a .provisioner.v1.GetQuotaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'provisioner.v1.session_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREATESESSIONREQUEST']._serialized_start=84
-  _globals['_CREATESESSIONREQUEST']._serialized_end=149
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=151
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=240
-  _globals['_GETSESSIONREQUEST']._serialized_start=242
-  _globals['_GETSESSIONREQUEST']._serialized_end=281
-  _globals['_GETSESSIONRESPONSE']._serialized_start=283
-  _globals['_GETSESSIONRESPONSE']._serialized_end=345
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=348
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=488
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=490
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=580
-  _globals['_WATCHSESSIONREQUEST']._serialized_start=582
-  _globals['_WATCHSESSIONREQUEST']._serialized_end=647
-  _globals['_WATCHSESSIONRESPONSE']._serialized_start=649
-  _globals['_WATCHSESSIONRESPONSE']._serialized_end=713
-  _globals['_TOUCHSESSIONREQUEST']._serialized_start=715
-  _globals['_TOUCHSESSIONREQUEST']._serialized_end=756
-  _globals['_TOUCHSESSIONRESPONSE']._serialized_start=758
-  _globals['_TOUCHSESSIONRESPONSE']._serialized_end=822
-  _globals['_STOPSESSIONREQUEST']._serialized_start=824
-  _globals['_STOPSESSIONREQUEST']._serialized_end=880
-  _globals['_STOPSESSIONRESPONSE']._serialized_start=882
-  _globals['_STOPSESSIONRESPONSE']._serialized_end=945
-  _globals['_GETQUOTAREQUEST']._serialized_start=947
-  _globals['_GETQUOTAREQUEST']._serialized_end=981
-  _globals['_GETQUOTARESPONSE']._serialized_start=983
-  _globals['_GETQUOTARESPONSE']._serialized_end=1039
-  _globals['_SESSIONSERVICE']._serialized_start=1042
-  _globals['_SESSIONSERVICE']._serialized_end=1679
+  _globals['_CREATESESSIONREQUEST']._serialized_start=117
+  _globals['_CREATESESSIONREQUEST']._serialized_end=182
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=184
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=273
+  _globals['_GETSESSIONREQUEST']._serialized_start=275
+  _globals['_GETSESSIONREQUEST']._serialized_end=314
+  _globals['_GETSESSIONRESPONSE']._serialized_start=316
+  _globals['_GETSESSIONRESPONSE']._serialized_end=378
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=381
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=646
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=648
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=738
+  _globals['_WATCHSESSIONREQUEST']._serialized_start=740
+  _globals['_WATCHSESSIONREQUEST']._serialized_end=805
+  _globals['_WATCHSESSIONRESPONSE']._serialized_start=807
+  _globals['_WATCHSESSIONRESPONSE']._serialized_end=871
+  _globals['_TOUCHSESSIONREQUEST']._serialized_start=873
+  _globals['_TOUCHSESSIONREQUEST']._serialized_end=914
+  _globals['_TOUCHSESSIONRESPONSE']._serialized_start=916
+  _globals['_TOUCHSESSIONRESPONSE']._serialized_end=980
+  _globals['_STOPSESSIONREQUEST']._serialized_start=982
+  _globals['_STOPSESSIONREQUEST']._serialized_end=1038
+  _globals['_STOPSESSIONRESPONSE']._serialized_start=1040
+  _globals['_STOPSESSIONRESPONSE']._serialized_end=1103
+  _globals['_GETQUOTAREQUEST']._serialized_start=1105
+  _globals['_GETQUOTAREQUEST']._serialized_end=1139
+  _globals['_GETQUOTARESPONSE']._serialized_start=1141
+  _globals['_GETQUOTARESPONSE']._serialized_end=1197
+  _globals['_SESSIONSERVICE']._serialized_start=1200
+  _globals['_SESSIONSERVICE']._serialized_end=1837
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from provisioner.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -34,18 +37,24 @@ class GetSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_types_pb2.Session, _Mapping]] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
-    __slots__ = ("user_id", "states", "page_size", "page_token", "cluster")
+    __slots__ = ("user_id", "states", "page_size", "page_token", "cluster", "created_after", "created_before", "with_history")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    WITH_HISTORY_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.SessionState]
     page_size: int
     page_token: str
     cluster: str
-    def __init__(self, user_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.SessionState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., cluster: _Optional[str] = ...) -> None: ...
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    with_history: bool
+    def __init__(self, user_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.SessionState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., cluster: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., with_history: _Optional[bool] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
     __slots__ = ("sessions", "next_page_token")

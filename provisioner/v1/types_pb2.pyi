@@ -260,20 +260,32 @@ class PoolCapacity(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., accelerator: _Optional[str] = ..., warm_by_image: _Optional[_Iterable[_Union[ImageCount, _Mapping]]] = ..., warm: _Optional[int] = ..., booting: _Optional[int] = ..., assigned: _Optional[int] = ..., queued: _Optional[int] = ..., unhealthy: _Optional[int] = ..., min_vms: _Optional[int] = ..., max_vms: _Optional[int] = ..., cold_start_s: _Optional[float] = ..., stocked_out_zones: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterCapacity(_message.Message):
-    __slots__ = ("cluster", "region", "healthy", "draining", "pools", "time")
+    __slots__ = ("cluster", "region", "healthy", "draining", "pools", "time", "project_quota")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_QUOTA_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     region: str
     healthy: bool
     draining: bool
     pools: _containers.RepeatedCompositeFieldContainer[PoolCapacity]
     time: _timestamp_pb2.Timestamp
-    def __init__(self, cluster: _Optional[str] = ..., region: _Optional[str] = ..., healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., pools: _Optional[_Iterable[_Union[PoolCapacity, _Mapping]]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    project_quota: ProjectQuota
+    def __init__(self, cluster: _Optional[str] = ..., region: _Optional[str] = ..., healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., pools: _Optional[_Iterable[_Union[PoolCapacity, _Mapping]]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., project_quota: _Optional[_Union[ProjectQuota, _Mapping]] = ...) -> None: ...
+
+class ProjectQuota(_message.Message):
+    __slots__ = ("until", "metric", "cluster")
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    until: _timestamp_pb2.Timestamp
+    metric: str
+    cluster: str
+    def __init__(self, until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metric: _Optional[str] = ..., cluster: _Optional[str] = ...) -> None: ...
 
 class PoolPolicy(_message.Message):
     __slots__ = ("min_vms", "max_vms", "headroom_fraction", "autoscaler", "recycle")

@@ -1,0 +1,71 @@
+"""The serving-path benchmarks' tables (docs/performance.md), from their `--json` output: one run
+per file, every row with the command that made it (the JSON's `command`, `--json` added).
+Rendered by `python -m provisioner.perf.tables --kind serving|queue|commits` (see there)."""
+
+from __future__ import annotations
+
+SERVING_HEADER = ("Made by `python -m provisioner.perf.tables` from `python -m provisioner.perf.serving --json` output; "
+                  "do not edit by hand. Each cell: the provisioner's calls/s over the echo's in the same run, its "
+                  "calls/s in brackets, then its p99 latency; medians of the interleaved runs; creates that found no warm VM "
+                  "(more than the pool holds), and errors, are counted where there were any.")
+QUEUE_HEADER = ("Made by `python -m provisioner.perf.tables` from `python -m provisioner.perf.queue --json` output; "
+                "do not edit by hand. The core's own time (no I/O, commands not carried out), per stop of the session "
+                "at the head of the queue for each thousand stops, and for the step in which the rest of the queue "
+                "times out.")
+COMMITS_HEADER = ("Made by `python -m provisioner.perf.tables` from `python -m provisioner.perf.commits --json` output; "
+                  "do not edit by hand. Durable writes a second, each writer waiting for its own.")
+LABELS = {"create": "CreateSession (warm)", "get": "GetSession", "mix": "mix"}
+
+
+def _command(r: dict) -> str:
+    return f"`{r['command']} --json`"
+
+
+def serving_rows(runs: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
+    levels = sorted({row["in_flight"] for r in runs for row in r["rows"]})
+    columns = ("workload", *(f"{k} in flight" for k in levels), "runs", "warm VMs", "command")
+    out = []
+    for r in runs:
+        by = {(row["workload"], row["in_flight"]): row for row in r["rows"]}
+        for w in dict.fromkeys(row["workload"] for row in r["rows"]):
+            cells = []
+            for k in levels:
+                row = by.get((w, k))
+                cells.append(_serving_cell(row) if row else "")
+            out.append([LABELS.get(w, w), *cells, f"{r['runs']} x {r['seconds']:g} s", f"{r['vms']:,}", _command(r)])
+    return columns, out
+
+
+def _serving_cell(row: dict) -> str:
+    p = row["provisioner"]
+    cell = f"{row['ratio']:.2f} ({p['calls_per_s']:,.0f}), p99 {p['p99_ms']:.1f} ms"
+    # Creates past the pool's warm VMs queue or start cold: the cell says how many.
+    return cell + "".join(f", {p[k]:,} {label}" for k, label in (("not_warm", "not warm"), ("errors", "errors"))
+                          if p.get(k))
+
+
+def queue_rows(runs: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
+    columns = ("what", "ms each", "places moved each", "records changed each", "command")
+    out = []
+    for r in runs:
+        for b in r["stops"]:
+            out.append([f"a stop at the head, {b['queued']:,}-{b['queued'] + b['stops']:,} queued",
+                        f"{b['ms_per_stop']:.2f}", f"{b['moved_per_stop']:,.0f}", f"{b['records_per_stop']:g}",
+                        _command(r)])
+        e = r["expired"]
+        out.append([f"{e['sessions']:,} queued sessions timing out in one step", f"{e['ms']:,.0f}", "", "",
+                    _command(r)])
+    return columns, out
+
+
+def commits_rows(runs: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
+    columns = ("store", "writers", "ungrouped commits/s", "grouped commits/s", "writes per transaction", "command")
+    out = [[r["store"], str(row["writers"]), f"{row['ungrouped']['commits_per_s']:,.0f}",
+            f"{row['grouped']['commits_per_s']:,.0f}", f"{row['grouped']['writes_per_transaction']:.1f}", _command(r)]
+           for r in runs for row in r["rows"]]
+    return columns, out
+
+
+# kind -> (the header, the columns and rows of the runs)
+KINDS = {"serving": (SERVING_HEADER, serving_rows), "queue": (QUEUE_HEADER, queue_rows),
+         "commits": (COMMITS_HEADER, commits_rows)}

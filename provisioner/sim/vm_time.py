@@ -1,0 +1,64 @@
+"""VM-time of a replay: the fleet's VMs by state, integrated over model time at each change, for
+the VM-hours and the cost of each pool.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from provisioner.model.states import VM_ACTIVE, VmState
+from provisioner.model.records import Vm
+from provisioner.sim.cost import PoolKey, VmTime
+
+V = VmState
+# Billed at the running price: a VM stopping into standby runs until it is stopped.
+BILLED_RUNNING = VM_ACTIVE | {V.STOPPING_STANDBY}
+
+
+class VmMeter:
+    def __init__(self, pools: Iterable[PoolKey]):
+        self._state: dict[str, VmState] = {}  # each VM not deleted -> its state as last reported
+        self.live = 0  # VMs billed at the running price now
+        self._assigned = 0
+        # Per pool: [running, assigned, standby] VMs now, and their VM-seconds so far.
+        self._counts: dict[PoolKey, list[int]] = {key: [0, 0, 0] for key in pools}
+        self._seconds: dict[PoolKey, list[float]] = {key: [0.0, 0.0, 0.0] for key in self._counts}
+        self._t = 0.0
+        self.vm_s = self.assigned_vm_s = 0.0
+
+    def changed(self, cluster: str, vms: Iterable[Vm], now: float) -> None:
+        """The VMs' states as of `now` (the time up to it is counted at their previous states)."""
+        self.integrate(now)
+        known = self._state
+        for vm in vms:
+            old, new = known.get(vm.id), vm.state
+            if old is new:
+                continue
+            counts = self._counts[(cluster, vm.pool)]
+            was, is_ = old in BILLED_RUNNING, new in BILLED_RUNNING
+            self.live += is_ - was
+            counts[0] += is_ - was
+            assigned = (new is V.ASSIGNED) - (old is V.ASSIGNED)
+            self._assigned += assigned
+            counts[1] += assigned
+            counts[2] += (new is V.STANDBY) - (old is V.STANDBY)
+            if new is V.DELETED:
+                known.pop(vm.id, None)
+            else:
+                known[vm.id] = new
+
+    def integrate(self, now: float) -> None:
+        dt = now - self._t
+        if dt > 0:
+            self.vm_s += self.live * dt
+            self.assigned_vm_s += self._assigned * dt
+            for key, (running, assigned, standby) in self._counts.items():
+                if running or standby:
+                    acc = self._seconds[key]
+                    acc[0] += running * dt
+                    acc[1] += assigned * dt
+                    acc[2] += standby * dt
+            self._t = now
+
+    def pool_time(self) -> dict[PoolKey, VmTime]:
+        return {k: VmTime(*v) for k, v in self._seconds.items()}
