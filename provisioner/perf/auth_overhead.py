@@ -15,8 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,39 +23,11 @@ import time
 from pathlib import Path
 
 import grpc
-import yaml
 
-from provisioner.config import default_clusters_dir
+from provisioner.perf.fleet import free_port, write_clusters
 
 CLUSTER = "us-central1"
 WARM_VMS = 1500  # more than any run creates: every create is a warm start
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _fleet_dir(root: Path, cluster_port: int, front_port: int) -> Path:
-    """The shipped fleet cut to one cluster whose gpu-p100 pool is held at WARM_VMS warm VMs."""
-    target = root / "clusters"
-    shutil.copytree(default_clusters_dir(), target)
-    for path in target.glob("*.yaml"):
-        if path.name not in ("fleet.yaml", "images.yaml", f"{CLUSTER}.yaml"):
-            path.unlink()
-    path = target / f"{CLUSTER}.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["address"] = f"127.0.0.1:{cluster_port}"
-    data["sim"].update(boot_s=1, boot_jitter_s=0, pull_bytes_per_s=1e13, wipe_s=1)
-    pool = next(p for p in data["pools"] if p["name"] == "gpu-p100")
-    pool.update(min_vms=WARM_VMS, max_vms=WARM_VMS + 100, autoscaler="fixed", warm_vms=0)
-    data["pools"] = [pool]
-    path.write_text(yaml.safe_dump(data))
-    fleet = yaml.safe_load((target / "fleet.yaml").read_text())
-    fleet["front"]["address"] = f"127.0.0.1:{front_port}"
-    (target / "fleet.yaml").write_text(yaml.safe_dump(fleet))
-    return target
 
 
 # ---- the fleet process ------------------------------------------------------------------------
@@ -174,8 +144,8 @@ async def load(address: str, mode: str, data_dir: Path, seconds: float, in_fligh
 def one_run(mode: str, seconds: float, in_flight: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        front_port = _free_port()
-        clusters = _fleet_dir(root, _free_port(), front_port)
+        front_port = free_port()
+        clusters = write_clusters(root, WARM_VMS, free_port(), front_port)
         data_dir = root / "data"
         proc = subprocess.Popen([sys.executable, "-m", "provisioner.perf.auth_overhead", "--serve", mode, str(clusters),
                                  str(data_dir)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
