@@ -30,7 +30,7 @@ from provisioner.decide.core import ClusterCore
 from provisioner.decide.ids import IdSource
 from provisioner.cluster.runtime import ClusterRuntime
 from provisioner.model.records import SessionSpec
-from test_gce import loopback_only  # noqa: F401 (a fixture)
+from gce_fixtures import loopback_only  # noqa: F401 (a fixture)
 
 PROJECT, CLUSTER, POOL = "test-proj", "us-central1", "gpu-p100"
 WORKSPACES, SCRATCH = "/var/lib/provisioner-agent/workspaces", "/scratch"

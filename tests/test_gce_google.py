@@ -15,7 +15,7 @@ from provisioner.cloud.base import CloudFailure, CloudVm, LaunchSpec
 from provisioner.cloud.gce_instance import startup_script
 from provisioner.decide.ids import IdSource
 from provisioner.cli.serve import start_cluster
-from test_gce import CLUSTER, PROJECT, TIME_SCALE, backend, fake, gce_fleet, loopback_only, spec, until  # noqa: F401
+from gce_fixtures import CLUSTER, PROJECT, TIME_SCALE, backend, fake, gce_fleet, loopback_only, spec, until  # noqa: F401
 
 VMS_ACCOUNT = "notebook-vms@test-proj.iam.gserviceaccount.com"
 SUBNET = "regions/us-central1/subnetworks/notebooks"

@@ -25,7 +25,7 @@ from provisioner.v1 import admin_service_pb2_grpc as a_grpc
 from provisioner.v1 import cluster_service_pb2 as c_pb
 from provisioner.v1 import cluster_service_pb2_grpc as c_grpc
 from provisioner.v1 import types_pb2 as pb
-from test_gce import loopback_only, until, warm_per_pool  # noqa: F401  (fixture)
+from gce_fixtures import loopback_only, until, warm_per_pool  # noqa: F401  (fixture)
 
 PROJECT = "test-proj"
 CLUSTER = "us-central1"

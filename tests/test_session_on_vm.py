@@ -27,7 +27,7 @@ from provisioner.registry.catalog import RegistryCatalog
 from provisioner.registry.client import RegistryClient
 from test_agent_e2e import CLUSTER, POOL, PROJECT, TIME_SCALE, Agents, until
 from test_engine import get
-from test_gce import loopback_only  # noqa: F401 (a fixture)
+from gce_fixtures import loopback_only  # noqa: F401 (a fixture)
 
 # A registry, an engine, a VM booting and three image pushes: minutes on a loaded machine.
 pytestmark = pytest.mark.timeout(600)
