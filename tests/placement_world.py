@@ -1,4 +1,4 @@
-"""The world the placement protocol's explorer plays in (tests/test_placement_protocol.py): model
+"""The world the placement protocol's explorer plays in (tests/placement_explorer.py): model
 clusters, clients, runs of the real state machine (front/attempts.py) at each front replica, the
 network between them and the real store. The explorer picks each step; `steps()` lists what may
 happen next and `quiesce()` lets everything settle."""
@@ -16,7 +16,7 @@ from provisioner.front.attempts import (ATTEMPT_TIMEOUT_S, CLOCK_SKEW_S, Allocat
 from provisioner.front.records import FrontRecords
 
 if TYPE_CHECKING:
-    from test_placement_protocol import Scenario
+    from placement_explorer import Scenario
 
 KEY = "ada/r1"
 DEADLINE_S = 12.0  # a client's deadline per call
