@@ -32,6 +32,18 @@ KILLS = 20
 LIVE = ("provisioning", "pulling_image", "running")
 STOPPED_PB = (pb.SESSION_STATE_STOPPING, pb.SESSION_STATE_STOPPED)
 AT_REST = ("warm", "standby", "deleted")  # a VM no session holds and no cloud work is under way on
+CALLS_AT_ONCE = 16  # the checks after a restart and the last stops: hundreds of calls, a few at a time
+
+
+async def at_most(n: int, calls: list) -> None:
+    """Awaits every call, `n` at a time; the first failure fails the test."""
+    gate = asyncio.Semaphore(n)
+
+    async def one(call):
+        async with gate:
+            await call
+
+    await asyncio.gather(*(one(call) for call in calls))
 
 
 def read_store(data_dir) -> tuple[dict, dict]:
@@ -98,11 +110,13 @@ async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_pat
             await service.start()
             async with cluster_channel(data_dir, None, address, CLUSTER) as ch:
                 stub = c_grpc.ClusterServiceStub(ch)
-                for rid, sid in acked.items():  # everything acknowledged before is still there
+                async def still_there(rid: str, sid: str) -> None:  # everything acknowledged before
                     got = (await stub.Get(c_pb.GetRequest(request_id=rid, user_id=users[rid]), timeout=5)).session
                     assert got.id == sid
                     if rid in stopped:
                         assert got.state in STOPPED_PB
+
+                await at_most(CALLS_AT_ONCE, [still_there(rid, sid) for rid, sid in acked.items()])
                 stop = asyncio.Event()
                 workers = [asyncio.create_task(worker(stub, k, stop)) for k in range(4)]
                 await asyncio.sleep(rng.uniform(0.2, 1.5))
@@ -118,9 +132,8 @@ async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_pat
         await service.start()
         async with cluster_channel(data_dir, None, address, CLUSTER) as ch:
             stub = c_grpc.ClusterServiceStub(ch)
-            for rid, sid in acked.items():
-                if rid not in stopped:
-                    await stub.Stop(c_pb.StopRequest(session_id=sid, reason="test over"), timeout=5)
+            await at_most(CALLS_AT_ONCE, [stub.Stop(c_pb.StopRequest(session_id=sid, reason="test over"), timeout=5)
+                                          for rid, sid in acked.items() if rid not in stopped])
         deadline = time.monotonic() + 90
         while True:
             before = sim_cloud_vms(data_dir, CLUSTER)
