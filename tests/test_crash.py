@@ -35,15 +35,16 @@ AT_REST = ("warm", "standby", "deleted")  # a VM no session holds and no cloud w
 CALLS_AT_ONCE = 16  # the checks after a restart and the last stops: hundreds of calls, a few at a time
 
 
-async def at_most(n: int, calls: list) -> None:
-    """Awaits every call, `n` at a time; the first failure fails the test."""
+async def at_most(n: int, coroutines: list) -> None:
+    """Awaits every coroutine, `n` at a time (each starts its call when awaited); the first
+    failure fails the test."""
     gate = asyncio.Semaphore(n)
 
-    async def one(call):
+    async def one(coroutine):
         async with gate:
-            await call
+            await coroutine
 
-    await asyncio.gather(*(one(call) for call in calls))
+    await asyncio.gather(*(one(c) for c in coroutines))
 
 
 def read_store(data_dir) -> tuple[dict, dict]:
@@ -132,8 +133,11 @@ async def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(tmp_pat
         await service.start()
         async with cluster_channel(data_dir, None, address, CLUSTER) as ch:
             stub = c_grpc.ClusterServiceStub(ch)
-            await at_most(CALLS_AT_ONCE, [stub.Stop(c_pb.StopRequest(session_id=sid, reason="test over"), timeout=5)
-                                          for rid, sid in acked.items() if rid not in stopped])
+
+            async def stop_it(sid: str) -> None:  # a coroutine: the call starts once at_most lets it
+                await stub.Stop(c_pb.StopRequest(session_id=sid, reason="test over"), timeout=5)
+
+            await at_most(CALLS_AT_ONCE, [stop_it(sid) for rid, sid in acked.items() if rid not in stopped])
         deadline = time.monotonic() + 90
         while True:
             before = sim_cloud_vms(data_dir, CLUSTER)
