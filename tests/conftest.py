@@ -38,10 +38,10 @@ TIME_SCALE = 300.0
 # files (`--dist loadfile --no-loadscope-reorder`), in the order the collection has them, and the
 # suite ends when the slower worker does. Started first, a long file runs beside many short ones;
 # started last (xdist's own order puts one-test files last), it would run alone for minutes.
-LONGEST_FIRST = ("test_crash.py", "test_placement_protocol_long.py", "test_audit.py", "test_sim_quotas.py",
-                 "test_failover.py", "test_floods_bench.py", "test_simulate.py", "test_client.py",
-                 "test_quota_fronts.py", "test_serving_bench.py", "test_database_blip.py", "test_replicas.py",
-                 "test_security.py", "test_placement_protocol.py")
+LONGEST_FIRST = ("test_crash.py", "test_placement_protocol.py", "test_simulate.py", "test_placement_protocol_long.py",
+                 "test_floods_bench.py", "test_client.py", "test_failover.py", "test_database_blip.py",
+                 "test_quota_fronts.py", "test_fuzz_api.py", "test_replicas.py", "test_sim_quotas.py",
+                 "test_processes.py", "test_serving_bench.py", "test_exactly_once.py", "test_e2e_lifecycle.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
