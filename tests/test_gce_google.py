@@ -40,12 +40,16 @@ async def test_a_pool_chooses_its_disk_type(tmp_path, fake, loopback_only):
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
                               "agent_package": "preinstalled"}
         cluster["pools"][0]["boot_disk_type"] = "pd-ssd"
-        del cluster["pools"][0]["disk_hourly_price_usd"]
+        for pool in cluster["pools"]:
+            del pool["disk_hourly_price_usd"]
 
     from provisioner.cloud.gce import GceBackend
     cluster = fleet_config(tmp_path, edit).cluster(CLUSTER)
-    pool = cluster.pools[0]
+    pool, other = cluster.pools[0], cluster.pools[1]
     assert pool.name == "gpu-p100" and pool.disk_hourly_price_usd == round(0.17 * 250 / 730, 4)
+    # A pool that names no disk type gets pd-balanced, priced as pd-balanced (list price per GB-month).
+    assert other.boot_disk_type == "pd-balanced"
+    assert other.disk_hourly_price_usd == round(0.10 * other.disk_cache_gb / 730, 4)
     b = GceBackend(cluster, RealClock(TIME_SCALE))
     assert isinstance(await b.create(spec("vm-ssd")), CloudVm)
     assert fake.instances[(PROJECT, "vm-ssd")].body["disks"][0]["initializeParams"]["diskType"].endswith("/pd-ssd")
