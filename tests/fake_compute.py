@@ -389,9 +389,11 @@ class FakeCompute:
         inst.body["metadata"] = {"items": body.get("items", []), "fingerprint": f"fp-{next(self._ids)}"}
         self.metadata_changed.notify_all()
         if "provisioner-command" in items and self.agents == "emulated":
-            cmd = json.loads(items["provisioner-command"])
-            cmd["_at"] = time.time()
-            inst.guest["_pending"] = json.dumps(cmd)
+            cmd, pending = json.loads(items["provisioner-command"]), json.loads(inst.guest.get("_pending", "{}"))
+            if cmd.get("ask") and pending.get("id") == cmd["id"]:  # asked while at work: says so, runs on
+                inst.guest[f"asked-{cmd['id']}"] = str(cmd["ask"])
+            else:
+                inst.guest["_pending"] = json.dumps({**cmd, "_at": time.time()})
         return 200, self._op_view(self._operation(project, zone, "setMetadata", name))
 
     def _guest(self, project, zone, name, query, body):

@@ -197,6 +197,22 @@ async def test_a_lost_answer_is_asked_for_again_instead_of_hanging_the_command(t
     await b.close()
 
 
+async def test_a_command_still_at_work_is_not_taken_for_a_lost_answer(tmp_path, fake, loopback_only):
+    # A wipe (or a layer being unpacked) reports nothing for longer than the silence; asked again,
+    # the agent says `asked-<id>`, and the command goes on to its end instead of failing.
+    b = backend(tmp_path, fake, command_timeout_s=3600.0, command_silence_s=60.0)
+    assert isinstance(await b.create(spec("vm-w")), CloudVm)
+    assert isinstance(await b.wait_ready("vm-w", "us-central1-f"), CloudVm)
+    fake.command_s = 4.0  # 1,200 model seconds: many silences long
+    started = b.clock.now()
+    assert await b.wipe("vm-w", "us-central1-f") is None
+    assert b.clock.now() - started >= 1200
+    asks = [json.loads(next(i["value"] for i in c.body["items"] if i["key"] == "provisioner-command")).get("ask", 0)
+            for c in fake.calls("setMetadata") if c.instance == "vm-w"]
+    assert max(asks) > 2  # asked more often than an agent that never answers may be
+    await b.close()
+
+
 async def running(proc, stub, request_id: str, kind=None) -> str:
     from provisioner.v1 import cluster_service_pb2 as c_pb
     from provisioner.v1 import types_pb2 as pb
