@@ -22,8 +22,8 @@
   same command asked again (`ask`) is answered again, or, still at work, says `asked-<id>`.
   Instances carry `enable-guest-attributes: TRUE` (the project's metadata may set it too).
 - an answer dropped on the way (Compute may drop guest attributes written beyond about 10 a
-  minute) cannot hang a command: after `command_silence_s` without news (progress, or
-  `asked-<id>`) the command is asked again, and after ASKS askings it fails.
+  minute) cannot hang a command: after `command_silence_s` without news the command is asked
+  again, and after ASKS askings left unanswered (`asked-<id>` answers one) it fails.
 - guest attributes are read within Google's documented rate (about 10 reads a minute per VM):
   one query for the whole `provisioner/` namespace, never two for a VM within
   GUEST_READ_INTERVAL_S, and further apart while nothing changes (up to GUEST_IDLE_MAX_S).
@@ -275,8 +275,8 @@ class GceBackend:
     async def _answer(self, vm_id: str, zone: str, command: dict, on_progress: ProgressCallback | None,
                       ) -> CloudFailure | str:
         """Hands the agent a command through metadata and follows its guest attributes; on success,
-        the agent's answer (`ok`, or `ok <detail>`). An agent silent (no progress, no `asked-<id>`)
-        for `command_silence_s` is asked again, its answer maybe dropped; given up after ASKS."""
+        the agent's answer (`ok`, or `ok <detail>`). An agent silent for `command_silence_s` is
+        asked again (its answer may have been dropped); given up after ASKS askings unanswered."""
         cid = uuid.uuid4().hex[:12]
         command = {"id": cid, **command}
         deadline = self.clock.now() + self.config.command_timeout_s
@@ -296,8 +296,7 @@ class GceBackend:
                     progress = max(progress, command.get("bytes", 0))
                 if on_progress is not None and progress != reported:
                     on_progress(progress)
-                changed = progress != reported or guest.get(f"asked-{cid}") != acked  # still at work
-                reported, acked = progress, guest.get(f"asked-{cid}")
+                changed, reported, acked = progress != reported, progress, guest.get(f"asked-{cid}")
                 if done is not None:
                     return done if done.split(" ")[0] == "ok" else CloudFailure("internal", f"agent: {done}", zone)
             if changed:
