@@ -213,6 +213,26 @@ async def test_a_command_still_at_work_is_not_taken_for_a_lost_answer(tmp_path, 
     await b.close()
 
 
+async def test_a_running_vm_whose_agent_reports_preemption_or_maintenance_is_taken(tmp_path, fake, loopback_only):
+    # The agent's word comes before the instance's status: a VM still RUNNING that reports
+    # `preempted` or `maintenance` is reported with that cause.
+    b = backend(tmp_path, fake)
+    assert isinstance(await b.create(spec("vm-p")), CloudVm)
+    assert isinstance(await b.wait_ready("vm-p", "us-central1-f"), CloudVm)
+    guest = fake.instances[(PROJECT, "vm-p")].guest
+    guest["maintenance"] = "MIGRATE_ON_HOST_MAINTENANCE"
+    await b.clock.sleep(60)  # past the health read's reuse of a recent read
+    report = await b.health("vm-p", "us-central1-f")
+    assert (report.healthy, report.cause, report.detail) == (False, "maintenance",
+                                                             "host maintenance (MIGRATE_ON_HOST_MAINTENANCE)")
+    guest["preempted"] = "TRUE"
+    await b.clock.sleep(60)
+    report = await b.health("vm-p", "us-central1-f")
+    assert fake.status(PROJECT, "vm-p") == "RUNNING"
+    assert (report.healthy, report.cause, report.detail) == (False, "preempted", "preempted (spot)")
+    await b.close()
+
+
 async def running(proc, stub, request_id: str, kind=None) -> str:
     from provisioner.v1 import cluster_service_pb2 as c_pb
     from provisioner.v1 import types_pb2 as pb
