@@ -25,7 +25,7 @@ from provisioner.decide.queue import Queue
 from provisioner.decide.sizing import Sizing
 from provisioner.model.errors import FailedPrecondition, NotFound, ProvisionerError, UserBlocked, quote
 from provisioner.model.images import ImageCatalog
-from provisioner.model.records import Notice, Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.model.records import Notice, Session, SessionKind, SessionSpec, StartKind, Vm, session_copy
 from provisioner.model.states import SessionState
 from provisioner.rules.validation import priority_class, validate_spec
 
@@ -157,6 +157,7 @@ class Sessions:
         if not s.terminal:
             raise FailedPrecondition(f"session {session_id} is {s.state}; only ended sessions can be forgotten")
         del self.sessions[session_id]
+        self._changes.forgot(session_id)
         if self.by_request.get(s.spec.key) == session_id:
             del self.by_request[s.spec.key]
 
@@ -251,11 +252,14 @@ class Sessions:
         if self._forget_due and self._forget_due[0][0] <= now:
             self._forget_ended(now)
 
-    def restore(self, sessions: Iterable[Session], each: Callable[[Session], None]) -> None:
+    def restore(self, sessions: Iterable[Session], each: Callable[[Session], None]) -> list[Session]:
         """Takes the sessions as the store kept them: a queued one back in its queue, an ended one
-        kept in memory for what is left of its retention; `each` tells the other parts of each."""
+        kept in memory for what is left of its retention; `each` tells the other parts of each.
+        Returns the records made of them."""
+        restored = []
         for s in sessions:
-            self.sessions[s.id] = s
+            s = self.sessions[s.id] = session_copy(s)  # the core's own: the event's value stays as it was
+            restored.append(s)
             if s.priority_class not in self._priority.classes:  # an older record, or a class since removed
                 s.priority_class = self._priority.class_of(s.spec.kind.value)
             self.by_request[s.spec.key] = s.id
@@ -265,6 +269,7 @@ class Sessions:
                 self._queue.restore(s)
             each(s)
         self._queue.renumber_all()
+        return restored
 
     def _retain(self, s: Session, ended_at: float) -> None:
         """An ended session stays in memory for sessions.retention_s (0: for ever), then only in

@@ -22,7 +22,7 @@ from provisioner.decide.reconcile import Plan
 from provisioner.decide.sizing import Sizing
 from provisioner.model.errors import FailedPrecondition, NotFound, quote
 from provisioner.model.images import ImageCatalog, LayerCache
-from provisioner.model.records import Session, StartKind, Vm
+from provisioner.model.records import Session, StartKind, Vm, vm_copy
 from provisioner.model.states import SessionState, VmState
 
 if TYPE_CHECKING:
@@ -55,7 +55,10 @@ class Vms:
         if vm.state is not None:
             self._sizing.count_out(vm)
         vm.to(state, reason, now)
-        self._changes.vm(vm)
+        if state is V.DELETED:
+            self._changes.deleted(vm)
+        else:
+            self._changes.vm(vm)
         if state in _GONE:
             self._in_flight.settle_vm(vm.id)
         if state is V.DELETED:
@@ -70,7 +73,7 @@ class Vms:
         for vm in vms:
             if vm.pool not in self._sizing.pools:
                 continue
-            self.vms[vm.id] = vm
+            vm = self.vms[vm.id] = vm_copy(vm)  # the core's own: the event's value stays as it was
             self._sizing.count_in(vm)
             restored.append(vm)
         return restored

@@ -191,7 +191,7 @@ class LayerCache:
     lowest layer id, so the same operations always leave the same cache.
     """
 
-    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used", "_images", "_held")
+    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used", "_images", "_held", "_frozen")
 
     def __init__(self, capacity_bytes: int):
         if capacity_bytes < 0:
@@ -205,6 +205,7 @@ class LayerCache:
         # (catalog, version -> wholly on disk), the answers given since the set of layers last
         # changed: every idle VM is asked about each of its pool's top images whenever they move.
         self._held: tuple[ImageCatalog, dict[str, bool]] | None = None
+        self._frozen: FrozenLayerCache | None = None  # a copy as it is now, until it changes
 
     @property
     def layer_ids(self) -> KeysView[str]:
@@ -260,6 +261,7 @@ class LayerCache:
         cache fits, layers in `spare` only when no others are left. Returns the evicted layer ids,
         in eviction order."""
         added = set(keep)
+        self._frozen = None
         for layer in layers:
             if layer.id not in self._size:
                 self._size[layer.id] = layer.size_bytes
@@ -282,15 +284,31 @@ class LayerCache:
     def touch(self, version: str, catalog: ImageCatalog, now: float) -> None:
         """Marks the version's cached layers as used (a session started on it)."""
         used_at = self._used_at
+        self._frozen = None
         for lid in catalog.layer_ids(version):
             if lid in used_at:
                 used_at[lid] = now
 
     def clear(self) -> None:
+        self._frozen = None
         self._size.clear()
         self._used_at.clear()
         self._used = 0
         self._images = self._held = None
+
+    def copy(self, kind: type[LayerCache] | None = None) -> LayerCache:
+        """A copy, of this class or `kind` (the answers remembered are not copied)."""
+        c = object.__new__(kind or LayerCache)
+        c.capacity_bytes, c._size, c._used_at, c._used = self.capacity_bytes, dict(self._size), dict(self._used_at), \
+            self._used
+        c._images, c._held, c._frozen = self._images, None, None
+        return c
+
+    def frozen(self) -> FrozenLayerCache:
+        """The cache as it is now, a copy that cannot change; made again only after a change."""
+        if self._frozen is None:
+            self._frozen = self.copy(FrozenLayerCache)
+        return self._frozen
 
     def to_dict(self) -> dict:
         return {"capacity_bytes": self.capacity_bytes,
@@ -304,3 +322,22 @@ class LayerCache:
             cache._used_at[lid] = used_at
             cache._used += size
         return cache
+
+
+class FrozenLayerCache(LayerCache):
+    """A VM's cache as it was at one step: read like any cache, never changed (what a frozen VM
+    record holds, decide/changes.py)."""
+
+    __slots__ = ()
+
+    def frozen(self) -> FrozenLayerCache:
+        return self
+
+    def add_layers(self, *args, **kwargs) -> list[str]:
+        raise TypeError("a frozen layer cache cannot change")
+
+    def touch(self, *args, **kwargs) -> None:
+        raise TypeError("a frozen layer cache cannot change")
+
+    def clear(self) -> None:
+        raise TypeError("a frozen layer cache cannot change")
