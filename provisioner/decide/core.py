@@ -80,15 +80,15 @@ class ClusterCore:
         self.pools: Mapping[str, PoolState] = MappingProxyType(self._sizing.pools)
         # The other parts read the records themselves (read only) and ask their owners to act.
         records, machines, pools = self._sessions.sessions, self._vms.vms, self._sizing.pools
-        stop, changed = self._sessions.stop, self._changes.session
+        stop, note = self._sessions.stop, self._sessions.note
         self.culling = Culling(records, stop)
-        self.prewarming = Prewarming(self.name, pools, current, self._vms.prewarm)
+        self.prewarming = Prewarming(self.name, pools, current, self._vms.prewarm, self._sizing.demanded)
         self.holdings = Holdings(pools, records, self.priority)
         self.preemption = Preemption(records, pools, self.priority, self.holdings, self.holdings.at_ceiling,
-                                     changed, stop, self._sessions.requeue)
-        self.budgets = Budgets(records, sessions.budget_warnings_s, changed, stop)
+                                     note, stop, self._sessions.requeue)
+        self.budgets = Budgets(records, sessions.budget_warnings_s, note, stop)
         # Judges running sessions' usage by the fleet's abuse thresholds (provisioner/rules/abuse.py).
-        self.abuse_watch = AbuseWatch(abuse or AbuseConfig(), records, machines, changed, stop)
+        self.abuse_watch = AbuseWatch(abuse or AbuseConfig(), records, machines, note, stop)
         self._sizing.connect(self._vms, self.prewarming, self.holdings.queued_demand, self._sessions.dispatch)
         self._vms.connect(self._sessions, self._notebooks, self.prewarming)
         self._sessions.connect(self._vms, self._notebooks, self.holdings, self.preemption, self.culling,

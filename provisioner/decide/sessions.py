@@ -17,7 +17,7 @@ from provisioner.config.policy import PriorityConfig
 from provisioner.decide.assignment import choose_standby, choose_vm
 from provisioner.decide.changes import Changes
 from provisioner.decide.culling import Culling, minutes
-from provisioner.decide.holdings import Holdings
+from provisioner.decide.holdings import HOLDING, Holdings
 from provisioner.decide.ids import IdSource
 from provisioner.decide.pools import PoolState
 from provisioner.decide.preemption import PREEMPTION
@@ -41,6 +41,8 @@ S = SessionState
 PLACEMENT_ATTEMPTS = 3
 # A requeued session with less max runtime left than this is not worth a VM's assignment.
 MIN_REQUEUED_RUNTIME_S = 60.0
+# The fields of a session other parts mark (Sessions.note): budgets, preemption, abuse watch.
+_MARKS = frozenset({"budget_ends_at", "preempt_at", "preempted_for", "abuse"})
 
 
 def find(sessions: Mapping[str, Session], session_id: str, user_id: str = "") -> Session:
@@ -199,6 +201,10 @@ class Sessions:
 
     def _set_state(self, s: Session, state: SessionState, reason: str, now: float) -> None:
         self._holdings.change(s, state)
+        if s.preempt_at and state not in HOLDING:
+            # Preempted, it stops (for this or any other reason) or fails before its grace period
+            # ends: it is preempted no more; its heap entry finds nothing to do.
+            s.preempt_at = 0.0
         s.to(state, reason, now)
         self._changes.session(s)
         if state is not S.RUNNING:
@@ -236,12 +242,16 @@ class Sessions:
         elif not s.terminal:
             self.end(s, S.FAILED, reason, now)
 
-    def taken(self, s: Session, reason: str, preempted: bool, now: float) -> None:
-        """The cloud took the session's VM (a Spot preemption, host maintenance): the session ends
-        with that reason, and a preempted batch run starts over on another VM."""
-        self.end(s, S.FAILED, reason, now)
-        if preempted and s.spec.kind is SessionKind.BATCH:
-            self.requeue(s, now)
+    def note(self, s: Session, notice: Notice | None = None, **marks) -> None:
+        """What another part marks on a session: a notice for its watchers, and its budget's end,
+        its preemption or its abuse decision record (only those)."""
+        for name, value in marks.items():
+            if name not in _MARKS:
+                raise TypeError(f"{name} is not a mark another part may set on a session")
+            setattr(s, name, value)
+        if notice is not None:
+            s.notices.append(notice)
+        self._changes.session(s)
 
     def tick(self, now: float) -> None:
         """Fails sessions queued too long, and forgets those ended long enough ago."""
