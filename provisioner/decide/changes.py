@@ -54,6 +54,8 @@ class Changes:
     def step(self, commands: list[Command], reply: object) -> Step:
         """The step of the events handled since the last one, with what they changed as values;
         the reads then see those values, and what changed is forgotten."""
+        if not (self._sessions or self._vms or self._moved or self._forgotten):  # most ticks change nothing
+            return Step(commands, [], [], reply if reply is None else self._value_of(reply), [])
         sessions = self._publish_sessions() if self._sessions else []
         vms = self._publish_vms() if self._vms else []
         moved = []
@@ -64,11 +66,15 @@ class Changes:
                     value = published[sid] = frozen_session(s)
                     moved.append(value)
             self._moved = {}
-        for sid in self._forgotten:
-            self.sessions.pop(sid, None)
-        self._forgotten.clear()
-        self._sessions, self._vms = {}, {}
-        return Step(commands, sessions, vms, self._value_of(reply), moved)
+        if self._forgotten:
+            for sid in self._forgotten:
+                self.sessions.pop(sid, None)
+            self._forgotten.clear()
+        if self._sessions:
+            self._sessions = {}
+        if self._vms:
+            self._vms = {}
+        return Step(commands, sessions, vms, reply if reply is None else self._value_of(reply), moved)
 
     def _publish_sessions(self) -> list[FrozenSession]:
         values, published = [], self.sessions
