@@ -244,8 +244,10 @@ class ClusterCore:
         return self._sizing.snapshot(pool)
 
     def assignable(self, pool: PoolState) -> list[Vm]:
-        """Assignable VMs: warm and healthy, even while a prewarm pull runs (a session beats it)."""
-        return list(pool.ready.values())
+        """Assignable VMs, as values: warm and healthy, even while a prewarm pull runs (a session
+        beats it)."""
+        vms = self._changes.vms
+        return [vms[vm_id] for vm_id in pool.ready]
 
     def cold_start_s(self) -> float:
         return self._sizing.cold_start_s(self.catalog.latest)
