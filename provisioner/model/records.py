@@ -8,6 +8,8 @@ FrozenVm, read like a record, equal to a record with the same fields, and unchan
 from __future__ import annotations
 
 from collections import namedtuple
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
@@ -230,17 +232,40 @@ class Vm:
 _VM_FIELDS = tuple(f.name for f in fields(Vm))
 
 
-class FrozenList(list):
-    """A list that refuses changes: a frozen record's history and notices (a list still, so it
-    compares equal to the record's own)."""
+class Prefix(Sequence):
+    """The first `n` entries of a list only ever appended to: a frozen record's history and
+    notices, made without copying them (a VM's history grows with every session it serves). It
+    has no way to change them, and compares equal to a list or tuple of the same entries."""
 
-    __slots__ = ()
+    __slots__ = ("_items", "_n")
 
-    def _refuse(self, *args, **kwargs):
-        raise TypeError("a frozen record's list cannot change")
+    def __init__(self, items: list, n: int):
+        self._items, self._n = items, n
 
-    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self._items[:self._n][i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("index out of range")
+        return self._items[i]
+
+    def __iter__(self) -> Iterator:
+        return islice(self._items, self._n)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, (list, tuple, Prefix)):
+            return NotImplemented
+        return len(other) == self._n and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 def _same_fields(names: tuple[str, ...], record: type):
@@ -283,7 +308,7 @@ class FrozenVm(namedtuple("VmFields", _VM_FIELDS)):
 
 
 def _generated(name: str, source: str):
-    scope = {"new": tuple.__new__, "make": object.__new__, "put": object.__setattr__, "FrozenList": FrozenList,
+    scope = {"new": tuple.__new__, "make": object.__new__, "put": object.__setattr__, "Prefix": Prefix, "len": len,
              "FrozenSession": FrozenSession, "FrozenVm": FrozenVm, "Session": Session, "Vm": Vm}
     exec(source, scope)  # noqa: S102 - source built below from the dataclasses' own field names
     return scope[name]
@@ -304,9 +329,9 @@ def _copier(name: str, into: str, names: tuple[str, ...], converted: dict[str, s
 
 # What leaves the core: frozen values, their lists and cache frozen too.
 frozen_session = _freezer("frozen_session", "FrozenSession", _SESSION_FIELDS,
-                          {"history": "FrozenList({})", "notices": "FrozenList({})"})
-frozen_vm = _freezer("frozen_vm", "FrozenVm", _VM_FIELDS, {"history": "FrozenList({})", "cache": "{}.frozen()"})
+                          {"history": "Prefix({0}, len({0}))", "notices": "Prefix({0}, len({0}))"})
+frozen_vm = _freezer("frozen_vm", "FrozenVm", _VM_FIELDS, {"history": "Prefix({0}, len({0}))", "cache": "{0}.frozen()"})
 # What the core takes in (restored from the store, or another core's values): records of its own.
 session_copy = _copier("session_copy", "Session", _SESSION_FIELDS,
-                       {"history": "list({})", "notices": "list({})", "trace_context": "dict({})"})
-vm_copy = _copier("vm_copy", "Vm", _VM_FIELDS, {"history": "list({})", "cache": "{}.copy()"})
+                       {"history": "list({0})", "notices": "list({0})", "trace_context": "dict({0})"})
+vm_copy = _copier("vm_copy", "Vm", _VM_FIELDS, {"history": "list({0})", "cache": "{0}.copy()"})
