@@ -232,10 +232,25 @@ class Vm:
 _VM_FIELDS = tuple(f.name for f in fields(Vm))
 
 
+class FrozenList(list):
+    """A copy of a short list that refuses changes (a list still, so it compares equal to one)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a frozen record's list cannot change")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+
+NO_NOTICES = FrozenList()
+
+
 class Prefix(Sequence):
-    """The first `n` entries of a list only ever appended to: a frozen record's history and
-    notices, made without copying them (a VM's history grows with every session it serves). It
-    has no way to change them, and compares equal to a list or tuple of the same entries."""
+    """The first `n` entries of a list only ever appended to: a frozen VM's history, made without
+    copying it (it grows with every session the VM serves). It has no way to change them, and
+    compares equal to a list or tuple of the same entries."""
 
     __slots__ = ("_items", "_n")
 
@@ -309,6 +324,7 @@ class FrozenVm(namedtuple("VmFields", _VM_FIELDS)):
 
 def _generated(name: str, source: str):
     scope = {"new": tuple.__new__, "make": object.__new__, "put": object.__setattr__, "Prefix": Prefix, "len": len,
+             "FrozenList": FrozenList, "NO_NOTICES": NO_NOTICES,
              "FrozenSession": FrozenSession, "FrozenVm": FrozenVm, "Session": Session, "Vm": Vm}
     exec(source, scope)  # noqa: S102 - source built below from the dataclasses' own field names
     return scope[name]
@@ -328,8 +344,8 @@ def _copier(name: str, into: str, names: tuple[str, ...], converted: dict[str, s
 
 
 # What leaves the core: frozen values, their lists and cache frozen too.
-frozen_session = _freezer("frozen_session", "FrozenSession", _SESSION_FIELDS,
-                          {"history": "Prefix({0}, len({0}))", "notices": "Prefix({0}, len({0}))"})
+frozen_session = _freezer("frozen_session", "FrozenSession", _SESSION_FIELDS,  # a session's lists are short
+                          {"history": "FrozenList({0})", "notices": "(FrozenList({0}) if {0} else NO_NOTICES)"})
 frozen_vm = _freezer("frozen_vm", "FrozenVm", _VM_FIELDS, {"history": "Prefix({0}, len({0}))", "cache": "{0}.frozen()"})
 # What the core takes in (restored from the store, or another core's values): records of its own.
 session_copy = _copier("session_copy", "Session", _SESSION_FIELDS,
