@@ -8,8 +8,6 @@ FrozenVm, read like a record, equal to a record with the same fields, and unchan
 from __future__ import annotations
 
 from collections import namedtuple
-from collections.abc import Iterator, Sequence
-from itertools import islice
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
@@ -233,7 +231,9 @@ _VM_FIELDS = tuple(f.name for f in fields(Vm))
 
 
 class FrozenList(list):
-    """A copy of a short list that refuses changes (a list still, so it compares equal to one)."""
+    """A copy of a list that refuses changes: a frozen record's history and notices (a list still,
+    so it compares equal to the record's own). Copied, not viewed: measured in instructions on a
+    replay, a list copy costs less than making a view in Python."""
 
     __slots__ = ()
 
@@ -245,42 +245,6 @@ class FrozenList(list):
 
 
 NO_NOTICES = FrozenList()
-
-
-class Prefix(Sequence):
-    """The first `n` entries of a list only ever appended to: a frozen VM's history, made without
-    copying it (it grows with every session the VM serves). It has no way to change them, and
-    compares equal to a list or tuple of the same entries."""
-
-    __slots__ = ("_items", "_n")
-
-    def __init__(self, items: list, n: int):
-        self._items, self._n = items, n
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return self._items[:self._n][i]
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError("index out of range")
-        return self._items[i]
-
-    def __iter__(self) -> Iterator:
-        return islice(self._items, self._n)
-
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, (list, tuple, Prefix)):
-            return NotImplemented
-        return len(other) == self._n and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return repr(list(self))
 
 
 def _same_fields(names: tuple[str, ...], record: type):
@@ -323,7 +287,7 @@ class FrozenVm(namedtuple("VmFields", _VM_FIELDS)):
 
 
 def _generated(name: str, source: str):
-    scope = {"new": tuple.__new__, "make": object.__new__, "put": object.__setattr__, "Prefix": Prefix, "len": len,
+    scope = {"new": tuple.__new__, "make": object.__new__, "put": object.__setattr__,
              "FrozenList": FrozenList, "NO_NOTICES": NO_NOTICES,
              "FrozenSession": FrozenSession, "FrozenVm": FrozenVm, "Session": Session, "Vm": Vm}
     exec(source, scope)  # noqa: S102 - source built below from the dataclasses' own field names
@@ -344,9 +308,9 @@ def _copier(name: str, into: str, names: tuple[str, ...], converted: dict[str, s
 
 
 # What leaves the core: frozen values, their lists and cache frozen too.
-frozen_session = _freezer("frozen_session", "FrozenSession", _SESSION_FIELDS,  # a session's lists are short
+frozen_session = _freezer("frozen_session", "FrozenSession", _SESSION_FIELDS,
                           {"history": "FrozenList({0})", "notices": "(FrozenList({0}) if {0} else NO_NOTICES)"})
-frozen_vm = _freezer("frozen_vm", "FrozenVm", _VM_FIELDS, {"history": "Prefix({0}, len({0}))", "cache": "{0}.frozen()"})
+frozen_vm = _freezer("frozen_vm", "FrozenVm", _VM_FIELDS, {"history": "FrozenList({0})", "cache": "{0}.frozen()"})
 # What the core takes in (restored from the store, or another core's values): records of its own.
 session_copy = _copier("session_copy", "Session", _SESSION_FIELDS,
                        {"history": "list({0})", "notices": "list({0})", "trace_context": "dict({0})"})
