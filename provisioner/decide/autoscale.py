@@ -104,12 +104,14 @@ class WindowMax:
         self._samples: deque[tuple[float, int]] = deque()  # decreasing values, increasing times
 
     def add(self, now: float, value: int) -> int:
-        while self._samples and self._samples[-1][1] <= value:
-            self._samples.pop()
-        self._samples.append((now, value))
-        while self._samples[0][0] < now - self.window_s:
-            self._samples.popleft()
-        return self._samples[0][1]
+        samples = self._samples  # asked twice per pool at every autoscale
+        while samples and samples[-1][1] <= value:
+            samples.pop()
+        samples.append((now, value))
+        since = now - self.window_s
+        while samples[0][0] < since:
+            samples.popleft()
+        return samples[0][1]
 
 
 def pick_deletions(warm: Sequence[Vm], n: int, cache_value: Callable[[Vm], float]) -> list[Vm]:
