@@ -41,6 +41,7 @@ from provisioner.model.states import VmState
 from provisioner.model.records import Session, Vm
 
 _NEVER = float("inf")
+_NO_TICK = (_NEVER, -1)
 
 
 class Engine:
@@ -53,10 +54,10 @@ class Engine:
                         for c in self.cores}
         self._heap: list = []
         self._seq = itertools.count()
-        # Each core's next tick, kept beside the heap (two heap operations a tick saved): a tick
-        # runs after all other work due at its time, and the cores' ticks in the cores' order.
-        self._tick_at = [now + c.config.tick_s if ticking else _NEVER for c in self.cores]
-        self._next_tick = self._earliest_tick()
+        # Each core's next tick, (time, core's index), in a heap of its own as small as the cores
+        # are few: a tick runs after all other work due at its time, the cores' in their order.
+        self._ticks = [(now + c.config.tick_s, i) for i, c in enumerate(self.cores)] if ticking else []
+        heapq.heapify(self._ticks)
         self.bytes_pulled = 0
         self.events = 0
         self.spot_preemptions = 0  # Spot VMs the simulated cloud took back
@@ -76,15 +77,10 @@ class Engine:
     def _answer(self, core: ClusterCore, event: Event) -> None:
         heapq.heappush(self._heap, (event.at, next(self._seq), self.deliver, (core, event)))
 
-    def _earliest_tick(self) -> tuple[float, int]:
-        at = self._tick_at
-        i = min(range(len(at)), key=at.__getitem__, default=-1)
-        return (at[i], i) if i >= 0 else (_NEVER, -1)
-
     def _step(self, end: float) -> bool:
         """Runs the next event or tick due by `end`; False when there is none."""
-        heap = self._heap
-        tick_t, i = self._next_tick
+        heap, ticks = self._heap, self._ticks
+        tick_t, i = ticks[0] if ticks else _NO_TICK
         top_t = heap[0][0] if heap else _NEVER
         if tick_t < top_t:  # work due at a tick's time runs before it
             if tick_t > end:
@@ -103,22 +99,21 @@ class Engine:
         core = self.cores[i]
         self.now = now
         self.events += 1
-        self._tick_at[i] = now + core.config.tick_s
-        self._next_tick = self._earliest_tick()
+        heapq.heapreplace(self._ticks, (now + core.config.tick_s, i))
         self.handle(core, Tick(now))
 
     def advance(self, seconds: float) -> None:
         self.run_to(self.now + seconds)
 
     def run_to(self, end: float) -> None:
-        heap, pop = self._heap, heapq.heappop
+        heap, pop, ticks = self._heap, heapq.heappop, self._ticks
         while True:  # _step, inline: this loop runs every event of a replay
             top_t = heap[0][0] if heap else _NEVER
-            tick_t = self._next_tick[0]
+            tick_t, i = ticks[0] if ticks else _NO_TICK
             if tick_t < top_t:
                 if tick_t > end:
                     break
-                self._tick(tick_t, self._next_tick[1])
+                self._tick(tick_t, i)
             else:
                 if top_t > end:
                     break
