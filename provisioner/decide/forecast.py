@@ -35,6 +35,7 @@ WEEKLY_WEIGHT = 0.5
 DISPERSION_WINDOW_S = 60.0
 DISPERSION_HALF_LIFE_S = 6 * HOUR_S
 DISPERSION_EMPTY_MAX = 2000
+_LN2 = math.log(2)
 
 
 class Rate:
@@ -58,7 +59,7 @@ class Rate:
 
     def per_s(self, now: float) -> float:
         self._decay(now)
-        return self._level * math.log(2) / self.half_life_s
+        return self._level * _LN2 / self.half_life_s
 
 
 class Dispersion:
