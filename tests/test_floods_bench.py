@@ -15,7 +15,9 @@ def test_a_short_run_measures_bob_beside_every_flood():
                           "--warm-vms", "10",
                           "--json"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = json.loads(out.stdout)
+    results = json.loads(out.stdout)
+    assert results["command"].startswith("python -m provisioner.perf.floods --seconds 1")
+    rows = results["rows"]
     assert [(r["fleet"], r["flood"]) for r in rows] == [(f, k) for f in FLEETS for k in ("quiet", *FLOODS)]
     assert all(r["creates"] >= 2 and r["p50_ms"] > 0 and r["fleet_cpu_s"] >= 0 and r["load"] >= 0 for r in rows)
     assert all(r["flood_calls"] > 0 for r in rows if r["flood"] != "quiet")

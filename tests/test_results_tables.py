@@ -87,13 +87,14 @@ def test_the_shipped_results_table_is_what_its_runs_give():
     assert tables.main([*map(str, runs), "--out", str(RESULTS / "simulate.md"), "--check"]) == 0
 
 
-# Every results table of docs/simulator.md and docs/performance.md: (page, marker, kind, the runs' folder).
+# Every results table of the docs made from committed runs: (page, marker, kind, the runs' folder).
 SHIPPED = [("simulator.md", "standby", "standby", "standby"),
            ("performance.md", "serving", "serving", "serving/every-trace.json"),
            ("performance.md", "serving-sampled", "serving", "serving/sampled.json"),
            ("performance.md", "queue", "queue", "queue"),
            ("performance.md", "commits", "commits", "commits"),
-           ("google-cloud.md", "spot", "spot", "spot")]
+           ("google-cloud.md", "spot", "spot", "spot"),
+           ("priority-and-preemption.md", "preemption", "preemption", "preemption")]
 
 
 @pytest.mark.parametrize("page, marker, kind, runs", SHIPPED)
@@ -149,3 +150,18 @@ def test_a_benchmark_records_the_command_that_ran_it(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["command"] == "python -m provisioner.perf.queue --creates 30 --users 3"
     assert r["expired"]["sessions"] == 14 and r["stops"][-1]["records_per_stop"] == 1.0
+
+
+def test_the_floods_table_marks_the_rows_that_miss_a_target():
+    def row(flood, p50, vs_quiet, max_ms):
+        return {"fleet": "split", "flood": flood, "creates": 40, "p50_ms": p50, "p50_vs_quiet": vs_quiet,
+                "max_ms": max_ms, "flood_calls": 300, "fleet_cpu_s": 2.5, "flood_cpu_s": 1.4, "load": 0.8}
+
+    run = {"command": "python -m provisioner.perf.floods", "seconds": 20.0,
+           "rows": [row("quiet", 15.0, 1.0, 22.0), row("list", 29.0, 1.93, 249.0), row("idle", 16.0, 1.07, 262.0),
+                    row("quota", 31.0, 2.07, 40.0)]}
+    columns, rows = bench_tables.floods_rows([run])
+    assert columns[-2:] == ("targets", "command")
+    assert [(r[1], r[-2]) for r in rows] == [("quiet", "met"), ("list", "met"), ("idle", "**missed**"),
+                                             ("quota", "**missed**")]
+    assert rows[2][3:6] == ["16.0 ms", "1.07x", "262.0 ms"] and rows[0][-1] == "`python -m provisioner.perf.floods --json`"

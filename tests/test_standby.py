@@ -54,7 +54,7 @@ def test_a_start_that_stocks_out_falls_back_to_a_standby_vm_in_another_zone():
     assert s.state is S.PROVISIONING and s.vm_id == b.id and b.state is V.STARTING
     d.run_until(lambda: s.state is S.RUNNING, 900)  # b pulls all of v101 (about 10 minutes)
     assert len(d.commands(Launch)) == launches  # no new VM was needed
-    assert d.core._failed_tries.get(s.id) is None  # a stockout does not count against the session
+    assert d.core.failed_tries().get(s.id) is None  # a stockout does not count against the session
 
 
 def test_a_start_that_stocks_out_with_no_other_standby_vm_falls_back_to_a_new_vm_in_another_zone():
@@ -77,7 +77,7 @@ def test_a_start_that_fails_otherwise_deletes_the_vm_and_counts_against_the_sess
     d.raising = {Start}
     s = d.allocate(image="gpu:v160")
     d.advance(d.create_s)
-    assert vm.state is V.DELETING and d.core._failed_tries[s.id] == 1
+    assert vm.state is V.DELETING and d.core.failed_tries()[s.id] == 1
     assert s.state is S.PROVISIONING and d.core.vms[s.vm_id].state is V.CREATING
 
 

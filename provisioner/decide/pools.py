@@ -1,7 +1,7 @@
-"""The cluster core's pools: counts kept as VMs change, and autoscaling (which images idle VMs hold is
-decide/prewarming.py's).
-
-Part of ClusterCore (provisioner/decide/core.py), split out by concern; pure like the rest.
+"""The cluster core's pools: each pool's record (PoolState, with counts and indexes kept as VMs
+change), the estimates made from the pools' settings, the zones stocked out and the project's GPU
+quota held. Scaling them is decide/scaling.py's; which images idle VMs hold, decide/prewarming.py's.
+Pure.
 """
 
 from __future__ import annotations
@@ -10,30 +10,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from provisioner.config import PoolConfig
-from provisioner.decide.autoscale import (
-    PREDICTIVE_STABILIZATION_S,
-    SCALE_DOWN_IDLE_S,
-    STABILIZATION_S,
-    STANDBY_HOLD_S,
-    PoolSnapshot,
-    WindowMax,
-    desired_vms,
-    pick_deletions,
-    plan_scale,
-    standby_target,
-)
-from provisioner.decide.assignment import QueueOrder, choose_standby
-from provisioner.decide.deadlines import CREATE_ESTIMATE_S
+from provisioner.decide.autoscale import STABILIZATION_S, STANDBY_HOLD_S, WindowMax
+from provisioner.decide.assignment import QueueOrder
 from provisioner.decide.forecast import Forecast
 from provisioner.decide.prewarm_rules import Demand
 from provisioner.model.states import VM_ACTIVE, VmState
-from provisioner.model.errors import NotFound, quote
 from provisioner.model.records import Vm
 
 V = VmState
 # Read on every tick: an Enum's attribute lookup (V.WARM) goes through its metaclass's __getattr__.
-_WARM, _CREATING, _BOOTING, _STARTING, _ASSIGNED, _RECYCLING = (
-    V.WARM, V.CREATING, V.BOOTING, V.STARTING, V.ASSIGNED, V.RECYCLING)
 _STANDBY, _STOPPING_STANDBY = V.STANDBY, V.STOPPING_STANDBY
 
 # How often the image ranking is recomputed from the decaying demand.
@@ -65,7 +50,11 @@ def forecast_due(now: float, forecast_at: float, forecast_warm: int, ready: int)
 
 @dataclass
 class PoolState:
-    """One pool's VMs and queue, with counts and indexes kept as VMs change (read every tick)."""
+    """One pool's VMs and queue, with counts and indexes kept as VMs change (read every tick).
+
+    Each field has one writer: the queue and its order decide/queue.py (a user's queued sessions
+    move in the order as what the user holds changes: decide/holdings.py), the ranking of images
+    to hold decide/prewarming.py, the rest decide/sizing.py."""
 
     config: PoolConfig  # as the config file has it
     policy: PoolConfig  # as operators left it: the file's, with their overrides
@@ -118,113 +107,3 @@ class PoolState:
     def standby_total(self) -> int:
         count = self.count
         return count[_STANDBY] + count[_STOPPING_STANDBY]
-
-
-class Pools:
-    """ClusterCore's pool side: scaling, operators' pool actions, estimates."""
-
-    # ---- reads ---------------------------------------------------------------------------
-
-    def pool(self, name: str) -> PoolState:
-        if name not in self.pools:
-            raise NotFound(f"cluster {self.name} has no pool {quote(name)}", field="pool")
-        return self.pools[name]
-
-    def snapshot(self, pool: PoolState) -> PoolSnapshot:
-        c, p = pool.count, pool.policy
-        return PoolSnapshot(  # by position, in PoolSnapshot's order: made for every pool every tick
-            c[_WARM], c[_CREATING] + c[_BOOTING] + c[_STARTING], c[_ASSIGNED], c[_RECYCLING], len(pool.queue),
-            p.min_vms, p.max_vms, p.headroom_fraction, p.autoscaler, p.warm_vms, pool.forecast_warm, p.standby,
-            pool.standby_total, pool.forecast_cover, self._queued_demand(pool))
-
-    def assignable(self, pool: PoolState) -> list[Vm]:
-        """Assignable VMs: warm and healthy, even while a prewarm pull runs (a session beats it)."""
-        return list(pool.ready.values())
-
-    def cold_start_s(self) -> float:
-        return self._cold_start_s(self.catalog.latest)
-
-    def _bandwidth(self) -> float:
-        return self.config.sim.pull_bytes_per_s
-
-    def _start_estimate_s(self, pool: PoolState) -> float:
-        """A standby VM's start, its median (the core's estimate, like boot_s for a create)."""
-        sim = self.config.sim
-        return sim.pool_start_median_s.get(pool.config.name, sim.start_median_s)
-
-    def _cold_start_s(self, image: str) -> float:
-        return CREATE_ESTIMATE_S + self.config.sim.boot_s + self.catalog.size_bytes(image) / self._bandwidth()
-
-    # ---- scaling -------------------------------------------------------------------------
-
-    def _tick_pools(self, now: float) -> None:
-        for pool in self.pools.values():
-            if now - pool.ranking_at >= RANKING_REFRESH_S:
-                self.prewarming.refresh_ranking(pool, now)
-            if pool.queue:
-                self._dispatch_queue(pool, now)
-            if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
-                self._autoscale(pool, now)
-
-    def _autoscale(self, pool: PoolState, now: float) -> None:
-        pool.changed, pool.scaled_at = False, now
-        policy = pool.policy
-        due = forecast_due(now, pool.forecast_at, pool.forecast_warm, len(pool.ready))
-        if policy.autoscaler == "predictive" and due:
-            self._forecast(pool, now)
-        snap = self.snapshot(pool)
-        pool.peak.window_s = PREDICTIVE_STABILIZATION_S if policy.autoscaler == "predictive" else STABILIZATION_S
-        wanted = desired_vms(snap)
-        hold = pool.peak.add(now, wanted)
-        # An upper bound on the VMs idle long enough: the real list is made only to delete some.
-        plan = plan_scale(snap, hold, len(pool.ready))
-        launch = plan.launch
-        # Standby VMs first: running in under a minute, their disks holding the pool's images.
-        image = pool.ranking[0] if pool.ranking else self.catalog.latest
-        while launch > 0 and self._can_start(pool):
-            vm = choose_standby(image, pool.standby.values(), self.catalog,
-                                lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now)
-            if vm is None:
-                break
-            self._start(vm, now)
-            launch -= 1
-        for _ in range(launch):
-            if self._launch(pool, now, images=pool.ranking[:1]) is None:
-                break
-        keep = standby_target(snap, pool.day_peak.add(now, wanted)) if policy.standby else 0
-        if plan.delete:
-            # A prewarm under way does not save a surplus VM.
-            idle = [vm for vm in pool.ready.values() if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
-            stopping = pool.standby_total
-            for vm in pick_deletions(idle, plan.delete, lambda v: self.prewarming.held_of_ranking(pool, v)):
-                if stopping < keep:  # the most valuable surplus VMs are kept last: stop them
-                    self._to_standby(vm, "scale-down: surplus warm VM kept stopped", now)
-                    stopping += 1
-                else:
-                    self._delete(vm, "scale-down: surplus warm VM", now)
-        if (extra := len(pool.standby) - keep) > 0:
-            for vm in pick_deletions(list(pool.standby.values()), extra, lambda v: self.prewarming.held_of_ranking(pool, v)):
-                self._delete(vm, "standby beyond the pool's standby target", now)
-
-    def _forecast(self, pool: PoolState, now: float) -> None:
-        """The warm VMs that cover what arrives while a VM is made ready, and (with a standby
-        tier) the warm and standby VMs together that cover what arrives while a new one is."""
-        policy = pool.policy
-        cold_s = self._cold_start_s(pool.ranking[0] if pool.ranking else self.catalog.latest)
-        cover = pool.forecast.warm_needed(now, cold_s, policy.wait_probability)
-        if policy.standby:
-            # A started standby VM is ready after its start (its disk holds the pool's images);
-            # the start's tail is what the warm VMs must bridge.
-            warm = pool.forecast.warm_needed(now, self._start_estimate_s(pool) * STANDBY_START_COVER,
-                                             policy.wait_probability)
-            pool.forecast_warm = max(warm, cover - len(pool.standby))
-        else:
-            pool.forecast_warm = cover
-        pool.forecast_cover = cover
-        pool.forecast_at = now
-
-    def _set_policy(self, name: str, policy: PoolConfig) -> PoolConfig:
-        pool = self.pool(name)
-        pool.policy = policy
-        pool.changed = True
-        return policy

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from provisioner.decide.changes import Changes
-from provisioner.decide.commands import Command
 from provisioner.decide.pools import RANKING_ORDER_MATTERS, PoolState
 from provisioner.decide.prewarm_rules import RECENT_RELEASES, holdable, next_pull, rank_images
 from provisioner.model.errors import NotFound, quote
@@ -19,11 +17,10 @@ from provisioner.model.states import VmState as V
 
 class Prewarming:
     def __init__(self, cluster: str, pools: Mapping[str, PoolState], catalog: Callable[[], ImageCatalog],
-                 changes: Changes, pull: Callable[[float, Vm, str, tuple], Command]):
+                 pull: Callable[[Vm, str, tuple, float], None]):
         self._cluster = cluster
         self._pools = pools  # the core's
-        self._changes = changes
-        self._pull = pull  # issues a pull of an image's missing layers onto a VM
+        self._pull = pull  # pulls an image's missing layers onto an idle VM (decide/vms.py)
         self._catalog = catalog  # the core's current catalog
         self.catalog_changed()
         # vm id -> (ranking_gen, position in the ranking up to which the VM holds every image).
@@ -76,9 +73,7 @@ class Prewarming:
             return
         missing = tuple(vm.cache.missing(image, self._catalog()))
         if missing:
-            vm.pulling = image
-            self._changes.vm(vm)
-            self._pull(now, vm, image, missing)
+            self._pull(vm, image, missing, now)
 
     def request(self, name: str, image: str, count: int, now: float) -> list[str]:
         """An operator's prewarm: pulls `image` onto up to `count` idle warm VMs (those missing

@@ -1,26 +1,40 @@
-"""The cluster core's sessions: requests, placement, the queue, culling.
+"""The cluster core's sessions and their queue: requests, placement on a VM, the queue, the states
+a session goes through, and how long an ended one is kept in memory. Pure.
 
-Part of ClusterCore (provisioner/decide/core.py), split out by concern; pure like the rest.
+The only writer of the session records and of the pools' queues; the VMs are decide/vms.py's (asked
+to launch, start, assign, release), a session's notebook decide/notebooks.py's, and the VMs each
+user holds decide/holdings.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections import defaultdict
-from typing import Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
+from provisioner.config import SessionsConfig
+from provisioner.config.policy import PriorityConfig
 from provisioner.decide.assignment import choose_standby, choose_vm
-from provisioner.decide.autoscale import queued_demand
-from provisioner.decide.culling import minutes
+from provisioner.decide.changes import Changes
+from provisioner.decide.culling import Culling, minutes
+from provisioner.decide.holdings import Holdings
+from provisioner.decide.ids import IdSource
 from provisioner.decide.pools import PoolState
-from provisioner.model.states import SessionState, VmState
 from provisioner.decide.preemption import PREEMPTION
+from provisioner.decide.queue import Queue
+from provisioner.decide.sizing import Sizing
 from provisioner.model.errors import FailedPrecondition, NotFound, ProvisionerError, UserBlocked, quote
+from provisioner.model.images import ImageCatalog
 from provisioner.model.records import Notice, Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.model.states import SessionState
 from provisioner.rules.validation import priority_class, validate_spec
 
-S, V = SessionState, VmState
+if TYPE_CHECKING:
+    from provisioner.decide.notebooks import Notebooks
+    from provisioner.decide.preemption import Preemption
+    from provisioner.decide.vms import Vms
+
+S = SessionState
 # A session whose VM failed this many times before it ran (a create, boot or pull failed, or
 # never answered; a stockout does not count: the session waits for capacity) fails, with the last
 # failure as its reason, instead of trying for ever.
@@ -29,143 +43,133 @@ PLACEMENT_ATTEMPTS = 3
 MIN_REQUEUED_RUNTIME_S = 60.0
 
 
+def find(sessions: Mapping[str, Session], session_id: str, user_id: str = "") -> Session:
+    """The session; with `user_id`, only if it is that user's (another user's session is reported
+    as missing, not as forbidden, so its existence is not revealed)."""
+    s = sessions.get(session_id)
+    if s is not None and (not user_id or s.spec.user_id == user_id):
+        return s
+    raise NotFound(f"session {quote(session_id)} not found", field="session_id")
+
+
 class Sessions:
-    """ClusterCore's session side."""
+    """The cluster's sessions, by id and by request, and their pools' queues."""
 
-    # ---- reads ---------------------------------------------------------------------------
+    def __init__(self, name: str, config: SessionsConfig, catalog: Callable[[], ImageCatalog], ids: IdSource,
+                 priority: PriorityConfig, sizing: Sizing, changes: Changes):
+        self._name, self._config, self._catalog, self._ids = name, config, catalog, ids
+        self._priority = priority
+        self._ranks = {name: c.rank for name, c in priority.classes.items()}  # the queue's order
+        self._sizing, self._pools = sizing, sizing.pools  # the pools: read, and their queues written
+        self._changes = changes
+        self.sessions: dict[str, Session] = {}
+        self.by_request: dict[str, str] = {}  # request key (SessionSpec.key) -> session id
+        self.failed_tries: dict[str, int] = {}  # session id -> its VMs that failed before it ran
+        self.draining = False
+        self.blocked_users: frozenset[str] = frozenset()  # as the front last told (none requeued)
+        self._forget_due: list[tuple[float, str]] = []  # (time, session id) when an ended one leaves memory
 
-    def validate(self, spec: SessionSpec) -> str:
-        """Checks a request against this cluster; returns the resolved image version."""
-        return validate_spec(spec, self.pools, self.catalog, self.sessions_config.max_runtime_limit_s)
-
-    def get(self, session_id: str, user_id: str = "") -> Session:
-        """The session; with `user_id`, only if it is that user's (another user's session is
-        reported as missing, not as forbidden, so its existence is not revealed)."""
-        s = self.sessions.get(session_id)
-        if s is not None and (not user_id or s.spec.user_id == user_id):
-            return s
-        raise NotFound(f"session {quote(session_id)} not found", field="session_id")
-
-    def get_by_request(self, key: str) -> Session:
-        if sid := self.by_request.get(key):
-            return self.sessions[sid]
-        raise NotFound("no session for this request id", field="request_id")
+    def connect(self, vms: Vms, notebooks: Notebooks, holdings: Holdings, preemption: Preemption, culling: Culling,
+                left_running: Callable[[str], None]) -> None:
+        """The parts a session's life goes through: its VM (`vms`, read and asked to act), its
+        notebook, the VMs its user holds, preemptions for it, culling once it runs, and abuse
+        watching (`left_running`: told when it no longer runs)."""
+        self._vm_side, self._vms, self._notebooks = vms, vms.vms, notebooks
+        self._holdings, self._preemption, self._culling = holdings, preemption, culling
+        self._left_running = left_running
+        self._queue = Queue(self._pools, self.sessions, self._config.queue_timeout_s, self._ranks, holdings.of_pool,
+                            preemption.claimants, self._changes)
 
     # ---- requests ------------------------------------------------------------------------
 
-    def _allocate(self, spec: SessionSpec, now: float, trace_context: Mapping[str, str]) -> Session:
+    def allocate(self, spec: SessionSpec, now: float, trace_context: Mapping[str, str]) -> Session:
         """Creates the session (idempotent by request id) and places it at once if it can."""
         if existing := self.by_request.get(spec.key):
             return self.sessions[existing]
         if spec.user_id in self.blocked_users:  # as the front last told: one leaked certificate is not enough
             raise UserBlocked(f"user {quote(spec.user_id)} may not start GPU sessions: blocked; an operator can "
                               "lift the block", field="spec.user_id")
-        image = self.validate(spec)
-        klass = priority_class(spec, self.priority)
+        catalog, config = self._catalog(), self._config
+        image = validate_spec(spec, self._pools, catalog, config.max_runtime_limit_s)
+        klass = priority_class(spec, self._priority)
         if self.draining:
-            raise FailedPrecondition(f"cluster {self.name} is draining")
+            raise FailedPrecondition(f"cluster {self._name} is draining")
         if spec.max_runtime_s:
             max_runtime = spec.max_runtime_s
         elif spec.kind is SessionKind.BATCH:
-            max_runtime = self.sessions_config.batch_max_runtime_s
+            max_runtime = config.batch_max_runtime_s
         else:
-            max_runtime = self.sessions_config.max_runtime_limit_s
+            max_runtime = config.max_runtime_limit_s
         s = Session(
-            id=self._new_session_id(), spec=spec, cluster=self.name, pool=spec.accelerator, image=image,
-            created_at=now, last_activity_at=now, idle_timeout_s=self.sessions_config.idle_timeout_s,
+            id=self._new_session_id(), spec=spec, cluster=self._name, pool=spec.accelerator, image=image,
+            created_at=now, last_activity_at=now, idle_timeout_s=config.idle_timeout_s,
             max_runtime_s=max_runtime, trace_context=dict(trace_context), priority_class=klass,
-            image_digest=self.catalog.digest(image), access_token=self.ids.secret(),
+            image_digest=catalog.digest(image), access_token=self._ids.secret(),
         )
         self.sessions[s.id] = s
         self.by_request[spec.key] = s.id
-        pool = self.pools[s.pool]
-        pool.demand.count(image, now)
-        pool.forecast.arrival(now)
+        pool = self._pools[s.pool]
+        self._sizing.arrived(pool, image, now)
         if not self._place(s, now):
             self._wait(s, self._why_waiting(pool, s), now)
         return s
 
     def _new_session_id(self) -> str:
         # 40 random bits: a collision is rare, not impossible, and would merge two users' records.
-        while (sid := self.ids.session()) in self.sessions:
+        while (sid := self._ids.session()) in self.sessions:
             pass
         return sid
 
-    def _touch(self, session_id: str, now: float, user_id: str = "") -> Session:
-        s = self.get(session_id, user_id)
+    def touch(self, session_id: str, now: float, user_id: str = "") -> Session:
+        s = find(self.sessions, session_id, user_id)
         if not s.terminal:
             s.last_activity_at = now
             self._changes.session(s)
         return s
 
-    def _stop(self, session_id: str, reason: str, now: float, user_id: str = "") -> Session:
+    def stop(self, session_id: str, reason: str, now: float, user_id: str = "") -> Session:
         """Idempotent: a session already stopping or ended is returned as it is."""
-        s = self.get(session_id, user_id)
+        s = find(self.sessions, session_id, user_id)
         if s.terminal or s.state is S.STOPPING:
             return s
         reason = reason or "stopped by the user"
         if s.state is S.QUEUED:
-            self._dequeue(s)
-            self._end(s, S.STOPPED, reason, now)
-            self._renumber_queue(self.pools[s.pool])
+            self._queue.remove(s)
+            self.end(s, S.STOPPED, reason, now)
+            self._queue.renumber(self._pools[s.pool])
         elif s.state is S.PROVISIONING:
-            vm = self.vms.get(s.vm_id)
+            vm = self._vms.get(s.vm_id)
             if vm is not None:
-                vm.reserved_for = ""  # the VM joins the pool when it boots
-                self._changes.vm(vm)
+                self._vm_side.unreserve(vm)  # the VM joins the pool when it boots
             s.vm_id = ""
-            self._end(s, S.STOPPED, reason, now)
+            self.end(s, S.STOPPED, reason, now)
         else:
-            vm, notebook = self.vms[s.vm_id], s.state in (S.STARTING, S.RUNNING)
-            self._set_session(s, S.STOPPING, reason, now)
+            vm, notebook = self._vms[s.vm_id], s.state in (S.STARTING, S.RUNNING)
+            self._set_state(s, S.STOPPING, reason, now)
             if notebook:  # its container ends first, then the VM is wiped
-                self._stop_notebook(s, vm, now)
+                self._notebooks.stop(s, vm, now)
             else:
-                self._release(vm, now)
+                self._vm_side.release(vm, now)
         return s
 
-    def _forget(self, session_id: str) -> None:
-        s = self.get(session_id)
+    def forget(self, session_id: str) -> None:
+        s = find(self.sessions, session_id)
         if not s.terminal:
             raise FailedPrecondition(f"session {session_id} is {s.state}; only ended sessions can be forgotten")
         del self.sessions[session_id]
         if self.by_request.get(s.spec.key) == session_id:
             del self.by_request[s.spec.key]
 
-    def _retain(self, s: Session, ended_at: float) -> None:
-        """An ended session stays in memory for sessions.retention_s (0: for ever), then only in
-        the store."""
-        if retention := self.sessions_config.retention_s:
-            heapq.heappush(self._forget_due, (ended_at + retention, s.id))
-
-    def _forget_ended(self, now: float) -> None:
-        heap = self._forget_due
-        while heap and heap[0][0] <= now:
-            _, sid = heapq.heappop(heap)
-            s = self.sessions.get(sid)
-            if s is None or not s.terminal:
-                continue
-            vm = self.vms.get(s.vm_id)
-            if vm is not None and vm.session_id == s.id:  # its VM still names it: kept till it lets go
-                heapq.heappush(heap, (now + self.sessions_config.retention_s, sid))
-                continue
-            self._forget(sid)
-
-    def _discard(self, key: str, reason: str, now: float) -> Session | None:
+    def discard(self, key: str, reason: str, now: float) -> Session | None:
         """Stops the session made for request `key`, which the front never acknowledged. Its
         record stays (ended, with the reason and any GPU time it used), so billing and quotas see
         it and the request key keeps naming it. None if there was none."""
         sid = self.by_request.get(key)
         if sid is None:
             return None
-        return self._stop(sid, f"discarded: {reason}", now)
+        return self.stop(sid, f"discarded: {reason}", now)
 
-    def _end(self, s: Session, state: SessionState, reason: str, now: float) -> None:
-        s.ended_at = now
-        self._failed_tries.pop(s.id, None)
-        self._set_session(s, state, reason, now)
-
-    def _requeue(self, v: Session, now: float) -> None:
+    def requeue(self, v: Session, now: float) -> None:
         """A new session with the preempted one's spec, under a request id of its own, and with
         what is left of its max runtime: a chain of requeues runs no longer than the first
         session may. None for a blocked user (the front's list): a block stops every way to GPU
@@ -180,8 +184,8 @@ class Sessions:
         try:
             if why:
                 raise FailedPrecondition(why)
-            new = self._allocate(dataclasses.replace(v.spec, request_id=f"requeue-{v.id}", max_runtime_s=left),
-                                 now, v.trace_context)
+            new = self.allocate(dataclasses.replace(v.spec, request_id=f"requeue-{v.id}", max_runtime_s=left),
+                                now, v.trace_context)
         except ProvisionerError as err:  # draining, or the image or pool is gone since
             v.notices.append(Notice(PREEMPTION, f"not queued again: {err.message}", now, now))
             self._changes.session(v)
@@ -190,169 +194,200 @@ class Sessions:
         self._changes.session(v)
         self._changes.session(new)
 
+    # ---- states --------------------------------------------------------------------------
+
+    def _set_state(self, s: Session, state: SessionState, reason: str, now: float) -> None:
+        self._holdings.change(s, state)
+        s.to(state, reason, now)
+        self._changes.session(s)
+        if state is not S.RUNNING:
+            self._left_running(s.id)
+        if s.terminal:
+            self._retain(s, now)
+
+    def end(self, s: Session, state: SessionState, reason: str, now: float) -> None:
+        s.ended_at = now
+        self.failed_tries.pop(s.id, None)
+        self._set_state(s, state, reason, now)
+
+    def starting(self, s: Session, ready_by: float, reason: str, now: float) -> None:
+        """Its VM holds its image: its notebook starts, expected up by `ready_by`."""
+        self.failed_tries.pop(s.id, None)
+        s.estimated_ready_at = ready_by
+        self._set_state(s, S.STARTING, reason, now)
+
+    def running(self, s: Session, endpoint: str, reason: str, now: float) -> None:
+        """Its notebook answers at `endpoint`: it runs, and is culled once idle or past its runtime."""
+        s.ready_at = s.last_activity_at = s.estimated_ready_at = now
+        s.endpoint = endpoint
+        self._culling.watch(s)
+        self._set_state(s, S.RUNNING, reason, now)
+
+    def let_go(self, s: Session | None, now: float) -> None:
+        """Its VM was wiped, deleted or failed: a stopping session is over."""
+        if s is not None and s.state is S.STOPPING:
+            self.end(s, S.STOPPED, s.reason, now)
+
+    def lost_vm(self, s: Session, reason: str, now: float) -> None:
+        """The session's VM is gone or failed: a stopping session is over, any other failed."""
+        if s.state is S.STOPPING:
+            self.end(s, S.STOPPED, s.reason, now)
+        elif not s.terminal:
+            self.end(s, S.FAILED, reason, now)
+
+    def taken(self, s: Session, reason: str, preempted: bool, now: float) -> None:
+        """The cloud took the session's VM (a Spot preemption, host maintenance): the session ends
+        with that reason, and a preempted batch run starts over on another VM."""
+        self.end(s, S.FAILED, reason, now)
+        if preempted and s.spec.kind is SessionKind.BATCH:
+            self.requeue(s, now)
+
+    def tick(self, now: float) -> None:
+        """Fails sessions queued too long, and forgets those ended long enough ago."""
+        if self._queue.due(now):
+            timeout = minutes(self._config.queue_timeout_s)
+            for s in self._queue.expired(now):
+                self.end(s, S.FAILED, f"waited {timeout} in the queue without getting a VM", now)
+        if self._forget_due and self._forget_due[0][0] <= now:
+            self._forget_ended(now)
+
+    def restore(self, sessions: Iterable[Session], each: Callable[[Session], None]) -> None:
+        """Takes the sessions as the store kept them: a queued one back in its queue, an ended one
+        kept in memory for what is left of its retention; `each` tells the other parts of each."""
+        for s in sessions:
+            self.sessions[s.id] = s
+            if s.priority_class not in self._priority.classes:  # an older record, or a class since removed
+                s.priority_class = self._priority.class_of(s.spec.kind.value)
+            self.by_request[s.spec.key] = s.id
+            if s.terminal:
+                self._retain(s, s.ended_at or s.history[-1].time)
+            elif s.state is S.QUEUED:
+                self._queue.restore(s)
+            each(s)
+        self._queue.renumber_all()
+
+    def _retain(self, s: Session, ended_at: float) -> None:
+        """An ended session stays in memory for sessions.retention_s (0: for ever), then only in
+        the store."""
+        if retention := self._config.retention_s:
+            heapq.heappush(self._forget_due, (ended_at + retention, s.id))
+
+    def _forget_ended(self, now: float) -> None:
+        heap = self._forget_due
+        while heap and heap[0][0] <= now:
+            _, sid = heapq.heappop(heap)
+            s = self.sessions.get(sid)
+            if s is None or not s.terminal:
+                continue
+            vm = self._vms.get(s.vm_id)
+            if vm is not None and vm.session_id == s.id:  # its VM still names it: kept till it lets go
+                heapq.heappush(heap, (now + self._config.retention_s, sid))
+                continue
+            self.forget(sid)
+
     # ---- placement -----------------------------------------------------------------------
 
     def _place(self, s: Session, now: float) -> bool:
         """Gives the session a warm VM or launches one; False when it must wait."""
-        pool = self.pools[s.pool]
-        if self._at_user_ceiling(pool, s):  # it waits for one of its user's VMs to come free
+        pool, sizing, catalog = self._pools[s.pool], self._sizing, self._catalog()
+        if self._holdings.at_ceiling(pool, s):  # it waits for one of its user's VMs to come free
             return False
-        choice = choose_vm(s.image, reversed(pool.ready.values()), self.catalog)  # newest warm first
+        choice = choose_vm(s.image, reversed(pool.ready.values()), catalog)  # newest warm first
         if choice.vm_id:
-            vm = self.vms[choice.vm_id]
-            self._assign(s, vm, choice.start, now)
+            self.assign(s, self._vms[choice.vm_id], choice.start, now)
             return True
-        if self._can_start(pool):
-            standby = choose_standby(s.image, pool.standby.values(), self.catalog,
+        if sizing.can_start(pool):
+            standby = choose_standby(s.image, pool.standby.values(), catalog,
                                      lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now)
             if standby is not None:
-                self._start(standby, now, reserved_for=s)
+                self._vm_side.start(standby, now, reserved_for=s)
                 s.vm_id = standby.id
                 s.start = StartKind.PARTIAL
-                missing = self.catalog.missing_bytes(s.image, standby.cache.layer_ids)
-                s.estimated_ready_at = now + self._start_estimate_s(pool) + missing / self._bandwidth()
-                self._set_session(s, S.PROVISIONING, f"starting standby VM {standby.id} in {standby.zone}", now)
+                missing = catalog.missing_bytes(s.image, standby.cache.layer_ids)
+                s.estimated_ready_at = now + sizing.start_estimate_s(pool) + missing / sizing.bandwidth()
+                self._set_state(s, S.PROVISIONING, f"starting standby VM {standby.id} in {standby.zone}", now)
                 return True
-        if not self._can_launch(pool, now):
+        if not sizing.can_launch(pool, now):
             return False
-        vm = self._launch(pool, now, images=(s.image,), reserved_for=s)
+        vm = self._vm_side.launch(pool, now, images=(s.image,), reserved_for=s)
         if vm is None:
             return False
         s.vm_id = vm.id
         s.start = StartKind.COLD
-        s.estimated_ready_at = now + self._cold_start_s(s.image)
-        self._set_session(s, S.PROVISIONING, f"creating VM {vm.id} in {vm.zone}", now)
+        s.estimated_ready_at = now + sizing.cold_start_s(s.image)
+        self._set_state(s, S.PROVISIONING, f"creating VM {vm.id} in {vm.zone}", now)
         return True
 
-    def _assign(self, s: Session, vm: Vm, start: StartKind, now: float) -> None:
-        vm.session_id, vm.reserved_for = s.id, ""
-        self._set_vm(vm, V.ASSIGNED, f"assigned to session {s.id}", now)
+    def assign(self, s: Session, vm: Vm, start: StartKind, now: float) -> None:
+        """The session gets the warm VM: it pulls the layers it lacks, or its notebook starts."""
+        self._vm_side.assign(vm, s.id, now)
         s.vm_id, s.endpoint, s.start = vm.id, vm.endpoint, start
-        missing = tuple(vm.cache.missing(s.image, self.catalog))
+        missing = tuple(vm.cache.missing(s.image, self._catalog()))
         if missing:
             total = sum(layer.size_bytes for layer in missing)
             s.pull_bytes_total, s.pull_bytes_done = total, 0
-            s.estimated_ready_at = now + total / self._bandwidth()
-            self._set_session(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on VM {vm.id}", now)
-            # A prewarm of this very image is already under way: wait for it. Otherwise this pull
-            # supersedes whatever prewarm the VM was doing.
-            if vm.pulling != s.image:
-                vm.pulling = s.image
-                self._pull(now, vm, s.image, missing, s.id)
+            s.estimated_ready_at = now + total / self._sizing.bandwidth()
+            self._set_state(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on VM {vm.id}", now)
+            self._vm_side.hold_image(vm, s.image, missing, s.id, now)
         else:
-            vm.cache.touch(s.image, self.catalog, now)
-            self._start_notebook(s, vm, now)
+            self._vm_side.hold_image(vm, s.image, missing, s.id, now)
+            self._notebooks.start(s, vm, now)
 
-    def _replace(self, s: Session, why: str, now: float, failure: str = "") -> None:
+    def pull_progress(self, s: Session, bytes_done: int, now: float) -> None:
+        s.pull_bytes_done = bytes_done
+        remaining = max(0, s.pull_bytes_total - bytes_done)
+        s.estimated_ready_at = now + remaining / self._sizing.bandwidth()
+        self._changes.session(s)
+
+    def pulled(self, s: Session, vm: Vm, now: float) -> None:
+        """Its VM holds its image now: its notebook starts."""
+        s.pull_bytes_done = s.pull_bytes_total
+        self._notebooks.start(s, vm, now)
+
+    def replace(self, s: Session, why: str, now: float, failure: str = "") -> None:
         """The session's VM will not serve it (its create, boot or pull failed): another, or the
         queue. A `failure` counts against the session: after PLACEMENT_ATTEMPTS it fails with it."""
         s.pull_bytes_total = s.pull_bytes_done = 0
         if failure:
-            tries = self._failed_tries[s.id] = self._failed_tries.get(s.id, 0) + 1
+            tries = self.failed_tries[s.id] = self.failed_tries.get(s.id, 0) + 1
             if tries >= PLACEMENT_ATTEMPTS:
-                self._end(s, S.FAILED, f"no VM could be made ready for it in {tries} tries; the last: {failure}", now)
+                self.end(s, S.FAILED, f"no VM could be made ready for it in {tries} tries; the last: {failure}", now)
                 return
         if not self._place(s, now):
             self._wait(s, why, now)
 
     def _wait(self, s: Session, why: str, now: float) -> None:
         """Queues a session its pool cannot place now, after preempting others for it if it may."""
-        self._enqueue(s, self.preemption.preempt_for(s, now) or why, now)
-
-    def _enqueue(self, s: Session, reason: str, now: float) -> None:
-        pool = self.pools[s.pool]
-        pool.queue[s.id] = None
-        s.vm_id = ""
-        s.estimated_ready_at = now + self._cold_start_s(s.image)
-        self._set_session(s, S.QUEUED, reason, now)
-        pool.order.add(s, self._holding(pool), self._ranks, self._first(pool))
-        self._renumber_queue(pool)
-        self._watch_queue(s, now)
-
-    def _dequeue(self, s: Session) -> None:
-        pool = self.pools[s.pool]
-        del pool.queue[s.id]
-        pool.order.remove(s, self._first(pool))
-
-    def _watch_queue(self, s: Session, since: float) -> None:
-        if timeout := self.sessions_config.queue_timeout_s:
-            heapq.heappush(self._queue_due, (since + timeout, s.id))
-
-    def _expire_queue(self, now: float) -> None:
-        """Fails sessions queued longer than the queue allows (sessions.queue_timeout_s)."""
-        heap, timeout = self._queue_due, self.sessions_config.queue_timeout_s
-        left: dict[str, PoolState] = {}  # renumbered once each, not once per session: a burst times out together
-        while heap and heap[0][0] <= now:
-            _, sid = heapq.heappop(heap)
-            s = self.sessions.get(sid)
-            # Queued again since this entry was made: a later entry stands for it.
-            if s is None or s.state is not S.QUEUED or s.history[-1].time + timeout > now:
-                continue
-            self._dequeue(s)
-            self._end(s, S.FAILED, f"waited {minutes(timeout)} in the queue without getting a VM", now)
-            left[s.pool] = self.pools[s.pool]
-        for pool in left.values():
-            self._renumber_queue(pool)
-
-    def _renumber_queue(self, pool: PoolState) -> None:
-        """Sets the positions of the queue's sessions from the first that moved since the last
-        renumbering on (those before kept theirs). A place is a live value, not part of the
-        session's record: a move alone makes no new revision and nothing to write (one session
-        leaving the head of a long queue would otherwise rewrite every other), only a report to
-        the session's watchers."""
-        order = self._queue_order(pool)
-        for pos in range(pool.order.take_changed(), len(order)):
-            s = order[pos]
-            if s.queue_position != pos + 1:
-                s.queue_position = pos + 1
-                self._changes.moved(s)
-
-    def _holding(self, pool: PoolState) -> dict[str, int]:
-        """The pool's VMs each user's sessions hold or have coming (a stopping session's until it
-        is wiped), from counts kept as sessions change state (decide/preemption.py)."""
-        return self.holdings.of_pool(pool.config.name)
-
-    def _at_user_ceiling(self, pool: PoolState, s: Session) -> bool:
-        ceiling = pool.policy.max_vms_per_user
-        return bool(ceiling) and self._holding(pool).get(s.spec.user_id, 0) >= ceiling
+        self._enqueue(s, self._preemption.preempt_for(s, now) or why, now)
 
     def _why_waiting(self, pool: PoolState, s: Session) -> str:
-        if self._at_user_ceiling(pool, s):
+        if self._holdings.at_ceiling(pool, s):
             return (f"waiting for one of its user's sessions to end: user {quote(s.spec.user_id)} holds the "
                     f"pool's per-user ceiling of {pool.policy.max_vms_per_user} VMs")
         return "waiting for capacity: the pool is at its maximum or stocked out"
 
-    def _queue_order(self, pool: PoolState) -> list[Session]:
-        return pool.order.order(lambda: [self.sessions[i] for i in pool.queue], self._holding(pool), self._ranks,
-                                self._first(pool))
+    # ---- the queue -----------------------------------------------------------------------
 
-    def _first(self, pool: PoolState) -> frozenset[str]:
-        return self.preemption.claimants(pool.config.name)
+    def _enqueue(self, s: Session, reason: str, now: float) -> None:
+        s.vm_id = ""
+        s.estimated_ready_at = now + self._sizing.cold_start_s(s.image)
+        self._set_state(s, S.QUEUED, reason, now)
+        self._queue.add(s, now)
 
-    def _queued_demand(self, pool: PoolState) -> int:
-        """The queued sessions the autoscaler grows the pool for: with a per-user ceiling, a user's
-        count only up to the ceiling less the VMs the user holds."""
-        ceiling = pool.policy.max_vms_per_user
-        if not ceiling or not pool.queue:
-            return len(pool.queue)
-        queued: dict[str, int] = defaultdict(int)
-        for sid in pool.queue:
-            queued[self.sessions[sid].spec.user_id] += 1
-        return queued_demand(queued, self._holding(pool), ceiling)
-
-    def _dispatch_queue(self, pool: PoolState, now: float) -> None:
+    def dispatch(self, pool: PoolState, now: float) -> None:
+        """Places the pool's queued sessions in their order, as far as VMs allow."""
         if not pool.queue:
             return
         placed = False
-        for s in list(self._queue_order(pool)):  # a copy: placing one may change the order kept
+        for s in list(self._queue.order(pool)):  # a copy: placing one may change the order kept
             if not self._place(s, now):
-                if self._at_user_ceiling(pool, s):
+                if self._holdings.at_ceiling(pool, s):
                     continue  # its user's ceiling holds it, not the pool: the next may go
                 break
-            self._dequeue(s)
+            self._queue.remove(s)
             placed = True
         if placed:
-            self._renumber_queue(pool)
+            self._queue.renumber(pool)
 
 
 def _gb(nbytes: int) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 import grpc
 import yaml
 
+from provisioner.perf import command
 from provisioner.perf.fleet import CLUSTER, POOL, free_port, prepare_security, start_fleet, start_up, write_clusters
 from provisioner.perf.usage import cpu_s
 
@@ -234,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for kind in args.fleet:
         rows += [{"fleet": kind, **r} for r in run_fleet(kind, args)]
-    print(json.dumps(rows, indent=2) if args.json else report(rows))
+    results = {"command": command("provisioner.perf.floods", argv), "seconds": args.seconds, "rows": rows}
+    print(json.dumps(results, indent=2) if args.json else report(rows))
     return 0
 
 

@@ -6,13 +6,14 @@
     python -m provisioner.perf.tables docs/economics/*.json --out docs/economics.md --between-markers
     python -m provisioner.perf.tables --kind standby docs/results/standby/*.json --out docs/simulator.md --marker standby
     python -m provisioner.perf.tables --kind serving docs/results/serving/*.json --out docs/performance.md --marker serving
+    python -m provisioner.perf.tables --kind preemption docs/results/preemption/*.json --out docs/priority-and-preemption.md --marker preemption
 
 Each row is one run's JSON, with the command that reproduces it (the JSON's `command`). `--check`
 exits 1 when the file differs from what the runs give (the test suite checks the shipped tables).
 `--between-markers` puts the table into a page written by hand around it: only the text between
 the BEGIN and END marker lines of --out is replaced (or, with --check, compared); `--marker NAME`
 does so between the lines of that name, so one page can hold several tables. The kinds serving,
-queue and commits are the serving path's benchmarks (provisioner/perf/bench_tables.py).
+queue, commits and floods are the serving path's benchmarks (provisioner/perf/bench_tables.py).
 """
 
 from __future__ import annotations
@@ -115,12 +116,43 @@ def spot_table(runs: list[dict]) -> str:
     return _table(SPOT_HEADER, SPOT_COLUMNS, [spot_row(r) for r in runs])
 
 
+# The preemption table (docs/priority-and-preemption.md): one trace with every pool capped, with
+# and without a guaranteed share per user.
+PREEMPTION_HEADER = ("Made by `python -m provisioner.perf.tables` from the `provisioner simulate --json` runs in "
+                     "docs/results/preemption/; do not edit by hand. `share`: GPUs guaranteed to each user in every "
+                     "pool (`--share-gpus`); `requeued (ran)`: preempted batch sessions queued again, and how many of "
+                     "them ran; waits and fast starts in model time, fast starts within 60 s.")
+PREEMPTION_COLUMNS = ("pools capped at", "share", "preempted", "requeued (ran)", "interactive wait p99",
+                      "interactive fast starts", "all fast starts", "wall", "command")
+
+
+def preemption_row(r: dict) -> list[str]:
+    words = r["command"].split()
+
+    def flag(name: str, default: str) -> str:
+        return words[words.index(name) + 1] if name in words else default
+
+    share = flag("--share-gpus", "the fleet's")
+    return [f"{flag('--max-vms', 'each pool maximum')} VMs", f"{share} GPU" if share == "1" else f"{share} GPUs",
+            f"{r['preempted']:,}", f"{r['requeued']:,} ({r['requeued_started']:,})",
+            f"{r['interactive']['wait_p99_s']:,.0f} s", f"{r['interactive']['fast_start_ratio']:.2%}",
+            f"{r['fast_start_ratio']:.2%}", f"{r['wall_s']:.0f} s", f"`{r['command']} --json`"]
+
+
+def preemption_table(runs: list[dict]) -> str:
+    def cap(r: dict) -> int:
+        words = r["command"].split()
+        return -int(words[words.index("--max-vms") + 1]) if "--max-vms" in words else 0
+
+    return _table(PREEMPTION_HEADER, PREEMPTION_COLUMNS, [preemption_row(r) for r in sorted(runs, key=lambda r: (cap(r), r["command"]))])
+
+
 def _bench_table(kind: str):
     header, rows = bench_tables.KINDS[kind]
     return lambda runs: _table(header, *rows(runs))
 
 
-KINDS = {"simulate": simulate_table, "standby": standby_table, "spot": spot_table, **{k: _bench_table(k) for k in bench_tables.KINDS}}
+KINDS = {"simulate": simulate_table, "standby": standby_table, "spot": spot_table, "preemption": preemption_table, **{k: _bench_table(k) for k in bench_tables.KINDS}}
 
 
 def _table(header: str, columns: tuple[str, ...], rows: list[list[str]]) -> str:
@@ -159,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="only compare: exit 1 if --out differs")
     p.add_argument("--kind", choices=sorted(KINDS), default="simulate",
                    help="simulate: one row per run; standby: the standby tier's table (docs/simulator.md); spot: "
-                        "on demand against Spot (docs/google-cloud.md); serving, "
-                        "queue, commits: those benchmarks' `--json` output (docs/performance.md)")
+                        "on demand against Spot (docs/google-cloud.md); preemption: capped pools with and without a "
+                        "share (docs/priority-and-preemption.md); serving, queue, commits, floods: those benchmarks' "
+                        "`--json` output (docs/performance.md)")
     p.add_argument("--between-markers", action="store_true",
                    help="replace only the text between the marker lines of --out, a page written around the table")
     p.add_argument("--marker", default="", metavar="NAME",

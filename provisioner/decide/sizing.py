@@ -1,0 +1,207 @@
+"""The cluster core's pools and their sizing: the pools' records (decide/pools.py's PoolState) and
+the counts kept in them as VMs change, the estimates made from the pools' settings, the zones
+stocked out and the project's GPU quota held, operators' pool policies, and the autoscaler. Pure.
+
+The only writer of the pools' VM counts, indexes, demand and scaling state; the queue of a pool is
+the session side's (decide/sessions.py), the images its idle VMs should hold decide/prewarming.py's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from provisioner.cloud.base import CloudFailure
+from provisioner.config import ClusterConfig, PoolConfig
+from provisioner.decide.assignment import choose_standby
+from provisioner.decide.autoscale import (
+    PREDICTIVE_STABILIZATION_S,
+    SCALE_DOWN_IDLE_S,
+    STABILIZATION_S,
+    PoolSnapshot,
+    desired_vms,
+    pick_deletions,
+    plan_scale,
+    standby_target,
+    zones_available,
+)
+from provisioner.decide.deadlines import CREATE_ESTIMATE_S
+from provisioner.decide.pools import AUTOSCALE_QUIET_S, RANKING_REFRESH_S, STANDBY_START_COVER, PoolState, forecast_due
+from provisioner.decide.zone_memory import ProjectQuota, hold_project_quota, project_quota_of, remember
+from provisioner.model.errors import NotFound, quote
+from provisioner.model.images import ImageCatalog
+from provisioner.model.records import Vm
+from provisioner.model.states import VmState
+
+if TYPE_CHECKING:
+    from provisioner.decide.prewarming import Prewarming
+    from provisioner.decide.vms import Vms
+
+V = VmState
+# Read on every tick: an Enum's attribute lookup (V.WARM) goes through its metaclass's __getattr__.
+_WARM, _CREATING, _BOOTING, _STARTING, _ASSIGNED, _RECYCLING = (
+    V.WARM, V.CREATING, V.BOOTING, V.STARTING, V.ASSIGNED, V.RECYCLING)
+
+
+class Sizing:
+    """The pools: what they hold, what they cost in time, and how many VMs each should have."""
+
+    def __init__(self, cluster: ClusterConfig, catalog: Callable[[], ImageCatalog]):
+        self._name = cluster.name
+        self._sim = cluster.sim  # the estimates' medians (boot, pull bandwidth, standby start)
+        self._catalog = catalog  # the core's current catalog
+        self.pools: dict[str, PoolState] = {p.name: PoolState(p, p) for p in cluster.pools}
+        self.project_quota: ProjectQuota | None = None  # the project's GPU quota, last found exhausted
+
+    def connect(self, vms: Vms, prewarming: Prewarming, queued_demand: Callable[[PoolState], int],
+                dispatch: Callable[[PoolState, float], None]) -> None:
+        """What the autoscaler asks of the other parts: VMs started, made, stopped or deleted
+        (`vms`), the images idle VMs should hold (`prewarming`), the queued sessions it grows a
+        pool for, and the queue served first on each tick."""
+        self._vms, self._prewarming = vms, prewarming
+        self._queued_demand, self._dispatch = queued_demand, dispatch
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def pool(self, name: str) -> PoolState:
+        if name not in self.pools:
+            raise NotFound(f"cluster {self._name} has no pool {quote(name)}", field="pool")
+        return self.pools[name]
+
+    def snapshot(self, pool: PoolState) -> PoolSnapshot:
+        c, p = pool.count, pool.policy
+        return PoolSnapshot(  # by position, in PoolSnapshot's order: made for every pool every tick
+            c[_WARM], c[_CREATING] + c[_BOOTING] + c[_STARTING], c[_ASSIGNED], c[_RECYCLING], len(pool.queue),
+            p.min_vms, p.max_vms, p.headroom_fraction, p.autoscaler, p.warm_vms, pool.forecast_warm, p.standby,
+            pool.standby_total, pool.forecast_cover, self._queued_demand(pool))
+
+    def can_launch(self, pool: PoolState, now: float) -> bool:
+        return pool.total < pool.policy.max_vms and zones_available(pool.config.zones, pool.stocked_out_until, now)
+
+    def can_start(self, pool: PoolState) -> bool:
+        return bool(pool.standby) and pool.total < pool.policy.max_vms
+
+    def bandwidth(self) -> float:
+        return self._sim.pull_bytes_per_s
+
+    def start_estimate_s(self, pool: PoolState) -> float:
+        """A standby VM's start, its median (the core's estimate, like boot_s for a create)."""
+        return self._sim.pool_start_median_s.get(pool.config.name, self._sim.start_median_s)
+
+    def cold_start_s(self, image: str) -> float:
+        return CREATE_ESTIMATE_S + self._sim.boot_s + self._catalog().size_bytes(image) / self.bandwidth()
+
+    # ---- what the pools hold -------------------------------------------------------------
+
+    def count_in(self, vm: Vm) -> None:
+        self.pools[vm.pool].count_in(vm)
+
+    def count_out(self, vm: Vm) -> None:
+        self.pools[vm.pool].count_out(vm)
+
+    def not_ready(self, vm: Vm) -> None:
+        """The VM turned unhealthy: it is assignable no more."""
+        self.pools[vm.pool].ready.pop(vm.id, None)
+
+    def arrived(self, pool: PoolState, image: str, now: float) -> None:
+        """A session asked for `image` in `pool`: demand for the image, an arrival for the forecast."""
+        pool.demand.count(image, now)
+        pool.forecast.arrival(now)
+
+    def departed(self, pool: PoolState, now: float) -> None:
+        pool.forecast.departure(now)
+
+    def remember(self, pool: PoolState, failure: CloudFailure, zone: str, now: float) -> None:
+        """A stockout or quota failure: the zones it reaches are skipped for a while, and a
+        project-wide quota is held for the fleet too (the capacity stream reports it)."""
+        remember(self.pools, pool, failure, zone, now)
+        if (quota := project_quota_of(failure, self._name, now)) is not None:
+            self.hold_project_quota(quota)
+
+    def hold_project_quota(self, quota: ProjectQuota) -> bool:
+        """Holds the later of the quota known and `quota` (learned here or told by a front);
+        whether it changed."""
+        if self.project_quota is not None and self.project_quota.until >= quota.until:
+            return False
+        self.project_quota = quota
+        hold_project_quota(self.pools, quota)
+        return True
+
+    def set_policy(self, name: str, policy: PoolConfig) -> PoolConfig:
+        pool = self.pool(name)
+        pool.policy = policy
+        pool.changed = True
+        return policy
+
+    # ---- scaling -------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        for pool in self.pools.values():
+            if now - pool.ranking_at >= RANKING_REFRESH_S:
+                self._prewarming.refresh_ranking(pool, now)
+            if pool.queue:
+                self._dispatch(pool, now)
+            if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
+                self._autoscale(pool, now)
+
+    def _autoscale(self, pool: PoolState, now: float) -> None:
+        pool.changed, pool.scaled_at = False, now
+        policy, vms = pool.policy, self._vms
+        due = forecast_due(now, pool.forecast_at, pool.forecast_warm, len(pool.ready))
+        if policy.autoscaler == "predictive" and due:
+            self._forecast(pool, now)
+        snap = self.snapshot(pool)
+        pool.peak.window_s = PREDICTIVE_STABILIZATION_S if policy.autoscaler == "predictive" else STABILIZATION_S
+        wanted = desired_vms(snap)
+        hold = pool.peak.add(now, wanted)
+        # An upper bound on the VMs idle long enough: the real list is made only to delete some.
+        plan = plan_scale(snap, hold, len(pool.ready))
+        launch = plan.launch
+        # Standby VMs first: running in under a minute, their disks holding the pool's images.
+        catalog = self._catalog()
+        image = pool.ranking[0] if pool.ranking else catalog.latest
+        while launch > 0 and self.can_start(pool):
+            vm = choose_standby(image, pool.standby.values(), catalog,
+                                lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now)
+            if vm is None:
+                break
+            vms.start(vm, now)
+            launch -= 1
+        for _ in range(launch):
+            if vms.launch(pool, now, images=pool.ranking[:1]) is None:
+                break
+        keep = standby_target(snap, pool.day_peak.add(now, wanted)) if policy.standby else 0
+        if plan.delete:
+            self._scale_down(pool, plan.delete, keep, now)
+        if (extra := len(pool.standby) - keep) > 0:
+            for vm in pick_deletions(list(pool.standby.values()), extra,
+                                     lambda v: self._prewarming.held_of_ranking(pool, v)):
+                vms.delete(vm, "standby beyond the pool's standby target", now)
+
+    def _scale_down(self, pool: PoolState, surplus: int, keep: int, now: float) -> None:
+        # A prewarm under way does not save a surplus VM.
+        idle = [vm for vm in pool.ready.values() if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
+        stopping = pool.standby_total
+        for vm in pick_deletions(idle, surplus, lambda v: self._prewarming.held_of_ranking(pool, v)):
+            if stopping < keep:  # the most valuable surplus VMs are kept last: stop them
+                self._vms.to_standby(vm, "scale-down: surplus warm VM kept stopped", now)
+                stopping += 1
+            else:
+                self._vms.delete(vm, "scale-down: surplus warm VM", now)
+
+    def _forecast(self, pool: PoolState, now: float) -> None:
+        """The warm VMs that cover what arrives while a VM is made ready, and (with a standby
+        tier) the warm and standby VMs together that cover what arrives while a new one is."""
+        policy = pool.policy
+        cold_s = self.cold_start_s(pool.ranking[0] if pool.ranking else self._catalog().latest)
+        cover = pool.forecast.warm_needed(now, cold_s, policy.wait_probability)
+        if policy.standby:
+            # A started standby VM is ready after its start (its disk holds the pool's images);
+            # the start's tail is what the warm VMs must bridge.
+            warm = pool.forecast.warm_needed(now, self.start_estimate_s(pool) * STANDBY_START_COVER,
+                                             policy.wait_probability)
+            pool.forecast_warm = max(warm, cover - len(pool.standby))
+        else:
+            pool.forecast_warm = cover
+        pool.forecast_cover = cover
+        pool.forecast_at = now
+
