@@ -42,6 +42,11 @@ _WARM, _CREATING, _BOOTING, _STARTING, _ASSIGNED, _RECYCLING = (
     V.WARM, V.CREATING, V.BOOTING, V.STARTING, V.ASSIGNED, V.RECYCLING)
 
 
+def _scale_due(pool: PoolState, now: float) -> bool:
+    """The pool's VMs or queue changed since the autoscaler last looked, or it has not looked for a while."""
+    return pool.changed or bool(pool.queue) or now - pool.scaled_at >= AUTOSCALE_QUIET_S
+
+
 class Sizing:
     """The pools: what they hold, what they cost in time, and how many VMs each should have."""
 
@@ -140,8 +145,14 @@ class Sizing:
                 self._prewarming.refresh_ranking(pool, now)
             if pool.queue:
                 self._dispatch(pool, now)
-            if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
+            if _scale_due(pool, now):
                 self._autoscale(pool, now)
+
+    def tick_due(self, now: float) -> bool:
+        """Whether tick(now) has anything to do: a ranking to refresh, a queue to serve, a pool to
+        scale (the checks of tick(), in the same words)."""
+        return any(now - pool.ranking_at >= RANKING_REFRESH_S or pool.queue or _scale_due(pool, now)
+                   for pool in self.pools.values())
 
     def _autoscale(self, pool: PoolState, now: float) -> None:
         pool.changed, pool.scaled_at = False, now
