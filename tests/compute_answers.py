@@ -37,17 +37,25 @@ def invalid_insert(body: dict, custom_networks: set[str]) -> str | None:
     return None
 
 
-def zone_error(project: str, zone: str, quota: tuple[str, str] | None, zones_available: list[str] | None) -> dict:
-    """A failed operation's error: a stockout (with `zonesAvailable` when known) unless `quota`
-    (metric, region or "global") is what was exceeded."""
+def zone_error(project: str, zone: str, quota: tuple[str, str] | None, zones_available: list[str] | None,
+               vm_type: str = "") -> dict:
+    """A failed operation's error: a stockout unless `quota` (metric, region or "global") is what
+    was exceeded. A stockout that names the zones with the shape now is
+    ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS, its hint in a localized message and in the
+    `errorInfo` metadata (`zonesAvailable`), as Compute gives it."""
     if quota is None:
         error = {"code": "ZONE_RESOURCE_POOL_EXHAUSTED",
                  "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
                             "available to fulfill the request.  Try a different zone, or try again later."}
         if zones_available:
-            error["errorDetails"] = [{"errorInfo": {
-                "reason": "resource_availability", "domain": "compute.googleapis.com",
-                "metadatas": {"zone": zone, "zonesAvailable": ",".join(zones_available)}}}]
+            hint = ",".join(zones_available)
+            error["code"] = "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"
+            error["errorDetails"] = [
+                {"localizedMessage": {"locale": "en-US", "message": (
+                    f"A {vm_type} VM instance is currently unavailable in the {zone} zone. Consider trying your "
+                    f"request in the {hint} zone(s), which currently has capacity to accommodate your request.")}},
+                {"errorInfo": {"reason": "resource_availability", "domain": "compute.googleapis.com",
+                               "metadatas": {"vmType": vm_type, "zone": zone, "zonesAvailable": hint}}}]
         return error
     metric, region = quota
     dimensions = {} if region == "global" else {"region": region}
@@ -55,6 +63,13 @@ def zone_error(project: str, zone: str, quota: tuple[str, str] | None, zones_ava
         {"quotaInfo": {"metricName": f"compute.googleapis.com/{metric.lower()}", "limit": 0,
                        "limitName": f"{metric.replace('_', '-')}-per-project" + ("" if region == "global" else "-region"),
                        "dimensions": dimensions}}]}
+
+
+def http_status(code: str) -> int:
+    """A failed operation's `httpErrorStatusCode`: 503 for a stockout, 403 for a quota."""
+    if code.startswith("ZONE_RESOURCE_POOL_EXHAUSTED"):
+        return 503
+    return 403 if code == "QUOTA_EXCEEDED" else 500
 
 
 def error_body(status: int, message: str, reason: str = "") -> dict:

@@ -12,6 +12,8 @@ import itertools
 import math
 from typing import Callable
 
+from live_records import Live
+
 from provisioner.agent.usage import Usage
 from provisioner.cloud.base import CloudFailure, HealthReport
 from provisioner.config import FleetConfig, load_fleet
@@ -130,6 +132,7 @@ class Driver(Engine):
         self.vms: dict[str, Vm] = {}  # every VM ever reported changed, deleted ones included
         self.sessions: dict[str, Session] = {}  # every session ever reported changed
         self.checks: list[Callable[[Driver], None]] = []  # run after every step
+        self._live: dict[str, Live] = {}  # one per record: a test may compare them with `is`
         self._requests = itertools.count(1)
         self._warm = itertools.count()
         super().__init__([core], now=now, ticking=ticking)
@@ -142,6 +145,18 @@ class Driver(Engine):
             self.vms[vm.id] = vm
         for s in sessions:
             self.sessions[s.id] = s
+
+    def live(self, record: Session | Vm | None) -> Live | None:
+        """The record as the core has it at each read (or as it last was, once the core let go of it)."""
+        if record is None:
+            return None
+        if (found := self._live.get(record.id)) is None:
+            if hasattr(record, "cache"):
+                found = Live(record, lambda i: self.core.vms.get(i) or self.vms.get(i))
+            else:
+                found = Live(record, lambda i: self.core.sessions.get(i) or self.sessions.get(i))
+            self._live[record.id] = found
+        return found
 
     def carry_out(self, core: ClusterCore, commands: list[Command]) -> None:
         self.log.extend((self.now, cmd) for cmd in commands)
@@ -172,14 +187,15 @@ class Driver(Engine):
                  kind: SessionKind = SessionKind.INTERACTIVE, **spec) -> Session:
         spec.setdefault("request_id", f"req-{next(self._requests)}")
         spec.setdefault("accelerator", POOL)
-        return self.send(ev.SessionRequested(self.now, SessionSpec(user_id=user, image=image, kind=kind, **spec))).reply
+        return self.live(self.send(ev.SessionRequested(self.now, SessionSpec(user_id=user, image=image, kind=kind,
+                                                                              **spec))).reply)
 
     def started(self, *sessions: Session) -> None:
         """Runs until the sessions' notebooks have started (each is running)."""
         self.run_until(lambda: all(s.state is SessionState.RUNNING for s in sessions), 600)
 
     def stop(self, s: Session, reason: str = "") -> Session:
-        return self.send(ev.StopRequested(self.now, s.id, reason)).reply
+        return self.live(self.send(ev.StopRequested(self.now, s.id, reason)).reply)
 
     def touch(self, s: Session) -> None:
         self.send(ev.SessionTouched(self.now, s.id))
@@ -188,7 +204,7 @@ class Driver(Engine):
         self.send(ev.HealthReported(self.now, vm_id, HealthReport(healthy, detail=detail, usage=usage)))
 
     def evict(self, vm_id: str, reason: str = "") -> Vm:
-        return self.send(ev.EvictRequested(self.now, vm_id, reason)).reply
+        return self.live(self.send(ev.EvictRequested(self.now, vm_id, reason)).reply)
 
     def set_policy(self, pool: str = POOL, **changes) -> None:
         config = self.core.pool(pool).policy
@@ -213,20 +229,20 @@ class Driver(Engine):
         for state in (VmState.CREATING, VmState.BOOTING, VmState.WARM):
             vm.to(state, "made earlier", self.now)
         self.send(ev.Restored(self.now, (), (vm,)))
-        self.vms[vm.id] = vm
-        return vm
+        self.vms[vm.id] = self.core.vms[vm.id]
+        return self.live(vm)
 
-    def make_standby(self, n: int, image: str = "gpu:v160") -> list[Vm]:
+    def make_standby(self, n: int, image: str = "gpu:v160", images: tuple[str, ...] = ()) -> list[Live]:
         """n VMs stopped into standby the way the autoscaler does it: n sessions make the pool's
         peak, end, and their VMs idle past the scale-down window (the pool needs `standby: true`,
-        no warm target and no minimum)."""
-        sessions = [self.allocate(user=f"peak{i}", image=image) for i in range(n)]
+        no warm target and no minimum). The i-th session runs `images[i]` if given, else `image`."""
+        sessions = [self.allocate(user=f"peak{i}", image=images[i] if images else image) for i in range(n)]
         self.run_until(lambda: all(s.state is SessionState.RUNNING for s in sessions), 1800)
         for s in sessions:
             self.stop(s)
         vm_ids = [s.vm_id for s in sessions]
         self.run_until(lambda: all(self.vms[v].state is VmState.STANDBY for v in vm_ids), 6 * 3600)
-        return [self.vms[v] for v in vm_ids]
+        return [self.live(self.vms[v]) for v in vm_ids]
 
     # ---- reading the log ----------------------------------------------------------------
 

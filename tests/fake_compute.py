@@ -34,7 +34,8 @@ import threading
 import time
 from urllib.parse import parse_qs, urlparse
 
-from compute_answers import error_body, gpu_metric, invalid_insert, label_filter, quota_message, zone_error
+from compute_answers import (error_body, gpu_metric, http_status, invalid_insert, label_filter, quota_message,
+                             zone_error)
 from fake_compute_vms import Call, Instance
 from fake_http import FakeHttpServer
 
@@ -161,7 +162,7 @@ class FakeCompute:
             view["status"] = "DONE"
             if op["_error"]:
                 view["error"] = {"errors": [op["_error"]]}
-                view["httpErrorStatusCode"] = 503 if op["_error"]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED" else 500
+                view["httpErrorStatusCode"] = http_status(op["_error"]["code"])
         return view
 
     def _instance_view(self, inst: Instance) -> dict:
@@ -267,7 +268,9 @@ class FakeCompute:
     def _zone_failed_operation(self, project: str, zone: str, kind: str, name: str, body: dict) -> dict:
         """The operation's error as Compute gives it (compute_answers.zone_error)."""
         quota = None if zone in self.stocked_out else self._quota_hit(zone, body)
-        return self._operation(project, zone, kind, name, zone_error(project, zone, quota, self.zones_available.get(zone)))
+        vm_type = body.get("machineType", "").rsplit("/", 1)[-1]
+        return self._operation(project, zone, kind, name,
+                               zone_error(project, zone, quota, self.zones_available.get(zone), vm_type))
 
     def _stop(self, project, zone, name, query, body):
         inst = self.instances.get((project, name))
@@ -386,9 +389,11 @@ class FakeCompute:
         inst.body["metadata"] = {"items": body.get("items", []), "fingerprint": f"fp-{next(self._ids)}"}
         self.metadata_changed.notify_all()
         if "provisioner-command" in items and self.agents == "emulated":
-            cmd = json.loads(items["provisioner-command"])
-            cmd["_at"] = time.time()
-            inst.guest["_pending"] = json.dumps(cmd)
+            cmd, pending = json.loads(items["provisioner-command"]), json.loads(inst.guest.get("_pending", "{}"))
+            if cmd.get("ask") and pending.get("id") == cmd["id"]:  # asked while at work: says so, runs on
+                inst.guest[f"asked-{cmd['id']}"] = str(cmd["ask"])
+            else:
+                inst.guest["_pending"] = json.dumps({**cmd, "_at": time.time()})
         return 200, self._op_view(self._operation(project, zone, "setMetadata", name))
 
     def _guest(self, project, zone, name, query, body):

@@ -23,6 +23,7 @@ import yaml
 from conftest import fleet_config
 from fake_compute import FakeCompute
 from fake_metadata import FakeMetadataServer
+from live_records import follow
 from provisioner.agent.fakes import FakeHost, FakeRuntime, State
 from provisioner.common.clock import RealClock
 from provisioner.cloud.gce import GceBackend
@@ -149,7 +150,8 @@ async def test_sessions_run_on_real_agents_and_faults_replace_the_vm(loop_parts)
     await until(lambda: idle_warm(runtime), what="a warm VM with its agent ready")
 
     # Create, pull (a version the VM lacks: a partial pull through the agent), run with an endpoint.
-    s = runtime.allocate(SessionSpec("e2e-1", "ada", POOL, "gpu:v150"))
+    live = follow(runtime)
+    s = live(runtime.allocate(SessionSpec("e2e-1", "ada", POOL, "gpu:v150")))
     await until(lambda: s.state.value == "running", what="the first session running")
     vm_id = s.vm_id
     ip = fake.instances[(PROJECT, vm_id)].body["networkInterfaces"][0]["networkIP"]
@@ -171,7 +173,7 @@ async def test_sessions_run_on_real_agents_and_faults_replace_the_vm(loop_parts)
     # Stop: the agent wipes and verifies, the VM is warm again with its image cache.
     runtime.stop(s.id, "done")
     await until(lambda: s.state.value == "stopped", what="the session stopped")
-    vm = core.vms[vm_id]
+    vm = live(core.vms[vm_id])
     await until(lambda: vm.state.value == "warm", what="the VM warm again")
     assert [p.name for p in host.user_processes(1000)] == ["backup-daemon"] and host.entries(WORKSPACES) == []
     assert host.d["gpu_resets"] >= 1
@@ -182,7 +184,7 @@ async def test_sessions_run_on_real_agents_and_faults_replace_the_vm(loop_parts)
     assert vm.cache.has_image("gpu:v150", catalog)
 
     # A GPU at 90 C: the session on it fails with the agent's detail, and the VM is replaced.
-    s2 = runtime.allocate(SessionSpec("e2e-2", "bob", POOL, "gpu:v150"))
+    s2 = live(runtime.allocate(SessionSpec("e2e-2", "bob", POOL, "gpu:v150")))
     await until(lambda: s2.state.value == "running", what="the second session running")
     hot = s2.vm_id
     gpu = State({}, agents.dir(hot) / "gpu.json")
@@ -194,7 +196,7 @@ async def test_sessions_run_on_real_agents_and_faults_replace_the_vm(loop_parts)
     await until(lambda: any(vm.id != hot for vm in idle_warm(runtime)), what="a replacement warm")
 
     # A read-only disk does the same.
-    s3 = runtime.allocate(SessionSpec("e2e-3", "cy", POOL, "gpu:latest"))
+    s3 = live(runtime.allocate(SessionSpec("e2e-3", "cy", POOL, "gpu:latest")))
     await until(lambda: s3.state.value == "running", what="the third session running")
     ro = FakeHost(State({}, agents.dir(s3.vm_id) / "host.json"))
     ro.d["disks"]["/"]["read_only"] = True

@@ -51,6 +51,26 @@ async def test_an_answer_lost_on_the_way_is_written_again_when_asked(tmp_path):
     await rig.stop()
 
 
+async def test_a_command_still_at_work_says_so_when_asked_and_runs_once(tmp_path):
+    rig = Rig(tmp_path)
+    rig.runtime = FakeRuntime(rig.clock, rig.host, bytes_per_s=5e7)  # 3 GB: a model minute
+    await rig.start()
+    pull = {"id": "c1", "op": "pull", "layers": [{"id": "l0", "bytes": 3 * GB}], "bytes": 3 * GB}
+    rig.command("c1", "pull", layers=pull["layers"], bytes=pull["bytes"])
+    await until(lambda: "progress-c1" in rig.metadata.guest, what="the pull under way")
+    rig.metadata.set("provisioner-command", json.dumps({**pull, "ask": 1}))
+    await until(lambda: rig.metadata.guest.get("asked-c1") == "1", what="asked-c1")
+    assert "done-c1" not in rig.metadata.guest
+    assert await rig.done("c1") == "ok"
+    assert [k for k, _ in rig.metadata.writes].count("done-c1") == 1
+    rig.command("c2", "wipe")  # two commands on, the old one's attributes go
+    assert await rig.done("c2") == "ok"
+    rig.command("c3", "wipe")
+    assert await rig.done("c3") == "ok"
+    await until(lambda: "asked-c1" not in rig.metadata.guest, what="asked-c1 deleted")
+    await rig.stop()
+
+
 async def test_the_http_metadata_client_against_the_fake_server_as_google_answers(tmp_path):
     import asyncio
 

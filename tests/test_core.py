@@ -73,7 +73,7 @@ def test_cold_start_launches_boots_pulls_and_runs():
     # What the shell turns into labels (cluster, pool, request = VM id, session).
     assert (launch.vm_id, launch.pool, launch.session_id, launch.images) == (s.vm_id, POOL, s.id, (LATEST,))
     assert launch.zone in d.core.pools[POOL].config.zones
-    vm = d.core.vms[s.vm_id]
+    vm = d.live(d.core.vms[s.vm_id])
     assert (vm.state, vm.reserved_for, vm.zone) == (V.CREATING, s.id, launch.zone)
 
     booted = d.run_until(lambda: s.state is not S.PROVISIONING, 600)
@@ -107,7 +107,7 @@ def test_full_pool_queues_fairly_and_hands_over_a_wiped_vm():
     # Interactive first; ud's second request waits behind ue's first; batch last.
     assert {n: s.queue_position for n, s in waiting.items()} == {"d1": 1, "e1": 2, "d2": 3, "c": 4}
 
-    vm = d.core.vms[a.vm_id]
+    vm = d.live(d.core.vms[a.vm_id])
     stopped_at = d.now
     d.stop(a)
     [stop] = d.commands(StopNotebook)  # its notebook ends first, then its VM is wiped
@@ -349,7 +349,7 @@ def test_a_restored_queue_is_numbered_again():
 def test_stop_while_provisioning_gives_the_vm_to_the_pool():
     d = driver()
     s = d.allocate()
-    vm = d.core.vms[s.vm_id]
+    vm = d.live(d.core.vms[s.vm_id])
     d.stop(s)
     assert s.state is S.STOPPED and vm.reserved_for == ""
     d.run_until(lambda: vm.state is not V.CREATING and vm.state is not V.BOOTING, 600)

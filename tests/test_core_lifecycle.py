@@ -17,7 +17,7 @@ from provisioner.decide.commands import Delete, Launch, Pull, StartNotebook, Sto
 from provisioner.decide import events as ev
 from provisioner.decide.events import Restored, SessionForgotten
 from provisioner.model.errors import FailedPrecondition
-from provisioner.model.records import Session, Vm
+from provisioner.model.records import Session, Vm, vm_copy
 from provisioner.model.states import SessionState as S
 from provisioner.model.states import VmState as V
 
@@ -65,7 +65,12 @@ def test_a_restored_stopping_session_on_a_failed_vm_ends_when_the_reconciler_fin
     vm = d.add_warm(LATEST)
     s = d.allocate()
     d.stop(s)
-    vm.to(V.FAILED, "delete failed: unavailable", d.now)  # as recorded before the session was ended
+    failed = vm_copy(d.core.vms[vm.id])
+    failed.to(V.FAILED, "delete failed: unavailable", d.now)  # as recorded before the session was ended
+    records = (d.core.sessions[s.id],), (failed,)
+    d = driver(recycle=False, min_vms=0)  # a restart, from those records
+    d.send(Restored(d.now, *records))
+    s, vm = d.live(records[0][0]), d.live(failed)
     d.reconciled(reconcile(d.core.vms.values(), [], d.now))
     assert s.state is S.STOPPED and vm.id not in d.core.vms
 
@@ -214,7 +219,7 @@ def test_restore_rebuilds_state_and_reissues_cloud_work():
     assert pull.image == LATEST and pull.layers == tuple(vb.cache.missing(LATEST, CATALOG))
 
     # The restored core finishes what was under way; the queued session gets the wiped VM.
-    got = {s.id: new.sessions[s.id] for s in (s1, s2, s3, s4, s5)}
+    got = {s.id: r.live(new.sessions[s.id]) for s in (s1, s2, s3, s4, s5)}
     r.run_until(lambda: all(got[s.id].state is S.RUNNING for s in (s2, s3, s4, s5)), 1500)
     assert got[s1.id].state is S.STOPPED and got[s5.id].vm_id == va.id and vc.id not in new.vms
 

@@ -81,7 +81,7 @@ def test_an_expired_launch_fails_its_vm_deletes_what_may_be_left_and_places_the_
     d = Driver(make_core(min_vms=0, headroom_fraction=0.0))
     d.lost = {ev.VmReady}
     s = d.allocate()
-    first = d.core.vms[s.vm_id]
+    first = d.live(d.core.vms[s.vm_id])
     d.run_until(lambda: first.state is V.DELETING, d.core.limits.launch_s + 2 * d.tick_s)
     assert [h.state for h in first.history] == ["creating", "booting", "failed", "deleting"]
     assert "deadline_exceeded" in first.history[2].reason

@@ -40,12 +40,16 @@ async def test_a_pool_chooses_its_disk_type(tmp_path, fake, loopback_only):
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,
                               "agent_package": "preinstalled"}
         cluster["pools"][0]["boot_disk_type"] = "pd-ssd"
-        del cluster["pools"][0]["disk_hourly_price_usd"]
+        for pool in cluster["pools"]:
+            del pool["disk_hourly_price_usd"]
 
     from provisioner.cloud.gce import GceBackend
     cluster = fleet_config(tmp_path, edit).cluster(CLUSTER)
-    pool = cluster.pools[0]
+    pool, other = cluster.pools[0], cluster.pools[1]
     assert pool.name == "gpu-p100" and pool.disk_hourly_price_usd == round(0.17 * 250 / 730, 4)
+    # A pool that names no disk type gets pd-balanced, priced as pd-balanced (list price per GB-month).
+    assert other.boot_disk_type == "pd-balanced"
+    assert other.disk_hourly_price_usd == round(0.10 * other.disk_cache_gb / 730, 4)
     b = GceBackend(cluster, RealClock(TIME_SCALE))
     assert isinstance(await b.create(spec("vm-ssd")), CloudVm)
     assert fake.instances[(PROJECT, "vm-ssd")].body["disks"][0]["initializeParams"]["diskType"].endswith("/pd-ssd")
@@ -190,6 +194,42 @@ async def test_a_lost_answer_is_asked_for_again_instead_of_hanging_the_command(t
     commands = [c for c in fake.calls("setMetadata") if c.instance == "vm-q"]
     asks = [json.loads(next(i["value"] for i in c.body["items"] if i["key"] == "provisioner-command")) for c in commands]
     assert len({a["id"] for a in asks}) == 1 and [a.get("ask", 0) for a in asks] == [0, 1]
+    await b.close()
+
+
+async def test_a_command_still_at_work_is_not_taken_for_a_lost_answer(tmp_path, fake, loopback_only):
+    # A wipe (or a layer being unpacked) reports nothing for longer than the silence; asked again,
+    # the agent says `asked-<id>`, and the command goes on to its end instead of failing.
+    b = backend(tmp_path, fake, command_timeout_s=3600.0, command_silence_s=60.0)
+    assert isinstance(await b.create(spec("vm-w")), CloudVm)
+    assert isinstance(await b.wait_ready("vm-w", "us-central1-f"), CloudVm)
+    fake.command_s = 4.0  # 1,200 model seconds: many silences long
+    started = b.clock.now()
+    assert await b.wipe("vm-w", "us-central1-f") is None
+    assert b.clock.now() - started >= 1200
+    asks = [json.loads(next(i["value"] for i in c.body["items"] if i["key"] == "provisioner-command")).get("ask", 0)
+            for c in fake.calls("setMetadata") if c.instance == "vm-w"]
+    assert max(asks) > 2  # asked more often than an agent that never answers may be
+    await b.close()
+
+
+async def test_a_running_vm_whose_agent_reports_preemption_or_maintenance_is_taken(tmp_path, fake, loopback_only):
+    # The agent's word comes before the instance's status: a VM still RUNNING that reports
+    # `preempted` or `maintenance` is reported with that cause.
+    b = backend(tmp_path, fake)
+    assert isinstance(await b.create(spec("vm-p")), CloudVm)
+    assert isinstance(await b.wait_ready("vm-p", "us-central1-f"), CloudVm)
+    guest = fake.instances[(PROJECT, "vm-p")].guest
+    guest["maintenance"] = "MIGRATE_ON_HOST_MAINTENANCE"
+    await b.clock.sleep(60)  # past the health read's reuse of a recent read
+    report = await b.health("vm-p", "us-central1-f")
+    assert (report.healthy, report.cause, report.detail) == (False, "maintenance",
+                                                             "host maintenance (MIGRATE_ON_HOST_MAINTENANCE)")
+    guest["preempted"] = "TRUE"
+    await b.clock.sleep(60)
+    report = await b.health("vm-p", "us-central1-f")
+    assert fake.status(PROJECT, "vm-p") == "RUNNING"
+    assert (report.healthy, report.cause, report.detail) == (False, "preempted", "preempted (spot)")
     await b.close()
 
 

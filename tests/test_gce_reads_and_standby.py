@@ -10,6 +10,7 @@ import asyncio
 
 from gce_fixtures import CLUSTER, PROJECT, TIME_SCALE, backend, gce_fleet, ready_vm, spec, until
 from gce_fixtures import fake, loopback_only  # noqa: F401 (fixtures)
+from live_records import follow
 from provisioner.common.clock import RealClock
 from provisioner.cloud.base import CloudFailure, CloudVm
 from provisioner.cloud.gce import GUEST_IDLE_MAX_S, GceBackend
@@ -124,7 +125,7 @@ async def test_a_burst_of_429s_fails_no_session_and_deletes_no_vm(tmp_path, fake
     try:
         core = runtime.core
         await until(lambda: sum(vm.state.value == "warm" for vm in core.vms.values()) >= 4, what="warm pools")
-        s = runtime.allocate(SessionSpec("burst-1", "ada", "gpu-p100", "gpu:latest"))
+        s = follow(runtime)(runtime.allocate(SessionSpec("burst-1", "ada", "gpu-p100", "gpu:latest")))
         await until(lambda: s.state.value == "running", what="running session")
         live = {vid for vid, vm in core.vms.items() if vm.state.value in ("warm", "assigned")}
         for op in ("get", "getGuestAttributes"):

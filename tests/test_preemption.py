@@ -104,7 +104,7 @@ def test_a_preempted_session_asked_to_be_requeued_is_queued_again_as_a_new_sessi
     dee = d.allocate("dee")
     victim = batches[-1]
     d.run_until(lambda: victim.state is not S.RUNNING, GRACE + 10)
-    again = d.core.sessions[victim.requeued_as]
+    again = d.live(d.core.sessions[victim.requeued_as])
     assert again.requeued_from == victim.id and again.spec.user_id == "ben" and again.spec.kind is BATCH
     assert again.spec.request_id == f"requeue-{victim.id}" and again.state is S.QUEUED
     assert again.queue_position == 2  # behind dee, who waits for the victim's VM to be wiped
@@ -133,8 +133,8 @@ def test_a_preemption_survives_a_restart_of_the_core():
     fresh = Driver(make_core(max_vms=4, min_vms=0, headroom_fraction=0.0,
                              priority={"share_gpus_per_user": 1, "grace_period_s": GRACE}), now=d.now)
     fresh.send(ev.Restored(fresh.now, sessions, vms))
-    victim = fresh.core.sessions[batches[-1].id]
-    waiting = fresh.core.sessions[dee.id]
+    victim = fresh.live(fresh.core.sessions[batches[-1].id])
+    waiting = fresh.live(fresh.core.sessions[dee.id])
     assert waiting.queue_position == 1
     fresh.run_until(lambda: victim.state is not S.RUNNING, GRACE)
     assert victim.reason.startswith("preempted") and fresh.now <= batches[-1].preempt_at + fresh.core.config.tick_s

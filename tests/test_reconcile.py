@@ -135,7 +135,7 @@ def test_a_session_whose_vm_vanished_while_booting_gets_another():
     d = Driver(make_core(min_vms=0, headroom_fraction=0.0))
     s = d.allocate(user="ada")
     d.advance(d.create_s + 1)  # its VM is booting
-    first = d.core.vms[s.vm_id]
+    first = d.live(d.core.vms[s.vm_id])
     assert first.state is V.BOOTING and s.state is SessionState.PROVISIONING
     d.reconciled(reconcile(d.core.vms.values(), [], d.now))
     assert first.state is V.DELETED and first.id not in d.core.vms

@@ -4,6 +4,7 @@ store, and a restart loads only the live sessions and the recently ended ones.""
 from __future__ import annotations
 
 from core_driver import make_core
+from live_records import follow
 
 from provisioner.common.clock import ManualClock
 from provisioner.cloud.sim import SimCloud
@@ -38,7 +39,8 @@ async def test_an_ended_session_leaves_memory_and_is_still_read_from_the_store(t
     await rt.start()
     try:
         await advance(rt, clock, 300)
-        old, live = rt.allocate(spec("old")), rt.allocate(spec("live"))
+        live_now = follow(rt)
+        old, live = live_now(rt.allocate(spec("old"))), live_now(rt.allocate(spec("live")))
         await advance(rt, clock, 300)
         rt.stop(old.id, "done")
         await advance(rt, clock, 60)

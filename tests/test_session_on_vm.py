@@ -15,6 +15,7 @@ import pytest
 from conftest import fleet_config
 from fake_compute import FakeCompute
 from oci import TOKEN_ENV, build_image, push_image, push_versions, require_tools, start_registry
+from live_records import follow
 from podman import skip_or_fail, start_podman
 from provisioner.common.clock import RealClock
 from provisioner.cloud.gce import GceBackend
@@ -99,7 +100,7 @@ async def test_a_session_runs_its_pinned_digest_behind_its_secret_and_the_wipe_l
     decoy_process = subprocess.Popen(["sleep", "600"], user=1000)  # a uid the old wipe killed
     engine.cli("run", "-d", "--name", "decoy", "--env", f"{TOKEN_ENV}=decoy", f"{registry.host}/nb@{images['v3'].digest}")
 
-    s = runtime.allocate(SessionSpec("acceptance-1", "alice", POOL, "nb:v2"))
+    s = follow(runtime)(runtime.allocate(SessionSpec("acceptance-1", "alice", POOL, "nb:v2")))
     assert s.image_digest == images["v2"].digest
     await until(lambda: s.state.value in ("running", "failed"), timeout=120, what="the session running")
     assert s.state.value == "running", s.history

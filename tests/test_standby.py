@@ -17,7 +17,7 @@ from provisioner.decide.pools import FORECAST_REFRESH_S, forecast_due
 from provisioner.decide.reconcile import reconcile
 from provisioner.model.states import SessionState as S
 from provisioner.model.states import VmState as V
-from provisioner.model.records import StartKind
+from provisioner.model.records import StartKind, vm_copy
 
 
 def standby_pool(**pool) -> Driver:
@@ -42,10 +42,9 @@ def test_idle_vms_go_to_standby_and_a_session_starts_the_one_holding_its_image()
 
 def test_a_start_that_stocks_out_falls_back_to_a_standby_vm_in_another_zone():
     d = standby_pool()
-    a, b = d.make_standby(2)
+    a, b = d.make_standby(2, images=("gpu:v101", "gpu:v160"))  # a is the best-cached for the session
     assert a.zone != b.zone  # the pool spreads its VMs over its zones
     launches = len(d.commands(Launch))
-    a.cache.add("gpu:v101", d.core.catalog, d.now)  # a is the best-cached for the session
     d.fail_zones = {a.zone: "stockout"}
     s = d.allocate(image="gpu:v101")
     assert s.vm_id == a.id
@@ -120,7 +119,7 @@ def test_a_restarted_core_starts_again_what_was_starting_and_stops_what_was_stop
 
 def test_choose_standby_prefers_the_fewest_missing_bytes_in_a_usable_zone():
     d = standby_pool()
-    a, b = d.make_standby(2)
+    a, b = (vm_copy(vm) for vm in d.make_standby(2))  # records of the test's own, to change
     catalog = d.core.catalog
     b.cache.add("gpu:v101", catalog, d.now)
     assert choose_standby("gpu:v101", [a, b], catalog, lambda vm: True) is b

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from core_driver import Driver, make_core
+from provisioner.model.records import vm_copy
 from provisioner.model.states import StateChange, VmState
 from provisioner.store import open_store
 
@@ -26,7 +27,7 @@ def store(store_url, tmp_path):
 
 def some_vms():
     d = Driver(make_core())
-    vms = [d.add_warm(*IMAGES), d.add_warm(*IMAGES[:1])]
+    vms = [vm_copy(d.add_warm(*IMAGES)), vm_copy(d.add_warm(*IMAGES[:1]))]  # records of the test's own
     return d.core, vms
 
 

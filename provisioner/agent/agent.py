@@ -62,6 +62,7 @@ class Agent:
         self._ask = 0  # how many times the cluster has asked for it again (its answer was lost)
         self.guest = GuestWriter(metadata, clock, cfg.guest_writes_per_minute)
         self._task: asyncio.Task | None = None
+        self._asked: dict[str, asyncio.Task] = {}  # commands that said `asked-<id>`: the write of it
         self._reported: list[str] = []  # commands whose attributes are on the metadata server
         self._hardware: list[str] = []  # XID and ECC faults: they stay once seen
 
@@ -135,9 +136,13 @@ class Agent:
         """Runs a new command once; a new one supersedes the one under way."""
         cid, ask = command["id"], command.get("ask", 0)
         if cid == self._current:
-            # Asked again: the answer written was lost (guest attributes beyond the rate may be).
+            # Asked again: the answer written was lost (guest attributes beyond the rate may be), or
+            # the command is still at work with nothing to report (a wipe, a layer being unpacked):
+            # `asked-<id>` tells the cluster it is, so the silence is not taken for a lost answer.
             if ask != self._ask and self._task is not None and self._task.done() and self.done.get(cid):
                 self._task = asyncio.create_task(self._report(cid, self.done.get(cid), None))
+            elif ask != self._ask and self._task is not None and not self._task.done():
+                self._asked[cid] = asyncio.create_task(self.put(f"asked-{cid}", str(ask)))
             self._ask = ask
             return
         previous, self._current, self._ask = self._task, cid, ask
@@ -184,7 +189,8 @@ class Agent:
     async def _forget_old(self, cid: str) -> None:
         """Keeps the attributes of the last command and this one (a namespace holds at most 100)."""
         for old in self._reported[:-1]:
-            for key in (f"progress-{old}", f"done-{old}"):
+            asked = (f"asked-{old}",) if self._asked.pop(old, None) else ()
+            for key in (f"progress-{old}", f"done-{old}", *asked):
                 self.guest.delete(key)
         self._reported = self._reported[-1:] + [cid]
 

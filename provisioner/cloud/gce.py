@@ -19,11 +19,11 @@
   `provisioner/done-<id>` (`ok` or an error); a fault it sees is `provisioner/healthy` 0 with
   `provisioner/health-detail`, host maintenance ahead `provisioner/maintenance`, a Spot
   preemption `provisioner/preempted`. A new command (new id) supersedes the one before; the
-  same command asked again (`ask`) is answered again. Instances carry
-  `enable-guest-attributes: TRUE` in their metadata (the project's metadata may set it too).
+  same command asked again (`ask`) is answered again, or, still at work, says `asked-<id>`.
+  Instances carry `enable-guest-attributes: TRUE` (the project's metadata may set it too).
 - an answer dropped on the way (Compute may drop guest attributes written beyond about 10 a
   minute) cannot hang a command: after `command_silence_s` without news the command is asked
-  again, and after ASKS askings it fails.
+  again, and after ASKS askings left unanswered (`asked-<id>` answers one) it fails.
 - guest attributes are read within Google's documented rate (about 10 reads a minute per VM):
   one query for the whole `provisioner/` namespace, never two for a VM within
   GUEST_READ_INTERVAL_S, and further apart while nothing changes (up to GUEST_IDLE_MAX_S).
@@ -274,16 +274,15 @@ class GceBackend:
 
     async def _answer(self, vm_id: str, zone: str, command: dict, on_progress: ProgressCallback | None,
                       ) -> CloudFailure | str:
-        """Hands the agent a command through metadata and follows its guest attributes; on
-        success, the agent's answer (`ok`, or `ok <detail>`). An agent silent for
-        `command_silence_s` is asked again (its answer may have been dropped: guest attributes
-        written beyond the VM's rate may be), and given up after ASKS askings."""
+        """Hands the agent a command through metadata and follows its guest attributes; on success,
+        the agent's answer (`ok`, or `ok <detail>`). An agent silent for `command_silence_s` is
+        asked again (its answer may have been dropped); given up after ASKS askings unanswered."""
         cid = uuid.uuid4().hex[:12]
         command = {"id": cid, **command}
         deadline = self.clock.now() + self.config.command_timeout_s
         if (failure := await self._send(vm_id, zone, command, deadline)) is not None:
             return failure
-        reported, interval, heard_at = -1, GUEST_READ_INTERVAL_S, self.clock.now()
+        reported, interval, heard_at, acked = -1, GUEST_READ_INTERVAL_S, self.clock.now(), None
         while self.clock.now() < deadline:
             guest = await self._guest(vm_id, zone)
             changed = False
@@ -297,13 +296,13 @@ class GceBackend:
                     progress = max(progress, command.get("bytes", 0))
                 if on_progress is not None and progress != reported:
                     on_progress(progress)
-                changed, reported = progress != reported, progress
+                changed, reported, acked = progress != reported, progress, guest.get(f"asked-{cid}")
                 if done is not None:
                     return done if done.split(" ")[0] == "ok" else CloudFailure("internal", f"agent: {done}", zone)
             if changed:
                 heard_at = self.clock.now()
             elif self.clock.now() - heard_at >= self.config.command_silence_s:
-                if command.get("ask", 0) >= ASKS:
+                if command.get("ask", 0) - int(acked if (acked or "").isdigit() else 0) >= ASKS:  # unanswered
                     return CloudFailure("unavailable", f"the agent of {vm_id} stopped answering {command['op']}", zone)
                 command["ask"], heard_at = command.get("ask", 0) + 1, self.clock.now()
                 if (failure := await self._send(vm_id, zone, command, deadline)) is not None:

@@ -5,7 +5,6 @@ sessions the abuse watch flagged). It is told only of durable steps (cluster/run
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 from typing import AsyncIterator, Iterable
 
@@ -65,7 +64,7 @@ class Watchers:
             place = None  # the queue position last told
             if current.revision > after_revision or current.state is SessionState.QUEUED:
                 after_revision, place = current.revision, current.queue_position
-                yield _snapshot(current)
+                yield current
             if current.terminal:
                 return
             while (s := await watch.reports.get()) is not None:
@@ -118,7 +117,7 @@ class _Watch:
 
     def changed(self, s: Session) -> None:
         self._drop_held()  # the change's report carries the place too
-        self.reports.put_nowait(_snapshot(s))
+        self.reports.put_nowait(s)
 
     def moved(self, s: Session) -> None:
         now = self._loop.time()  # wall time on purpose: the pace is what the cluster, the front and clients bear
@@ -142,7 +141,7 @@ class _Watch:
 
     def _tell_move(self, s: Session) -> None:
         self._move_told_at = self._loop.time()
-        self.reports.put_nowait(_snapshot(s))
+        self.reports.put_nowait(s)
 
     def _drop_held(self) -> None:
         if self._timer is not None:
@@ -150,7 +149,3 @@ class _Watch:
             self._timer = None
         self._held = None
 
-
-def _snapshot(s: Session) -> Session:
-    """A copy that later changes do not reach (watchers may read it after the next event)."""
-    return dataclasses.replace(s, history=list(s.history))

@@ -55,10 +55,10 @@ class AbuseWatch:
     """What the rules still need of each running session, judged at each of its usage reports."""
 
     def __init__(self, config: AbuseConfig, sessions: Mapping[str, Session], vms: Mapping[str, Vm],
-                 changed: Callable[[Session], None], stop: Callable[[str, str, float], object]):
+                 note: Callable[..., None], stop: Callable[[str, str, float], object]):
         self.config = config
         self._sessions, self._vms = sessions, vms  # the core's, read only
-        self._changed = changed  # a session's record changed (its decision record)
+        self._note = note  # marks a session: its decision record (decide/sessions.py: Sessions.note)
         self._stop = stop  # stops a session (id, reason, now) as a user's stop does
         self._watched: dict[str, Watched] = {}  # running session id -> what abuse detection still needs
 
@@ -95,8 +95,7 @@ class AbuseWatch:
         return max(cfg.idle_busy_window_s, cfg.batch_busy_window_s, cfg.pool_connection_min_s) + cfg.max_sample_gap_s
 
     def _flag(self, s: Session, record: Decision, now: float) -> None:
-        s.abuse = record
         del self._watched[s.id]
-        self._changed(s)
+        self._note(s, abuse=record)
         if not record.dry_run:
             self._stop(s.id, f"stopped for abuse: {', '.join(record.rules)}", now)

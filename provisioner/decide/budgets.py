@@ -25,10 +25,10 @@ class Budgets:
     """The running sessions' budget ends, and when each is next warned of or stopped at."""
 
     def __init__(self, sessions: Mapping[str, Session], warnings_s: Sequence[float],
-                 changed: Callable[[Session], None], stop: Callable[[str, str, float], object]):
+                 note: Callable[..., None], stop: Callable[[str, str, float], object]):
         self._sessions = sessions  # the core's, read only
         self._warnings_s = warnings_s
-        self._changed = changed  # a session's record changed (a notice, a new end)
+        self._note = note  # marks a session: a notice, a new end (decide/sessions.py: Sessions.note)
         self._stop = stop  # stops a session (id, reason, now) as a user's stop does
         self._due: list[tuple[float, str]] = []  # (next budget warning or stop, session id)
 
@@ -36,8 +36,7 @@ class Budgets:
         s = self._sessions.get(session_id)
         if s is None or s.terminal or s.budget_ends_at == ends_at:
             return s
-        s.budget_ends_at = ends_at
-        self._changed(s)
+        self._note(s, budget_ends_at=ends_at)
         self.watch(s, now)
         return s
 
@@ -71,9 +70,8 @@ class Budgets:
                 continue
             if any(t <= now for t in self._warnings_owed(s)):
                 left = s.budget_ends_at - now
-                s.notices.append(Notice(GPU_BUDGET, f"the weekly GPU budget runs out in {_minutes(left)}: "
-                                                    "the session stops then", now, s.budget_ends_at))
-                self._changed(s)
+                self._note(s, Notice(GPU_BUDGET, f"the weekly GPU budget runs out in {_minutes(left)}: "
+                                                 "the session stops then", now, s.budget_ends_at))
             self.watch(s, now)
 
 

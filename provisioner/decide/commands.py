@@ -107,7 +107,9 @@ Command = Launch | Pull | Wipe | Delete | Stop | Start | StartNotebook | StopNot
 @dataclass(slots=True)
 class Step:
     """The outcome of handling events: commands to run, records to write (before acting on them,
-    and to tell watchers), and the answer to the last request among the events, if any."""
+    and to tell watchers), and the answer to the last request among the events, if any. The
+    records, and a reply that is one, are frozen values as of this step (decide/changes.py): a
+    writer or watcher holding them never sees a later change."""
 
     commands: list[Command] = field(default_factory=list)
     sessions: list[Session] = field(default_factory=list)

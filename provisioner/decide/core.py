@@ -72,20 +72,23 @@ class ClusterCore:
         self._vms = Vms(self.name, self.ids, current, self._sizing, self._in_flight, self._changes)
         self._sessions = Sessions(self.name, sessions, current, self.ids, self.priority, self._sizing, self._changes)
         self._notebooks = Notebooks(cluster.sim.notebook_start_s, current, self._in_flight)
-        # Read-only views of the records, for the other parts and the shells (get, sessions, vms, pools).
-        self.pools: dict[str, PoolState] = self._sizing.pools
-        self.vms: dict[str, Vm] = self._vms.vms
-        self.sessions: dict[str, Session] = self._sessions.sessions
-        self.by_request: dict[str, str] = self._sessions.by_request
-        stop, changed = self._sessions.stop, self._changes.session
-        self.culling = Culling(self.sessions, stop)
-        self.prewarming = Prewarming(self.name, self.pools, current, self._vms.prewarm)
-        self.holdings = Holdings(self.pools, self.sessions, self.priority)
-        self.preemption = Preemption(self.sessions, self.pools, self.priority, self.holdings, self.holdings.at_ceiling,
-                                     changed, stop, self._sessions.requeue)
-        self.budgets = Budgets(self.sessions, sessions.budget_warnings_s, changed, stop)
+        # The reads: each record's frozen value as of the last step (decide/changes.py), never a
+        # record the core goes on changing; and the pools (decide/pools.py).
+        self.sessions: Mapping[str, Session] = MappingProxyType(self._changes.sessions)
+        self.vms: Mapping[str, Vm] = MappingProxyType(self._changes.vms)
+        self.by_request: Mapping[str, str] = MappingProxyType(self._sessions.by_request)
+        self.pools: Mapping[str, PoolState] = MappingProxyType(self._sizing.pools)
+        # The other parts read the records themselves (read only) and ask their owners to act.
+        records, machines, pools = self._sessions.sessions, self._vms.vms, self._sizing.pools
+        stop, note = self._sessions.stop, self._sessions.note
+        self.culling = Culling(records, stop)
+        self.prewarming = Prewarming(self.name, pools, current, self._vms.prewarm, self._sizing.demanded)
+        self.holdings = Holdings(pools, records, self.priority)
+        self.preemption = Preemption(records, pools, self.priority, self.holdings, self.holdings.at_ceiling,
+                                     note, stop, self._sessions.requeue)
+        self.budgets = Budgets(records, sessions.budget_warnings_s, note, stop)
         # Judges running sessions' usage by the fleet's abuse thresholds (provisioner/rules/abuse.py).
-        self.abuse_watch = AbuseWatch(abuse or AbuseConfig(), self.sessions, self.vms, changed, stop)
+        self.abuse_watch = AbuseWatch(abuse or AbuseConfig(), records, machines, note, stop)
         self._sizing.connect(self._vms, self.prewarming, self.holdings.queued_demand, self._sessions.dispatch)
         self._vms.connect(self._sessions, self._notebooks, self.prewarming)
         self._sessions.connect(self._vms, self._notebooks, self.holdings, self.preemption, self.culling,
@@ -202,15 +205,15 @@ class ClusterCore:
                 self.holdings.change(s, None)
                 self.preemption.restore(s)
 
-        self._sessions.restore(sessions, each)
+        self._changes.restored(self._sessions.restore(sessions, each), restored)
         for vm in restored:
             self._vms.reissue(vm, now)
 
     def _set_catalog(self, catalog: ImageCatalog, now: float) -> None:
         """Takes a new catalog, keeping from the old one any version a live session, a pull or a
         pool's demand still names (a tag deleted from the registry must not orphan them)."""
-        in_use = {s.image for s in self.sessions.values() if not s.terminal}
-        in_use.update(vm.pulling for vm in self.vms.values() if vm.pulling)
+        in_use = {s.image for s in self._sessions.sessions.values() if not s.terminal}
+        in_use.update(vm.pulling for vm in self._vms.vms.values() if vm.pulling)
         for pool in self.pools.values():
             in_use.update(pool.demand.decayed(now), pool.ranking)
         self.catalog = catalog.keeping(self.catalog, in_use)

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from provisioner.decide.events import Event, Restored
+from provisioner.decide.events import Event
 from provisioner.model.errors import ProvisionerError
-from provisioner.model.records import Session, Vm
 
 
 class EventLog:
@@ -21,9 +20,7 @@ class EventLog:
         self.events: deque[Event] = deque()
 
     def record(self, event: Event) -> None:
-        if isinstance(event, Restored):  # the core goes on changing these objects: keep them as they were
-            event = Restored(event.at, tuple(Session.from_dict(s.to_dict()) for s in event.sessions),
-                             tuple(Vm.from_dict(v.to_dict()) for v in event.vms))
+        # Kept as it is: the core changes only records of its own, copied from a Restored's.
         self.events.append(event)
         while self.events[0].at < event.at - self.keep_s:
             self.events.popleft()
@@ -32,9 +29,6 @@ class EventLog:
 def replay(events: Iterable[Event], core) -> None:
     """Feeds `events` to `core` as they were handled (a refused request is refused again)."""
     for event in events:
-        if isinstance(event, Restored):
-            event = Restored(event.at, tuple(Session.from_dict(s.to_dict()) for s in event.sessions),
-                             tuple(Vm.from_dict(v.to_dict()) for v in event.vms))
         try:
             core.handle(event)
         except ProvisionerError:

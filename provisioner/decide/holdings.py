@@ -73,7 +73,4 @@ class Holdings:
                     borrowable[s.id] = None
                 else:
                     del borrowable[s.id]
-            if new not in HOLDING and s.preempt_at:
-                # Preempted, it stops (for this or any other reason) or fails before its grace
-                # period ends: it is preempted no more; its heap entry finds nothing to do.
-                s.preempt_at = 0.0
+            # A preempted session that stops here is preempted no more: decide/sessions.py clears it.

@@ -54,7 +54,8 @@ class PoolState:
 
     Each field has one writer: the queue and its order decide/queue.py (a user's queued sessions
     move in the order as what the user holds changes: decide/holdings.py), the ranking of images
-    to hold decide/prewarming.py, the rest decide/sizing.py."""
+    to hold (ranking, keep_layers, ranking_gen, ranking_at) decide/prewarming.py, the rest
+    decide/sizing.py."""
 
     config: PoolConfig  # as the config file has it
     policy: PoolConfig  # as operators left it: the file's, with their overrides

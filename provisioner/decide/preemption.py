@@ -31,13 +31,13 @@ class Preemption:
 
     def __init__(self, sessions: Mapping[str, Session], pools: Mapping[str, PoolState], priority: PriorityConfig,
                  holdings: Holdings, at_ceiling: Callable[[PoolState, Session], bool],
-                 changed: Callable[[Session], None], stop: Callable[[str, str, float], object],
+                 note: Callable[..., None], stop: Callable[[str, str, float], object],
                  requeue: Callable[[Session, float], None]):
         self._sessions, self._pools = sessions, pools  # the core's, read only
         self._priority = priority
         self._holdings = holdings
         self._at_ceiling = at_ceiling  # its user holds the pool's per-user ceiling of VMs
-        self._changed = changed  # a session's record changed (a notice)
+        self._note = note  # marks a session: a notice, a preemption (decide/sessions.py: Sessions.note)
         self._stop = stop  # stops a session (id, reason, now) as a user's stop does
         self._requeue = requeue  # queues a new session with a preempted one's spec
         self._due: list[tuple[float, str]] = []  # (end of a grace period, preempted session id)
@@ -94,10 +94,9 @@ class Preemption:
                    "is guaranteed")
         else:
             why = f"its class {v.priority_class} ranks below {s.priority_class}"
-        v.preempt_at, v.preempted_for = stop_at, s.id
-        v.notices.append(Notice(PREEMPTION, f"{STOP_REASON}: {why}, and a session within its user's share needs "
-                                            f"the GPU{_THEN}{stop_at - now:g} s", now, stop_at))
-        self._changed(v)
+        self._note(v, Notice(PREEMPTION, f"{STOP_REASON}: {why}, and a session within its user's share needs "
+                                         f"the GPU{_THEN}{stop_at - now:g} s", now, stop_at),
+                   preempt_at=stop_at, preempted_for=s.id)
         self._preempting[v.id] = s.id
         heapq.heappush(self._due, (stop_at, v.id))
 
@@ -115,16 +114,13 @@ class Preemption:
                 continue
             notice = v.notices[-1] if v.notices and v.notices[-1].kind == PREEMPTION else None
             reason = notice.message.partition(_THEN)[0] if notice else STOP_REASON
-            v.preempt_at = 0.0
-            self._stop(v.id, reason, now)
+            self._stop(v.id, reason, now)  # it no longer holds its VM: preempted no more (decide/sessions.py)
             if v.spec.requeue:
                 self._requeue(v, now)
 
     def _withdraw(self, v: Session, now: float) -> None:
-        v.preempt_at, v.preempted_for = 0.0, ""
-        v.notices.append(Notice(PREEMPTION, "preemption withdrawn: the GPU is no longer needed; the session "
-                                            "runs on", now, now))
-        self._changed(v)
+        self._note(v, Notice(PREEMPTION, "preemption withdrawn: the GPU is no longer needed; the session runs on",
+                             now, now), preempt_at=0.0, preempted_for="")
 
     def _waiting_claimants(self) -> list[Session]:
         """The sessions that preempted others and still wait for their VMs. A claim lasts until

@@ -17,10 +17,11 @@ from provisioner.model.states import VmState as V
 
 class Prewarming:
     def __init__(self, cluster: str, pools: Mapping[str, PoolState], catalog: Callable[[], ImageCatalog],
-                 pull: Callable[[Vm, str, tuple, float], None]):
+                 pull: Callable[[Vm, str, tuple, float], None], demanded: Callable[[PoolState, str, float], None]):
         self._cluster = cluster
         self._pools = pools  # the core's
         self._pull = pull  # pulls an image's missing layers onto an idle VM (decide/vms.py)
+        self._demanded = demanded  # counts demand for an image in a pool (decide/sizing.py)
         self._catalog = catalog  # the core's current catalog
         self.catalog_changed()
         # vm id -> (ranking_gen, position in the ranking up to which the VM holds every image).
@@ -89,7 +90,7 @@ class Prewarming:
         chosen = candidates[:max(0, count - have)]
         for vm in chosen:
             self._prewarm(vm, version, now)
-        pool.demand.count(version, now)
+        self._demanded(pool, version, now)
         return [vm.id for vm in chosen]
 
 

@@ -17,7 +17,7 @@ from provisioner.config.policy import PriorityConfig
 from provisioner.decide.assignment import choose_standby, choose_vm
 from provisioner.decide.changes import Changes
 from provisioner.decide.culling import Culling, minutes
-from provisioner.decide.holdings import Holdings
+from provisioner.decide.holdings import HOLDING, Holdings
 from provisioner.decide.ids import IdSource
 from provisioner.decide.pools import PoolState
 from provisioner.decide.preemption import PREEMPTION
@@ -25,7 +25,7 @@ from provisioner.decide.queue import Queue
 from provisioner.decide.sizing import Sizing
 from provisioner.model.errors import FailedPrecondition, NotFound, ProvisionerError, UserBlocked, quote
 from provisioner.model.images import ImageCatalog
-from provisioner.model.records import Notice, Session, SessionKind, SessionSpec, StartKind, Vm
+from provisioner.model.records import Notice, Session, SessionKind, SessionSpec, StartKind, Vm, session_copy
 from provisioner.model.states import SessionState
 from provisioner.rules.validation import priority_class, validate_spec
 
@@ -41,6 +41,8 @@ S = SessionState
 PLACEMENT_ATTEMPTS = 3
 # A requeued session with less max runtime left than this is not worth a VM's assignment.
 MIN_REQUEUED_RUNTIME_S = 60.0
+# The fields of a session other parts mark (Sessions.note): budgets, preemption, abuse watch.
+_MARKS = frozenset({"budget_ends_at", "preempt_at", "preempted_for", "abuse"})
 
 
 def find(sessions: Mapping[str, Session], session_id: str, user_id: str = "") -> Session:
@@ -157,6 +159,7 @@ class Sessions:
         if not s.terminal:
             raise FailedPrecondition(f"session {session_id} is {s.state}; only ended sessions can be forgotten")
         del self.sessions[session_id]
+        self._changes.forgot(session_id)
         if self.by_request.get(s.spec.key) == session_id:
             del self.by_request[s.spec.key]
 
@@ -198,6 +201,10 @@ class Sessions:
 
     def _set_state(self, s: Session, state: SessionState, reason: str, now: float) -> None:
         self._holdings.change(s, state)
+        if s.preempt_at and state not in HOLDING:
+            # Preempted, it stops (for this or any other reason) or fails before its grace period
+            # ends: it is preempted no more; its heap entry finds nothing to do.
+            s.preempt_at = 0.0
         s.to(state, reason, now)
         self._changes.session(s)
         if state is not S.RUNNING:
@@ -235,12 +242,16 @@ class Sessions:
         elif not s.terminal:
             self.end(s, S.FAILED, reason, now)
 
-    def taken(self, s: Session, reason: str, preempted: bool, now: float) -> None:
-        """The cloud took the session's VM (a Spot preemption, host maintenance): the session ends
-        with that reason, and a preempted batch run starts over on another VM."""
-        self.end(s, S.FAILED, reason, now)
-        if preempted and s.spec.kind is SessionKind.BATCH:
-            self.requeue(s, now)
+    def note(self, s: Session, notice: Notice | None = None, **marks) -> None:
+        """What another part marks on a session: a notice for its watchers, and its budget's end,
+        its preemption or its abuse decision record (only those)."""
+        for name, value in marks.items():
+            if name not in _MARKS:
+                raise TypeError(f"{name} is not a mark another part may set on a session")
+            setattr(s, name, value)
+        if notice is not None:
+            s.notices.append(notice)
+        self._changes.session(s)
 
     def tick(self, now: float) -> None:
         """Fails sessions queued too long, and forgets those ended long enough ago."""
@@ -251,11 +262,14 @@ class Sessions:
         if _forget_due(self, now):
             self._forget_ended(now)
 
-    def restore(self, sessions: Iterable[Session], each: Callable[[Session], None]) -> None:
+    def restore(self, sessions: Iterable[Session], each: Callable[[Session], None]) -> list[Session]:
         """Takes the sessions as the store kept them: a queued one back in its queue, an ended one
-        kept in memory for what is left of its retention; `each` tells the other parts of each."""
+        kept in memory for what is left of its retention; `each` tells the other parts of each.
+        Returns the records made of them."""
+        restored = []
         for s in sessions:
-            self.sessions[s.id] = s
+            s = self.sessions[s.id] = session_copy(s)  # the core's own: the event's value stays as it was
+            restored.append(s)
             if s.priority_class not in self._priority.classes:  # an older record, or a class since removed
                 s.priority_class = self._priority.class_of(s.spec.kind.value)
             self.by_request[s.spec.key] = s.id
@@ -265,6 +279,7 @@ class Sessions:
                 self._queue.restore(s)
             each(s)
         self._queue.renumber_all()
+        return restored
 
     def _retain(self, s: Session, ended_at: float) -> None:
         """An ended session stays in memory for sessions.retention_s (0: for ever), then only in

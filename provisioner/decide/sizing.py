@@ -104,8 +104,12 @@ class Sizing:
 
     def arrived(self, pool: PoolState, image: str, now: float) -> None:
         """A session asked for `image` in `pool`: demand for the image, an arrival for the forecast."""
-        pool.demand.count(image, now)
+        self.demanded(pool, image, now)
         pool.forecast.arrival(now)
+
+    def demanded(self, pool: PoolState, image: str, now: float) -> None:
+        """Demand for `image` in `pool` (a session's, or an operator's prewarm)."""
+        pool.demand.count(image, now)
 
     def departed(self, pool: PoolState, now: float) -> None:
         pool.forecast.departure(now)

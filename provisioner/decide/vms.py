@@ -22,7 +22,7 @@ from provisioner.decide.reconcile import Plan
 from provisioner.decide.sizing import Sizing
 from provisioner.model.errors import FailedPrecondition, NotFound, quote
 from provisioner.model.images import ImageCatalog, LayerCache
-from provisioner.model.records import Session, StartKind, Vm
+from provisioner.model.records import Session, SessionKind, StartKind, Vm, vm_copy
 from provisioner.model.states import SessionState, VmState
 
 if TYPE_CHECKING:
@@ -55,7 +55,10 @@ class Vms:
         if vm.state is not None:
             self._sizing.count_out(vm)
         vm.to(state, reason, now)
-        self._changes.vm(vm)
+        if state is V.DELETED:
+            self._changes.deleted(vm)
+        else:
+            self._changes.vm(vm)
         if state in _GONE:
             self._in_flight.settle_vm(vm.id)
         if state is V.DELETED:
@@ -70,7 +73,7 @@ class Vms:
         for vm in vms:
             if vm.pool not in self._sizing.pools:
                 continue
-            self.vms[vm.id] = vm
+            vm = self.vms[vm.id] = vm_copy(vm)  # the core's own: the event's value stays as it was
             self._sizing.count_in(vm)
             restored.append(vm)
         return restored
@@ -381,7 +384,7 @@ class Vms:
             if s.state is S.STOPPING:
                 self._session_side.let_go(s, now)
             elif preempted:
-                self._session_side.taken(s, PREEMPTED, True, now)
+                self._taken(s, PREEMPTED, True, now)
             else:
                 self._session_side.lost_vm(s, "the VM is gone from the cloud (preempted or deleted outside)", now)
         vm.session_id, vm.pulling = "", ""
@@ -407,10 +410,17 @@ class Vms:
             # The cloud taking the VM (Spot preemption, host maintenance) is the reason itself.
             s = self._sessions[vm.session_id]
             if report.cause and s.state is not S.STOPPING:
-                self._session_side.taken(s, report.detail, report.cause == "preempted", now)
+                self._taken(s, report.detail, report.cause == "preempted", now)
             else:
                 self._session_side.lost_vm(s, f"the VM became unhealthy: {report.detail}", now)
             self.delete(vm, f"unhealthy: {report.detail}", now)
+
+    def _taken(self, s: Session, reason: str, preempted: bool, now: float) -> None:
+        """The cloud took the session's VM (a Spot preemption, host maintenance): the session ends
+        with that reason, and a preempted batch run starts over on another VM."""
+        self._session_side.end(s, S.FAILED, reason, now)
+        if preempted and s.spec.kind is SessionKind.BATCH:
+            self._session_side.requeue(s, now)
 
     def evict(self, vm_id: str, reason: str, now: float) -> Vm:
         """An operator's eviction: the VM is deleted, and a session on it fails."""

@@ -191,7 +191,7 @@ class LayerCache:
     lowest layer id, so the same operations always leave the same cache.
     """
 
-    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used", "_images", "_held")
+    __slots__ = ("capacity_bytes", "_size", "_used_at", "_used", "_images", "_held", "_frozen", "_frozen_size")
 
     def __init__(self, capacity_bytes: int):
         if capacity_bytes < 0:
@@ -205,6 +205,8 @@ class LayerCache:
         # (catalog, version -> wholly on disk), the answers given since the set of layers last
         # changed: every idle VM is asked about each of its pool's top images whenever they move.
         self._held: tuple[ImageCatalog, dict[str, bool]] | None = None
+        self._frozen: FrozenLayerCache | None = None  # a copy as it is now, until it changes
+        self._frozen_size: dict[str, int] | None = None  # its layers, until they change (a touch keeps them)
 
     @property
     def layer_ids(self) -> KeysView[str]:
@@ -261,12 +263,13 @@ class LayerCache:
         in eviction order."""
         layers = tuple(layers)
         size, used_at = self._size, self._used_at
+        self._frozen = None
         for layer in layers:
             lid = layer.id
             if lid not in size:
                 size[lid] = layer.size_bytes
                 self._used += layer.size_bytes
-                self._images = self._held = None
+                self._images = self._held = self._frozen_size = None
             used_at[lid] = now
         if self._used <= self.capacity_bytes:
             return []
@@ -280,21 +283,43 @@ class LayerCache:
             self._used -= size.pop(lid)
             del used_at[lid]
             evicted.append(lid)
-            self._images = self._held = None
+            self._images = self._held = self._frozen_size = None
         return evicted
 
     def touch(self, version: str, catalog: ImageCatalog, now: float) -> None:
         """Marks the version's cached layers as used (a session started on it)."""
         used_at = self._used_at
+        self._frozen = None
         for lid in catalog.layer_ids(version):
             if lid in used_at:
                 used_at[lid] = now
 
     def clear(self) -> None:
+        self._frozen = self._frozen_size = None
         self._size.clear()
         self._used_at.clear()
         self._used = 0
         self._images = self._held = None
+
+    def copy(self) -> LayerCache:
+        """A copy to change (the answers remembered are not copied)."""
+        return self._copy(LayerCache, dict(self._size))
+
+    def _copy(self, kind: type[LayerCache], size: dict[str, int]) -> LayerCache:
+        c = object.__new__(kind)
+        c.capacity_bytes, c._size, c._used_at, c._used = self.capacity_bytes, size, dict(self._used_at), self._used
+        c._images, c._held, c._frozen, c._frozen_size = self._images, None, None, None
+        return c
+
+    def frozen(self) -> FrozenLayerCache:
+        """The cache as it is now, a copy that cannot change; made again only after a change. Its
+        layers' sizes are shared with the frozen copies made since they last changed (a session's
+        start touches the layers it uses, which changes when they were used, not which they are)."""
+        if self._frozen is None:
+            if self._frozen_size is None:
+                self._frozen_size = dict(self._size)
+            self._frozen = self._copy(FrozenLayerCache, self._frozen_size)
+        return self._frozen
 
     def to_dict(self) -> dict:
         return {"capacity_bytes": self.capacity_bytes,
@@ -308,3 +333,22 @@ class LayerCache:
             cache._used_at[lid] = used_at
             cache._used += size
         return cache
+
+
+class FrozenLayerCache(LayerCache):
+    """A VM's cache as it was at one step: read like any cache, never changed (what a frozen VM
+    record holds, decide/changes.py)."""
+
+    __slots__ = ()
+
+    def frozen(self) -> FrozenLayerCache:
+        return self
+
+    def add_layers(self, *args, **kwargs) -> list[str]:
+        raise TypeError("a frozen layer cache cannot change")
+
+    def touch(self, *args, **kwargs) -> None:
+        raise TypeError("a frozen layer cache cannot change")
+
+    def clear(self) -> None:
+        raise TypeError("a frozen layer cache cannot change")

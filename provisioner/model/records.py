@@ -1,7 +1,13 @@
-"""Sessions and VMs as the cluster core keeps them. Plain data plus guarded state changes."""
+"""Sessions and VMs as the cluster core keeps them. Plain data plus guarded state changes.
+
+The core changes its own records in place; what leaves it (a Step's records, its reads, its
+replies) is a frozen value as of the step (`frozen_session`, `frozen_vm`): a FrozenSession or
+FrozenVm, read like a record, equal to a record with the same fields, and unchangeable.
+"""
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
@@ -219,3 +225,88 @@ class Vm:
         d["state"] = VmState(d["state"]) if d["state"] else None
         d["history"] = [StateChange(*h) for h in d["history"]]
         return cls(**d)
+
+
+_VM_FIELDS = tuple(f.name for f in fields(Vm))
+
+
+class FrozenList(list):
+    """A list that refuses changes: a frozen record's history and notices (a list still, so it
+    compares equal to the record's own)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a frozen record's list cannot change")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+
+def _same_fields(names: tuple[str, ...], record: type):
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, (type(self), record)):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in names)
+    return __eq__
+
+
+def _fields_repr(names: tuple[str, ...]):
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
+    return __repr__
+
+
+class FrozenSession(namedtuple("SessionFields", _SESSION_FIELDS)):
+    """A session as it was at one step: its fields read as a Session's, none can change. A
+    tuple underneath, because a tuple is made in one call: the core makes one for every session
+    each step changes."""
+
+    __slots__ = ()
+    terminal = Session.terminal
+    to_dict = Session.to_dict
+    __eq__ = _same_fields(_SESSION_FIELDS, Session)
+    __ne__ = lambda self, other: not self == other  # noqa: E731
+    __hash__ = None
+    __repr__ = _fields_repr(tuple(f.name for f in fields(Session) if f.repr))  # no access token in a log line
+
+
+class FrozenVm(namedtuple("VmFields", _VM_FIELDS)):
+    """A VM as it was at one step: its fields read as a Vm's, none can change (its cache too)."""
+
+    __slots__ = ()
+    to_dict = Vm.to_dict
+    __eq__ = _same_fields(_VM_FIELDS, Vm)
+    __ne__ = lambda self, other: not self == other  # noqa: E731
+    __hash__ = None
+    __repr__ = _fields_repr(_VM_FIELDS)
+
+
+def _generated(name: str, source: str):
+    scope = {"new": tuple.__new__, "make": object.__new__, "put": object.__setattr__, "FrozenList": FrozenList,
+             "FrozenSession": FrozenSession, "FrozenVm": FrozenVm, "Session": Session, "Vm": Vm}
+    exec(source, scope)  # noqa: S102 - source built below from the dataclasses' own field names
+    return scope[name]
+
+
+def _freezer(name: str, into: str, names: tuple[str, ...], converted: dict[str, str]):
+    """A function making the frozen value of a record: one tuple, built in one expression."""
+    values = ", ".join(converted[n].format(f"r.{n}") if n in converted else f"r.{n}" for n in names)
+    return _generated(name, f"def {name}(r):\n    return new({into}, ({values}))\n")
+
+
+def _copier(name: str, into: str, names: tuple[str, ...], converted: dict[str, str]):
+    """A function making a record of the core's own from any record or frozen value."""
+    lines = [f"def {name}(r):", f"    c = make({into})"]
+    lines += [f"    put(c, {n!r}, {converted[n].format(f'r.{n}') if n in converted else f'r.{n}'})" for n in names]
+    return _generated(name, "\n".join([*lines, "    return c", ""]))
+
+
+# What leaves the core: frozen values, their lists and cache frozen too.
+frozen_session = _freezer("frozen_session", "FrozenSession", _SESSION_FIELDS,
+                          {"history": "FrozenList({})", "notices": "FrozenList({})"})
+frozen_vm = _freezer("frozen_vm", "FrozenVm", _VM_FIELDS, {"history": "FrozenList({})", "cache": "{}.frozen()"})
+# What the core takes in (restored from the store, or another core's values): records of its own.
+session_copy = _copier("session_copy", "Session", _SESSION_FIELDS,
+                       {"history": "list({})", "notices": "list({})", "trace_context": "dict({})"})
+vm_copy = _copier("vm_copy", "Vm", _VM_FIELDS, {"history": "list({})", "cache": "{}.copy()"})
