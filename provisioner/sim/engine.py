@@ -28,7 +28,7 @@ import itertools
 import random
 from typing import Callable, Iterable
 
-from provisioner.cloud.base import PREEMPTED, HealthReport
+from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
 from provisioner.cloud.sim_physics import SimPhysics
 from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop, StopNotebook,
                                          Wipe)
@@ -174,15 +174,11 @@ class Engine:
         nbytes = sum(layer.size_bytes for layer in cmd.layers)
         self.bytes_pulled += nbytes
         delay = physics.pull_s(nbytes)
-        failure = physics.pull_outcome(cmd.zone)
-        self._answer(core, PullDone(now + delay, cmd.id) if failure is None
-                     else CommandFailed(now + delay, cmd.id, failure))
+        self._done_or_failed(core, cmd, now + delay, physics.pull_outcome(cmd.zone), PullDone)
 
     def _run_wipe(self, core: ClusterCore, cmd: Wipe, now: float, physics: SimPhysics) -> None:
         failure = physics.wipe_outcome(cmd.zone)
-        delay = physics.wipe_s()
-        self._answer(core, WipeDone(now + delay, cmd.id) if failure is None
-                     else CommandFailed(now + delay, cmd.id, failure))
+        self._done_or_failed(core, cmd, now + physics.wipe_s(), failure, WipeDone)
 
     def _run_delete(self, core: ClusterCore, cmd: Delete, now: float, physics: SimPhysics) -> None:
         self._answer(core, VmDeleted(now + physics.delete_s(), cmd.id))
@@ -202,12 +198,15 @@ class Engine:
 
     def _run_start_notebook(self, core: ClusterCore, cmd: StartNotebook, now: float, physics: SimPhysics) -> None:
         failure = physics.notebook_outcome(cmd.zone)
-        delay = physics.notebook_start_s()
-        self._answer(core, NotebookStarted(now + delay, cmd.id) if failure is None
-                     else CommandFailed(now + delay, cmd.id, failure))
+        self._done_or_failed(core, cmd, now + physics.notebook_start_s(), failure, NotebookStarted)
 
     def _run_stop_notebook(self, core: ClusterCore, cmd: StopNotebook, now: float, physics: SimPhysics) -> None:
         self._answer(core, NotebookStopped(now + physics.notebook_stop_s(), cmd.id))
+
+    def _done_or_failed(self, core: ClusterCore, cmd: Command, at: float, failure: CloudFailure | None,
+                        done: type) -> None:
+        """The command's answer at `at`: `done` (an event naming the command), or its failure."""
+        self._answer(core, done(at, cmd.id) if failure is None else CommandFailed(at, cmd.id, failure))
 
     def _created(self, core: ClusterCore, cmd: Launch, now: float) -> None:
         """The cloud has the VM: it says so, and the boot starts (its time drawn only now)."""
