@@ -34,6 +34,16 @@ def test_seasonal_rate_is_the_same_hour_on_earlier_days():
     assert SeasonalCounts().per_s(now, now) == 0.0  # no history, no opinion
 
 
+def test_seasonal_rate_counts_an_arrival_told_after_its_hour_was_asked_about():
+    # Rates are remembered per hour until the next hour ends; an arrival reported late, in an
+    # hour already complete, must still count.
+    counts = SeasonalCounts()
+    now = DAY_H * HOUR_S + 9 * HOUR_S + 60  # day 1, 09:01: day 0 is complete
+    assert counts.per_s(now, now) == 0.0
+    counts.add(9 * HOUR_S + 30)  # day 0, 09:00:30, told only now
+    assert counts.per_s(now, now) == pytest.approx(1 / HOUR_S)
+
+
 def test_seasonal_history_starts_when_the_forecast_does():
     # A live cluster starts at wall-clock time: days before it are unknown, not empty.
     start = 1_700_000_000.0

@@ -72,28 +72,31 @@ def desired_vms(s: PoolSnapshot) -> int:
     return max(s.min_vms, min(s.max_vms, want))
 
 
-def plan_scale(s: PoolSnapshot, hold: int, idle_long_enough: int) -> ScalePlan:
+def plan_scale(s: PoolSnapshot, hold: int, idle_long_enough: int, want: int | None = None) -> ScalePlan:
     """Launch up to the target now (VMs already starting count); delete surplus idle VMs, but
     only down to `hold`, the most VMs wanted over the stabilization window.
 
-    `idle_long_enough` is how many warm VMs have been idle past SCALE_DOWN_IDLE_S.
+    `idle_long_enough` is how many warm VMs have been idle past SCALE_DOWN_IDLE_S; `want` is
+    desired_vms(s), if the caller has it.
     """
     have = s.warm + s.starting + s.assigned + s.recycling
-    want = desired_vms(s)
+    if want is None:
+        want = desired_vms(s)
     if have < want:
         return ScalePlan(launch=want - have)
     surplus = min(have - max(want, min(hold, s.max_vms)), idle_long_enough)
     return ScalePlan(delete=max(0, surplus))
 
 
-def standby_target(s: PoolSnapshot, day_peak: int) -> int:
+def standby_target(s: PoolSnapshot, day_peak: int, want: int | None = None) -> int:
     """Stopped VMs to keep: what the pool wanted at its peak over STANDBY_HOLD_S beyond what it
-    wants now, and at least what the forecast's cover over a new VM's lead time asks beyond the
-    warm VMs (a burst then starts stopped VMs, not new ones). Within max_vms."""
+    wants now (`want`, desired_vms(s) if the caller has it), and at least what the forecast's
+    cover over a new VM's lead time asks beyond the warm VMs (a burst then starts stopped VMs, not
+    new ones). Within max_vms."""
     if not s.standby:
         return 0
     burst = s.forecast_cover - s.forecast_warm if s.autoscaler == "predictive" else 0
-    return max(0, min(s.max_vms, max(day_peak - desired_vms(s), burst)))
+    return max(0, min(s.max_vms, max(day_peak - (desired_vms(s) if want is None else want), burst)))
 
 
 class WindowMax:
@@ -104,12 +107,14 @@ class WindowMax:
         self._samples: deque[tuple[float, int]] = deque()  # decreasing values, increasing times
 
     def add(self, now: float, value: int) -> int:
-        while self._samples and self._samples[-1][1] <= value:
-            self._samples.pop()
-        self._samples.append((now, value))
-        while self._samples[0][0] < now - self.window_s:
-            self._samples.popleft()
-        return self._samples[0][1]
+        samples = self._samples  # asked twice per pool at every autoscale
+        while samples and samples[-1][1] <= value:
+            samples.pop()
+        samples.append((now, value))
+        since = now - self.window_s
+        while samples[0][0] < since:
+            samples.popleft()
+        return samples[0][1]
 
 
 def pick_deletions(warm: Sequence[Vm], n: int, cache_value: Callable[[Vm], float]) -> list[Vm]:

@@ -35,7 +35,7 @@ from provisioner.decide.notebooks import Notebooks
 from provisioner.decide.pools import PoolState
 from provisioner.decide.preemption import Preemption
 from provisioner.decide.prewarming import Prewarming
-from provisioner.decide.sessions import Sessions, find
+from provisioner.decide.sessions import Sessions, find, tick_due as sessions_tick_due
 from provisioner.decide.sizing import Sizing
 from provisioner.decide.vms import Vms
 from provisioner.decide.zone_memory import ProjectQuota, told
@@ -108,6 +108,13 @@ class ClusterCore:
                 log.record(event)
             reply = self._apply(event)
         return self._changes.step(self._in_flight.take_issued(), reply)
+
+    def tick_due(self, now: float) -> bool:
+        """Whether a Tick at `now` would do anything. When it would not, handling it changes
+        nothing and returns an empty step, so a shell may leave it out (the replay engine does:
+        most ticks of a quiet cluster have nothing due)."""
+        return (self._in_flight.due(now) or self.culling.due(now) or sessions_tick_due(self._sessions, now)
+                or self.budgets.due(now) or self.preemption.due(now) or self._sizing.tick_due(now))
 
     def _apply(self, event: ev.Event) -> object:
         now = event.at
@@ -244,8 +251,10 @@ class ClusterCore:
         return self._sizing.snapshot(pool)
 
     def assignable(self, pool: PoolState) -> list[Vm]:
-        """Assignable VMs: warm and healthy, even while a prewarm pull runs (a session beats it)."""
-        return list(pool.ready.values())
+        """Assignable VMs, as values: warm and healthy, even while a prewarm pull runs (a session
+        beats it)."""
+        vms = self._changes.vms
+        return [vms[vm_id] for vm_id in pool.ready]
 
     def cold_start_s(self) -> float:
         return self._sizing.cold_start_s(self.catalog.latest)

@@ -35,6 +35,7 @@ WEEKLY_WEIGHT = 0.5
 DISPERSION_WINDOW_S = 60.0
 DISPERSION_HALF_LIFE_S = 6 * HOUR_S
 DISPERSION_EMPTY_MAX = 2000
+_LN2 = math.log(2)
 
 
 class Rate:
@@ -58,7 +59,7 @@ class Rate:
 
     def per_s(self, now: float) -> float:
         self._decay(now)
-        return self._level * math.log(2) / self.half_life_s
+        return self._level * _LN2 / self.half_life_s
 
 
 class Dispersion:
@@ -101,15 +102,20 @@ class Dispersion:
 class SeasonalCounts:
     """Arrivals per hour, kept for a week and a day, for 'the same hour on earlier days'."""
 
-    __slots__ = ("_counts", "_since")
+    __slots__ = ("_counts", "_since", "_rates")
 
     def __init__(self, since: float = 0.0):
         self._counts: dict[int, int] = {}
         self._since = math.ceil(since / HOUR_S)  # the first whole hour observed
+        # (newest complete hour, {hour: rate}): a rate reads only complete hours, whose counts no
+        # longer change, so it is worked out once per hour asked about until the next hour ends.
+        self._rates: tuple[int, dict[int, float]] = (-1, {})
 
     def add(self, now: float) -> None:
         hour = int(now // HOUR_S)
         self._counts[hour] = self._counts.get(hour, 0) + 1
+        if hour <= self._rates[0]:  # told late of an hour already complete: its rates are redone
+            self._rates = (-1, {})
         if len(self._counts) > WEEK_H + DAY_H + 1:
             for h in [h for h in self._counts if h < hour - WEEK_H - DAY_H]:
                 del self._counts[h]
@@ -117,6 +123,14 @@ class SeasonalCounts:
     def per_s(self, at: float, now: float) -> float:
         """The seasonal rate for the hour containing `at`, from whole hours seen before `now`."""
         hour, last = int(at // HOUR_S), int(now // HOUR_S) - 1  # the newest complete hour
+        if self._rates[0] != last:
+            self._rates = (last, {})
+        rates = self._rates[1]
+        if (rate := rates.get(hour)) is None:
+            rate = rates[hour] = self._per_s(hour, last)
+        return rate
+
+    def _per_s(self, hour: int, last: int) -> float:
         counts = self._counts
         days = [h for k in range(1, SEASONAL_DAYS + 1) if self._since <= (h := hour - DAY_H * k) <= last]
         if not days:

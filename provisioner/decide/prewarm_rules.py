@@ -8,6 +8,7 @@ set, and an idle VM pulls, one after the other, the target images it lacks.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping, Sequence
 
 # Images whose demand is below this are not worth pulling ahead of a request: nobody uses them
@@ -25,7 +26,18 @@ def rank_images(demand: Mapping[str, float], age: Mapping[str, int]) -> tuple[st
 def holdable(ranking: Sequence[str], layers: Callable[[str], Mapping[str, int]], capacity_bytes: int) -> tuple[str, ...]:
     """The longest prefix of the ranking whose layers fit on one disk together: what every idle
     VM should hold. Pulls of these never evict each other, so the disk settles instead of churning
-    as the ranking shuffles."""
+    as the ranking shuffles.
+
+    Each pool asks at every ranking refresh, mostly with a ranking it asked about before: the
+    answers are remembered for a `layers` that can be a key (a catalog's sizes_of, whose sizes
+    never change), worked out afresh for one that cannot."""
+    try:
+        return _holdable_remembered(tuple(ranking), layers, capacity_bytes)
+    except TypeError:  # an unhashable `layers` (a dict's bound method)
+        return _holdable(ranking, layers, capacity_bytes)
+
+
+def _holdable(ranking: Sequence[str], layers: Callable[[str], Mapping[str, int]], capacity_bytes: int) -> tuple[str, ...]:
     used: set[str] = set()
     total = 0
     for n, image in enumerate(ranking):
@@ -36,6 +48,9 @@ def holdable(ranking: Sequence[str], layers: Callable[[str], Mapping[str, int]],
             return tuple(ranking[:n])
         used |= extra
     return tuple(ranking)
+
+
+_holdable_remembered = functools.lru_cache(maxsize=256)(_holdable)
 
 
 def next_pull(target: Sequence[str], has: Callable[[str], bool], start: int = 0) -> int:

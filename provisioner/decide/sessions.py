@@ -259,7 +259,7 @@ class Sessions:
             timeout = minutes(self._config.queue_timeout_s)
             for s in self._queue.expired(now):
                 self.end(s, S.FAILED, f"waited {timeout} in the queue without getting a VM", now)
-        if self._forget_due and self._forget_due[0][0] <= now:
+        if _forget_due(self, now):
             self._forget_ended(now)
 
     def restore(self, sessions: Iterable[Session], each: Callable[[Session], None]) -> list[Session]:
@@ -407,3 +407,13 @@ class Sessions:
 
 def _gb(nbytes: int) -> str:
     return f"{nbytes / 1e9:.1f} GB"
+
+
+def tick_due(sessions: Sessions, now: float) -> bool:
+    """Whether sessions.tick(now) has anything to do (beside the class, whose public methods are
+    as many as a class may have)."""
+    return sessions._queue.due(now) or _forget_due(sessions, now)
+
+
+def _forget_due(sessions: Sessions, now: float) -> bool:
+    return bool(sessions._forget_due) and sessions._forget_due[0][0] <= now

@@ -147,6 +147,15 @@ class Sizing:
             if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
                 self._autoscale(pool, now)
 
+    def tick_due(self, now: float) -> bool:
+        """Whether tick(now) has anything to do: a ranking to refresh, a queue to serve, a pool to
+        scale (tick()'s checks, in the same words: asked at every tick of a replay)."""
+        for pool in self.pools.values():
+            if now - pool.ranking_at >= RANKING_REFRESH_S or pool.queue or pool.changed \
+                    or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
+                return True
+        return False
+
     def _autoscale(self, pool: PoolState, now: float) -> None:
         pool.changed, pool.scaled_at = False, now
         policy, vms = pool.policy, self._vms
@@ -158,7 +167,7 @@ class Sizing:
         wanted = desired_vms(snap)
         hold = pool.peak.add(now, wanted)
         # An upper bound on the VMs idle long enough: the real list is made only to delete some.
-        plan = plan_scale(snap, hold, len(pool.ready))
+        plan = plan_scale(snap, hold, len(pool.ready), wanted)
         launch = plan.launch
         # Standby VMs first: running in under a minute, their disks holding the pool's images.
         catalog = self._catalog()
@@ -173,7 +182,7 @@ class Sizing:
         for _ in range(launch):
             if vms.launch(pool, now, images=pool.ranking[:1]) is None:
                 break
-        keep = standby_target(snap, pool.day_peak.add(now, wanted)) if policy.standby else 0
+        keep = standby_target(snap, pool.day_peak.add(now, wanted), wanted) if policy.standby else 0
         if plan.delete:
             self._scale_down(pool, plan.delete, keep, now)
         if (extra := len(pool.standby) - keep) > 0:

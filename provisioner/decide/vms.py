@@ -91,7 +91,7 @@ class Vms:
         self.vms[vm.id] = vm
         why = f"cold start for {reserved_for.id}" if reserved_for else "filling the warm pool"
         self.set_state(vm, V.CREATING, why, now)
-        self._in_flight.issue(Launch, now, vm.id, pool.config.name, zone, images, reserved_for.id if reserved_for else "")
+        self._in_flight.issue(Launch, now, vm.id, pool.config.name, zone, images, vm.reserved_for)
         return vm
 
     def start(self, vm: Vm, now: float, reserved_for: Session | None = None) -> None:

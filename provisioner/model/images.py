@@ -261,25 +261,29 @@ class LayerCache:
         """Adds and touches `layers`, then evicts LRU layers outside `layers` and `keep` until the
         cache fits, layers in `spare` only when no others are left. Returns the evicted layer ids,
         in eviction order."""
-        added = set(keep)
+        layers = tuple(layers)
+        size, used_at = self._size, self._used_at
         self._frozen = None
         for layer in layers:
-            if layer.id not in self._size:
-                self._size[layer.id] = layer.size_bytes
+            lid = layer.id
+            if lid not in size:
+                size[lid] = layer.size_bytes
                 self._used += layer.size_bytes
                 self._images = self._held = self._frozen_size = None
-            self._used_at[layer.id] = now
-            added.add(layer.id)
+            used_at[lid] = now
+        if self._used <= self.capacity_bytes:
+            return []
+        added = set(keep)  # what must stay: made only when something must go
+        added.update(layer.id for layer in layers)
         evicted: list[str] = []
-        if self._used > self.capacity_bytes:
-            victims = sorted((lid in spare, t, lid) for lid, t in self._used_at.items() if lid not in added)
-            for _, _, lid in victims:
-                if self._used <= self.capacity_bytes:
-                    break
-                self._used -= self._size.pop(lid)
-                del self._used_at[lid]
-                evicted.append(lid)
-                self._images = self._held = self._frozen_size = None
+        victims = sorted((lid in spare, t, lid) for lid, t in used_at.items() if lid not in added)
+        for _, _, lid in victims:
+            if self._used <= self.capacity_bytes:
+                break
+            self._used -= size.pop(lid)
+            del used_at[lid]
+            evicted.append(lid)
+            self._images = self._held = self._frozen_size = None
         return evicted
 
     def touch(self, version: str, catalog: ImageCatalog, now: float) -> None:

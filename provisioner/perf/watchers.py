@@ -42,12 +42,13 @@ async def run(queued: int, departures: int, per_s: float, move_report_s: float) 
         async for _ in rt.watchers.watch(session_id):
             reports += 1
 
+    ids = [s.id for s in sessions]  # each read again as the core has it now: a reply is its step's value
     watchers = [asyncio.create_task(watch(s.id)) for s in sessions[1:]]
     await asyncio.sleep(0.1)  # each watch's first report: where it stands
     reports = 0
     cpu, wall = time.process_time(), time.monotonic()
     for n in range(1, departures + 1):
-        head = next(s for s in sessions if s.queue_position == 1)
+        head = next(s for s in map(c.sessions.get, ids) if s is not None and s.queue_position == 1)
         rt.stop(head.id, "gave up")
         if n % max(1, departures // 4) == 0:
             print(f"  {n}/{departures} departures, {reports} reports so far", file=sys.stderr, flush=True)

@@ -5,9 +5,9 @@ physics gives it (Launch: VmCreated after create_s, VmReady after boot_s more, o
 Pull: PullDone after the bytes at the pull bandwidth; Wipe: WipeDone; Delete: VmDeleted; Stop:
 VmStopped; Start: VmStarted after the pool's seeded start time, or CommandFailed on a stockout;
 StartNotebook: NotebookStarted after notebook_start_s; StopNotebook: NotebookStopped).
-Scheduled work, each core's next tick included, sits in one heap of (time, seq, callback, args);
+Scheduled work sits in one heap of (time, seq, callback, args), each core's next tick beside it;
 each event goes to its core's `handle`, and the step it returns is carried out at once. Work due
-at the same time as a tick runs before it (a tick's seq is above every other's). Whether an
+at the same time as a tick runs before it, and the cores' ticks due together go in the cores' order. Whether an
 answer still applies is the core's business, not the engine's.
 
 A Spot pool's running VMs are preempted at its `spot_preemptions_per_hour` (a Poisson process per
@@ -28,7 +28,7 @@ import itertools
 import random
 from typing import Callable, Iterable
 
-from provisioner.cloud.base import PREEMPTED, HealthReport
+from provisioner.cloud.base import PREEMPTED, CloudFailure, HealthReport
 from provisioner.cloud.sim_physics import SimPhysics
 from provisioner.decide.commands import (Command, Delete, Launch, Pull, Start, StartNotebook, Step, Stop, StopNotebook,
                                          Wipe)
@@ -40,9 +40,8 @@ from provisioner.decide.events import (
 from provisioner.model.states import VmState
 from provisioner.model.records import Session, Vm
 
-# A tick's place among work due at the same time: after all of it (events are numbered from 0 in
-# the order they are scheduled), and the cores' ticks in the cores' order.
-_TICK_SEQ = 1 << 62
+_NEVER = float("inf")
+_NO_TICK = (_NEVER, -1)
 
 
 class Engine:
@@ -55,15 +54,19 @@ class Engine:
                         for c in self.cores}
         self._heap: list = []
         self._seq = itertools.count()
-        if ticking:  # each core's next tick is in the heap, after all other work due at its time
-            for i, c in enumerate(self.cores):
-                self._heap.append((now + c.config.tick_s, _TICK_SEQ + i, self._tick, (c, i)))
-            heapq.heapify(self._heap)
+        # Each core's next tick, (time, core's index), in a heap of its own as small as the cores
+        # are few: a tick runs after all other work due at its time, the cores' in their order.
+        self._ticks = [(now + c.config.tick_s, i) for i, c in enumerate(self.cores)] if ticking else []
+        heapq.heapify(self._ticks)
         self.bytes_pulled = 0
         self.events = 0
         self.spot_preemptions = 0  # Spot VMs the simulated cloud took back
         self._spot_rng = random.Random(seed * 104729 + 17)
         self._spot_run: dict[str, int] = {}  # vm id -> its current run (a start is a new one)
+        # How each kind of command is carried out: looked up by type, not matched case by case.
+        self._kinds = {Launch: self._run_launch, Pull: self._run_pull, Wipe: self._run_wipe, Delete: self._run_delete,
+                       Stop: self._run_stop, Start: self._run_start, StartNotebook: self._run_start_notebook,
+                       StopNotebook: self._run_stop_notebook}
 
     # ---- scheduling -----------------------------------------------------------------------
 
@@ -76,8 +79,15 @@ class Engine:
 
     def _step(self, end: float) -> bool:
         """Runs the next event or tick due by `end`; False when there is none."""
-        heap = self._heap
-        if not heap or heap[0][0] > end:
+        heap, ticks = self._heap, self._ticks
+        tick_t, i = ticks[0] if ticks else _NO_TICK
+        top_t = heap[0][0] if heap else _NEVER
+        if tick_t < top_t:  # work due at a tick's time runs before it
+            if tick_t > end:
+                return False
+            self._tick(tick_t, i)
+            return True
+        if top_t > end:
             return False
         t, _, fn, args = heapq.heappop(heap)
         self.now = t
@@ -85,20 +95,33 @@ class Engine:
         fn(*args, t)
         return True
 
-    def _tick(self, core: ClusterCore, i: int, now: float) -> None:
-        heapq.heappush(self._heap, (now + core.config.tick_s, _TICK_SEQ + i, self._tick, (core, i)))
-        self.handle(core, Tick(now))
+    def _tick(self, now: float, i: int) -> None:
+        core = self.cores[i]
+        self.now = now
+        self.events += 1
+        heapq.heapreplace(self._ticks, (now + core.config.tick_s, i))
+        if core.tick_due(now):  # a tick with nothing due changes nothing: counted, not handled
+            self.handle(core, Tick(now))
 
     def advance(self, seconds: float) -> None:
         self.run_to(self.now + seconds)
 
     def run_to(self, end: float) -> None:
-        heap, pop = self._heap, heapq.heappop
-        while heap and heap[0][0] <= end:  # _step, inline: this loop runs every event of a replay
-            t, _, fn, args = pop(heap)
-            self.now = t
-            self.events += 1
-            fn(*args, t)
+        heap, pop, ticks = self._heap, heapq.heappop, self._ticks
+        while True:  # _step, inline: this loop runs every event of a replay
+            top_t = heap[0][0] if heap else _NEVER
+            tick_t, i = ticks[0] if ticks else _NO_TICK
+            if tick_t < top_t:
+                if tick_t > end:
+                    break
+                self._tick(tick_t, i)
+            else:
+                if top_t > end:
+                    break
+                t, _, fn, args = pop(heap)
+                self.now = t
+                self.events += 1
+                fn(*args, t)
         self.now = end
 
     def run_until(self, done: Callable[[], bool], limit_s: float) -> float:
@@ -135,48 +158,55 @@ class Engine:
         """Runs after every step, once its changes and commands are handled; for subclasses."""
 
     def carry_out(self, core: ClusterCore, commands: list[Command]) -> None:
-        answer, now, physics = self._answer, self.now, self.physics[core.name]
+        physics, kinds = self.physics[core.name], self._kinds
         for cmd in commands:
-            match cmd:
-                case Launch():
-                    failure = physics.launch_outcome(cmd.zone)
-                    delay = physics.create_s()
-                    if failure is not None:
-                        answer(core, CommandFailed(now + delay, cmd.id, failure))
-                    else:
-                        self.at(now + delay, self._created, core, cmd)
-                case Pull():
-                    nbytes = sum(layer.size_bytes for layer in cmd.layers)
-                    self.bytes_pulled += nbytes
-                    delay = physics.pull_s(nbytes)
-                    failure = physics.pull_outcome(cmd.zone)
-                    answer(core, PullDone(now + delay, cmd.id) if failure is None
-                           else CommandFailed(now + delay, cmd.id, failure))
-                case Wipe():
-                    failure = physics.wipe_outcome(cmd.zone)
-                    delay = physics.wipe_s()
-                    answer(core, WipeDone(now + delay, cmd.id) if failure is None
-                           else CommandFailed(now + delay, cmd.id, failure))
-                case Delete():
-                    answer(core, VmDeleted(now + physics.delete_s(), cmd.id))
-                case Stop():
-                    answer(core, VmStopped(now + physics.stop_s(), cmd.id))
-                case Start():
-                    # A stopped VM holds no GPU: its start meets stockouts as a create does.
-                    failure = physics.launch_outcome(cmd.zone)
-                    if failure is not None:
-                        answer(core, CommandFailed(now + physics.create_s(), cmd.id, failure))
-                    else:
-                        up = now + physics.start_s(cmd.pool)
-                        answer(core, VmStarted(up, cmd.id, f"sim://{cmd.vm_id}"))
-                        self._spot_run_from(core, cmd.vm_id, cmd.pool, up)
-                case StartNotebook():
-                    failure = physics.notebook_outcome(cmd.zone)
-                    delay = physics.notebook_start_s()
-                    answer(core, NotebookStarted(now + delay, cmd.id) if failure is None
-                           else CommandFailed(now + delay, cmd.id, failure))
-                case StopNotebook():
-                    answer(core, NotebookStopped(now + physics.notebook_stop_s(), cmd.id))
+            kinds[type(cmd)](core, cmd, self.now, physics)
+
+    def _run_launch(self, core: ClusterCore, cmd: Launch, now: float, physics: SimPhysics) -> None:
+        failure = physics.launch_outcome(cmd.zone)
+        delay = physics.create_s()
+        if failure is not None:
+            self._answer(core, CommandFailed(now + delay, cmd.id, failure))
+        else:
+            self.at(now + delay, self._created, core, cmd)
+
+    def _run_pull(self, core: ClusterCore, cmd: Pull, now: float, physics: SimPhysics) -> None:
+        nbytes = sum(layer.size_bytes for layer in cmd.layers)
+        self.bytes_pulled += nbytes
+        delay = physics.pull_s(nbytes)
+        self._done_or_failed(core, cmd, now + delay, physics.pull_outcome(cmd.zone), PullDone)
+
+    def _run_wipe(self, core: ClusterCore, cmd: Wipe, now: float, physics: SimPhysics) -> None:
+        failure = physics.wipe_outcome(cmd.zone)
+        self._done_or_failed(core, cmd, now + physics.wipe_s(), failure, WipeDone)
+
+    def _run_delete(self, core: ClusterCore, cmd: Delete, now: float, physics: SimPhysics) -> None:
+        self._answer(core, VmDeleted(now + physics.delete_s(), cmd.id))
+
+    def _run_stop(self, core: ClusterCore, cmd: Stop, now: float, physics: SimPhysics) -> None:
+        self._answer(core, VmStopped(now + physics.stop_s(), cmd.id))
+
+    def _run_start(self, core: ClusterCore, cmd: Start, now: float, physics: SimPhysics) -> None:
+        # A stopped VM holds no GPU: its start meets stockouts as a create does.
+        failure = physics.launch_outcome(cmd.zone)
+        if failure is not None:
+            self._answer(core, CommandFailed(now + physics.create_s(), cmd.id, failure))
+        else:
+            up = now + physics.start_s(cmd.pool)
+            self._answer(core, VmStarted(up, cmd.id, f"sim://{cmd.vm_id}"))
+            self._spot_run_from(core, cmd.vm_id, cmd.pool, up)
+
+    def _run_start_notebook(self, core: ClusterCore, cmd: StartNotebook, now: float, physics: SimPhysics) -> None:
+        failure = physics.notebook_outcome(cmd.zone)
+        self._done_or_failed(core, cmd, now + physics.notebook_start_s(), failure, NotebookStarted)
+
+    def _run_stop_notebook(self, core: ClusterCore, cmd: StopNotebook, now: float, physics: SimPhysics) -> None:
+        self._answer(core, NotebookStopped(now + physics.notebook_stop_s(), cmd.id))
+
+    def _done_or_failed(self, core: ClusterCore, cmd: Command, at: float, failure: CloudFailure | None,
+                        done: type) -> None:
+        """The command's answer at `at`: `done` (an event naming the command), or its failure."""
+        self._answer(core, done(at, cmd.id) if failure is None else CommandFailed(at, cmd.id, failure))
 
     def _created(self, core: ClusterCore, cmd: Launch, now: float) -> None:
         """The cloud has the VM: it says so, and the boot starts (its time drawn only now)."""

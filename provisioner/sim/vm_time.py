@@ -13,6 +13,8 @@ from provisioner.sim.cost import PoolKey, VmTime
 V = VmState
 # Billed at the running price: a VM stopping into standby runs until it is stopped.
 BILLED_RUNNING = VM_ACTIVE | {V.STOPPING_STANDBY}
+# Read at every change: an Enum's attribute lookup goes through its metaclass.
+_ASSIGNED, _STANDBY, _DELETED = V.ASSIGNED, V.STANDBY, V.DELETED
 
 
 class VmMeter:
@@ -23,6 +25,7 @@ class VmMeter:
         # Per pool: [running, assigned, standby] VMs now, and their VM-seconds so far.
         self._counts: dict[PoolKey, list[int]] = {key: [0, 0, 0] for key in pools}
         self._seconds: dict[PoolKey, list[float]] = {key: [0.0, 0.0, 0.0] for key in self._counts}
+        self._pairs = [(self._counts[key], self._seconds[key]) for key in self._counts]  # integrated at every change
         self._t = 0.0
         self.vm_s = self.assigned_vm_s = 0.0
 
@@ -38,11 +41,11 @@ class VmMeter:
             was, is_ = old in BILLED_RUNNING, new in BILLED_RUNNING
             self.live += is_ - was
             counts[0] += is_ - was
-            assigned = (new is V.ASSIGNED) - (old is V.ASSIGNED)
+            assigned = (new is _ASSIGNED) - (old is _ASSIGNED)
             self._assigned += assigned
             counts[1] += assigned
-            counts[2] += (new is V.STANDBY) - (old is V.STANDBY)
-            if new is V.DELETED:
+            counts[2] += (new is _STANDBY) - (old is _STANDBY)
+            if new is _DELETED:
                 known.pop(vm.id, None)
             else:
                 known[vm.id] = new
@@ -52,9 +55,8 @@ class VmMeter:
         if dt > 0:
             self.vm_s += self.live * dt
             self.assigned_vm_s += self._assigned * dt
-            for key, (running, assigned, standby) in self._counts.items():
+            for (running, assigned, standby), acc in self._pairs:
                 if running or standby:
-                    acc = self._seconds[key]
                     acc[0] += running * dt
                     acc[1] += assigned * dt
                     acc[2] += standby * dt
