@@ -20,4 +20,5 @@ def test_a_short_run_measures_bob_beside_every_flood():
     rows = results["rows"]
     assert [(r["fleet"], r["flood"]) for r in rows] == [(f, k) for f in FLEETS for k in ("quiet", *FLOODS)]
     assert all(r["creates"] >= 2 and r["p50_ms"] > 0 and r["fleet_cpu_s"] >= 0 and r["load"] >= 0 for r in rows)
+    assert all(r["new_client_ms"] > 0 and 0 <= r["slowest_at_s"] <= 1.0 for r in rows)
     assert all(r["flood_calls"] > 0 for r in rows if r["flood"] != "quiet")

@@ -153,15 +153,17 @@ def test_a_benchmark_records_the_command_that_ran_it(capsys):
 
 
 def test_the_floods_table_marks_the_rows_that_miss_a_target():
-    def row(flood, p50, vs_quiet, max_ms):
+    def row(flood, p50, vs_quiet, max_ms, new_client_ms=30.0):
         return {"fleet": "split", "flood": flood, "creates": 40, "p50_ms": p50, "p50_vs_quiet": vs_quiet,
-                "max_ms": max_ms, "flood_calls": 300, "fleet_cpu_s": 2.5, "flood_cpu_s": 1.4, "load": 0.8}
+                "max_ms": max_ms, "slowest_at_s": 0.5, "new_client_ms": new_client_ms, "flood_calls": 300,
+                "fleet_cpu_s": 2.5, "flood_cpu_s": 1.4, "load": 0.8}
 
     run = {"command": "python -m provisioner.perf.floods", "seconds": 20.0,
            "rows": [row("quiet", 15.0, 1.0, 22.0), row("list", 29.0, 1.93, 249.0), row("idle", 16.0, 1.07, 262.0),
-                    row("quota", 31.0, 2.07, 40.0)]}
+                    row("quota", 31.0, 2.07, 40.0), row("refused", 16.0, 1.07, 40.0, new_client_ms=251.0)]}
     columns, rows = bench_tables.floods_rows([run])
     assert columns[-2:] == ("targets", "command")
     assert [(r[1], r[-2]) for r in rows] == [("quiet", "met"), ("list", "met"), ("idle", "**missed**"),
-                                             ("quota", "**missed**")]
-    assert rows[2][3:6] == ["16.0 ms", "1.07x", "262.0 ms"] and rows[0][-1] == "`python -m provisioner.perf.floods --json`"
+                                             ("quota", "**missed**"), ("refused", "**missed**")]
+    assert rows[2][3:8] == ["16.0 ms", "1.07x", "262.0 ms", "0.5 s", "30.0 ms"]
+    assert rows[0][-1] == "`python -m provisioner.perf.floods --json`"

@@ -70,21 +70,25 @@ def commits_rows(runs: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
 # times his quiet p50, and no create slower than this.
 FLOODS_P50_VS_QUIET, FLOODS_MAX_MS = 2.0, 250.0
 FLOODS_HEADER = ("Made by `python -m provisioner.perf.tables` from `python -m provisioner.perf.floods --json` output; "
-                 "do not edit by hand. Bob creates and stops a session in a loop, alone (`quiet`) and beside each flood; "
-                 "`CPU s`: what the fleet's processes and the flood's used meanwhile; `load`: the machine's 1-minute "
-                 f"load average as the row ended; `targets`: p50 within {FLOODS_P50_VS_QUIET:g}x quiet and no create "
-                 f"over {FLOODS_MAX_MS:g} ms.")
+                 "do not edit by hand. Bob creates and stops a session every 0.5 s on the channel he holds, alone "
+                 "(`quiet`) and beside each flood; `slowest at`: when his slowest create began, seconds into the row; "
+                 "`new client`: a connection made as the row starts and its first create; `CPU s`: what the fleet's "
+                 "processes and the flood's used meanwhile; `load`: the machine's 1-minute load average as the row "
+                 f"ended; `targets`: bob's p50 within {FLOODS_P50_VS_QUIET:g}x quiet and no create over "
+                 f"{FLOODS_MAX_MS:g} ms, the new client's included.")
 
 
 def floods_rows(runs: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
-    columns = ("fleet", "flood", "bob's creates", "p50", "vs quiet", "max", "flood calls", "fleet CPU s",
-               "flood CPU s", "load", "targets", "command")
+    columns = ("fleet", "flood", "bob's creates", "p50", "vs quiet", "max", "slowest at", "new client", "flood calls",
+               "fleet CPU s", "flood CPU s", "load", "targets", "command")
     out = []
     for r in runs:
         for row in r["rows"]:
-            met = row["p50_vs_quiet"] <= FLOODS_P50_VS_QUIET and row["max_ms"] <= FLOODS_MAX_MS
+            met = (row["p50_vs_quiet"] <= FLOODS_P50_VS_QUIET and row["max_ms"] <= FLOODS_MAX_MS
+                   and row["new_client_ms"] <= FLOODS_MAX_MS)
             out.append([row["fleet"], row["flood"], f"{row['creates']:,}", f"{row['p50_ms']:.1f} ms",
-                        f"{row['p50_vs_quiet']:.2f}x", f"{row['max_ms']:.1f} ms", f"{row['flood_calls']:,}",
+                        f"{row['p50_vs_quiet']:.2f}x", f"{row['max_ms']:.1f} ms", f"{row['slowest_at_s']:.1f} s",
+                        f"{row['new_client_ms']:.1f} ms", f"{row['flood_calls']:,}",
                         f"{row['fleet_cpu_s']:.1f}", f"{row['flood_cpu_s']:.1f}", f"{row['load']:.2f}",
                         "met" if met else "**missed**", _command(r)])
     return columns, out

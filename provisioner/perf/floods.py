@@ -11,6 +11,10 @@ front's port that never say a word). The fleet runs on the simulated cloud with 
 a warm pool larger than bob needs, split (the front and the cluster as separate processes,
 `provisioner serve`) or in one process (`provisioner up`), each in turn with a fresh data dir;
 each flood runs in a process of its own, so this one only measures. Progress on stderr; `--json`.
+
+Bob holds one channel throughout, as a backend does. Each row also times a new client: a
+connection made as the row starts (the flood a second under way) and its first create, which for
+the idle flood waits behind the flood's connections at the port.
 """
 
 from __future__ import annotations
@@ -53,28 +57,48 @@ def _stubs(front: str, data_dir: Path, token: str | None = None):
     return channel, s_grpc.SessionServiceStub(channel), bearer(token or dev_token(data_dir))
 
 
-async def bob(front: str, data_dir: Path, seconds: float) -> list[float]:
-    """Create then stop, every BOB_PERIOD_S: the creates' latencies (ms); a failed one counts as
-    the time it took."""
+async def bob(stub, md, seconds: float) -> list[tuple[float, float]]:
+    """Create then stop, every BOB_PERIOD_S, on bob's channel: each create's start (seconds into
+    the loop) and latency (ms); a failed one counts as the time it took."""
+    creates, began, i = [], time.monotonic(), 0
+    end = began + seconds
+    while time.monotonic() < end:
+        started = time.monotonic()
+        took = []
+        try:
+            await create_and_stop(stub, md, f"bob-{time.time_ns()}-{i}", lambda: took.append(time.monotonic()))
+        except grpc.aio.AioRpcError:
+            pass
+        creates.append((started - began, ((took[0] if took else time.monotonic()) - started) * 1000))
+        i += 1
+        await asyncio.sleep(max(0.0, BOB_PERIOD_S - (time.monotonic() - started)))
+    return creates
+
+
+async def create_and_stop(stub, md, request_id: str, created=None) -> None:
+    """Bob's create, then its stop; `created()` is called between them."""
     from provisioner.v1 import session_service_pb2 as s_pb
     from provisioner.v1 import types_pb2 as pb
 
+    spec = pb.SessionSpec(request_id=request_id, user_id="bob", accelerator=POOL, image="gpu:latest",
+                          region_hint=CLUSTER)
+    s = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=10, metadata=md)).session
+    if created:
+        created()
+    await stub.StopSession(s_pb.StopSessionRequest(session_id=s.id), timeout=10, metadata=md)
+
+
+async def new_client(front: str, data_dir: Path) -> float:
+    """A client arriving now: its connection (TCP and TLS) and first create, in ms (a failed one:
+    until it failed)."""
+    started, took = time.monotonic(), []
     channel, stub, md = _stubs(front, data_dir)
-    latencies, end, i = [], time.monotonic() + seconds, 0
     async with channel:
-        while time.monotonic() < end:
-            started = time.monotonic()
-            spec = pb.SessionSpec(request_id=f"bob-{time.time_ns()}-{i}", user_id="bob", accelerator=POOL,
-                                  image="gpu:latest", region_hint=CLUSTER)
-            try:
-                s = (await stub.CreateSession(s_pb.CreateSessionRequest(spec=spec), timeout=10, metadata=md)).session
-                latencies.append((time.monotonic() - started) * 1000)
-                await stub.StopSession(s_pb.StopSessionRequest(session_id=s.id), timeout=10, metadata=md)
-            except grpc.aio.AioRpcError:
-                latencies.append((time.monotonic() - started) * 1000)
-            i += 1
-            await asyncio.sleep(max(0.0, BOB_PERIOD_S - (time.monotonic() - started)))
-    return latencies
+        try:
+            await create_and_stop(stub, md, f"bob-new-{time.time_ns()}", lambda: took.append(time.monotonic()))
+        except grpc.aio.AioRpcError:
+            pass
+    return round(((took[0] if took else time.monotonic()) - started) * 1000, 1)
 
 
 async def seed_mallory(front: str, data_dir: Path, count: int) -> None:
@@ -147,9 +171,14 @@ async def flood(kind: str, front: str, metrics_ports: list[int], data_dir: Path,
     return count
 
 
-def _summary(latencies: list[float]) -> dict:
-    return {"creates": len(latencies), "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
-            "max_ms": round(max(latencies), 1) if latencies else None}
+def _summary(creates: list[tuple[float, float]]) -> dict:
+    """Bob's creates: how many, their p50 and max, and when the slowest began (seconds into the
+    row, the flood having started a second before it): a burst shows as a time."""
+    if not creates:
+        return {"creates": 0, "p50_ms": None, "max_ms": None, "slowest_at_s": None}
+    at, slowest = max(creates, key=lambda c: c[1])
+    return {"creates": len(creates), "p50_ms": round(statistics.median(ms for _, ms in creates), 1),
+            "max_ms": round(slowest, 1), "slowest_at_s": round(at, 1)}
 
 
 async def measure(front: str, procs: list, data_dir: Path, seconds: float, floods: list[str]) -> list[dict]:
@@ -157,6 +186,8 @@ async def measure(front: str, procs: list, data_dir: Path, seconds: float, flood
     the flood's used meanwhile (on one machine, the flood's own CPU is taken from the fleet's)."""
     metrics_ports = [p.metrics_port for p in procs]
     rows = []
+    channel, stub, md = _stubs(front, data_dir)  # bob's, held throughout, as a backend holds its channel
+    await bob(stub, md, 1.0)  # connected and warm before the quiet row
     for kind in ["quiet", *floods]:
         print(f"  {kind}: {seconds:g} s of bob{'' if kind == 'quiet' else ' beside the flood'}", file=sys.stderr,
               flush=True)
@@ -167,15 +198,17 @@ async def measure(front: str, procs: list, data_dir: Path, seconds: float, flood
                                       "--metrics-ports", *map(str, metrics_ports)], stdout=subprocess.PIPE)
             await asyncio.sleep(1.0)  # the flood under way
         fleet_cpu, flood_cpu = sum(cpu_s(p.pid) for p in procs), resource.getrusage(resource.RUSAGE_CHILDREN)
-        latencies = await bob(front, data_dir, seconds)
+        first = await new_client(front, data_dir)
+        creates = await bob(stub, md, seconds)
         fleet_cpu = sum(cpu_s(p.pid) for p in procs) - fleet_cpu
         made = int(child.communicate()[0] or 0) if child else 0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         flood_cpu = after.ru_utime + after.ru_stime - flood_cpu.ru_utime - flood_cpu.ru_stime
         # The machine's 1-minute load average as the row ends: a shared machine's other work shows.
-        rows.append({"flood": kind, **_summary(latencies), "flood_calls": made, "fleet_cpu_s": round(fleet_cpu, 1),
+        rows.append({"flood": kind, **_summary(creates), "new_client_ms": first, "flood_calls": made, "fleet_cpu_s": round(fleet_cpu, 1),
                      "flood_cpu_s": round(flood_cpu, 1), "load": round(os.getloadavg()[0], 2)})
         print(f"    {rows[-1]}", file=sys.stderr, flush=True)
+    await channel.close()
     quiet = rows[0]["p50_ms"] or 1.0
     for r in rows:
         r["p50_vs_quiet"] = round((r["p50_ms"] or 0) / quiet, 2)
@@ -183,9 +216,10 @@ async def measure(front: str, procs: list, data_dir: Path, seconds: float, flood
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["fleet  flood     bob creates  p50 ms  vs quiet  max ms  flood calls  fleet CPU s  flood CPU s  load",
+    lines = ["fleet  flood     bob creates  p50 ms  vs quiet  max ms  new client ms  flood calls  fleet CPU s  flood CPU s  load",
              *(f"{r['fleet']:<6} {r['flood']:<9} {r['creates']:>11}  {r['p50_ms']:>6}  {r['p50_vs_quiet']:>7}x  {r['max_ms']:>6}  "
-               f"{r['flood_calls']:>11}  {r['fleet_cpu_s']:>11}  {r['flood_cpu_s']:>11}  {r['load']:>4}" for r in rows)]
+               f"{r['new_client_ms']:>13}  {r['flood_calls']:>11}  {r['fleet_cpu_s']:>11}  {r['flood_cpu_s']:>11}  "
+               f"{r['load']:>4}" for r in rows)]
     return "\n".join(lines)
 
 
