@@ -94,7 +94,8 @@ SHIPPED = [("simulator.md", "standby", "standby", "standby"),
            ("performance.md", "queue", "queue", "queue"),
            ("performance.md", "commits", "commits", "commits"),
            ("google-cloud.md", "spot", "spot", "spot"),
-           ("priority-and-preemption.md", "preemption", "preemption", "preemption")]
+           ("priority-and-preemption.md", "preemption", "preemption", "preemption"),
+           ("performance.md", "floods", "floods", "floods/floods.json")]
 
 
 @pytest.mark.parametrize("page, marker, kind, runs", SHIPPED)
