@@ -214,14 +214,6 @@ class ClusterRuntime:
             log.warning("cluster %s: the project's %s quota is exhausted (found by %s): no GPU VM is inserted or "
                         "started until it may have been freed", self.core.name, quota.metric, quota.cluster,
                         extra={"cluster": self.core.name})
-            self._notify_capacity()  # the fronts hear this cluster holds it, even from a quiet cluster
-
-    def tell_project_quota(self, quota: ProjectQuota) -> None:
-        """A front relays the project-wide GPU quota another cluster found exhausted."""
-        if self.handle(ev.ProjectQuotaTold(self.clock.now(), quota)).reply:
-            log.warning("cluster %s: the project's %s quota is exhausted (found by %s): no GPU VM is inserted or "
-                        "started until it may have been freed", self.core.name, quota.metric, quota.cluster,
-                        extra={"cluster": self.core.name})
             self.watchers.notify_capacity()  # the fronts hear this cluster holds it, even from a quiet cluster
 
     def discard(self, key: str, reason: str) -> bool:
