@@ -28,15 +28,13 @@ def holdable(ranking: Sequence[str], layers: Callable[[str], Mapping[str, int]],
     VM should hold. Pulls of these never evict each other, so the disk settles instead of churning
     as the ranking shuffles.
 
-    Each pool asks at every ranking refresh, mostly with a ranking it asked about before: the
-    answers are remembered for a `layers` that can be a key (a catalog's sizes_of, whose sizes
-    never change), worked out afresh for one that cannot."""
-    try:
-        return _holdable_remembered(tuple(ranking), layers, capacity_bytes)
-    except TypeError:  # an unhashable `layers` (a dict's bound method)
-        return _holdable(ranking, layers, capacity_bytes)
+    Each pool asks at every ranking refresh, mostly with a ranking it asked about before, so the
+    answers are remembered: `layers` must answer the same for as long as it lives (a catalog's
+    sizes_of: a catalog never changes, a new one is a new object)."""
+    return _holdable(tuple(ranking), layers, capacity_bytes)
 
 
+@functools.lru_cache(maxsize=256)
 def _holdable(ranking: Sequence[str], layers: Callable[[str], Mapping[str, int]], capacity_bytes: int) -> tuple[str, ...]:
     used: set[str] = set()
     total = 0
@@ -48,9 +46,6 @@ def _holdable(ranking: Sequence[str], layers: Callable[[str], Mapping[str, int]]
             return tuple(ranking[:n])
         used |= extra
     return tuple(ranking)
-
-
-_holdable_remembered = functools.lru_cache(maxsize=256)(_holdable)
 
 
 def next_pull(target: Sequence[str], has: Callable[[str], bool], start: int = 0) -> int:

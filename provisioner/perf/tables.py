@@ -57,19 +57,20 @@ STANDBY_COLUMNS = ("trace", "policy", "cost vs assigned", "standby VM-hours", "s
                    "wait p99", "cold / partial starts", "never started", "target", "wall", "command")
 
 
+def flag(command: str, name: str, default: str | None = None) -> str | None:
+    """The value the command line gives flag `name`, or `default`."""
+    words = command.split()
+    return words[words.index(name) + 1] if name in words else default
+
+
 def setting(command: str) -> str:
     """The policy and its knob, as the command gives them: "fixed 20 warm", "predictive + standby"."""
-    words = command.split()
-
-    def flag(name: str) -> str | None:
-        return words[words.index(name) + 1] if name in words else None
-
-    policy = flag("--policy") or "per pool"
+    policy = flag(command, "--policy") or "per pool"
     if policy == "fixed":
-        return f"fixed {flag('--warm-vms')} warm"
+        return f"fixed {flag(command, '--warm-vms')} warm"
     if policy == "headroom":
-        return f"headroom {flag('--headroom')}"
-    if "--no-standby" in words:
+        return f"headroom {flag(command, '--headroom')}"
+    if "--no-standby" in command.split():
         return f"{policy}, `--no-standby`"
     return f"{policy} + standby" if policy == "predictive" else policy
 
@@ -102,8 +103,7 @@ SPOT_COLUMNS = ("capacity", "cost (USD)", "assigned cost (USD)", "VM-hours", "st
 
 
 def spot_row(r: dict) -> list[str]:
-    words = r["command"].split()
-    rate = words[words.index("--spot") + 1] if "--spot" in words else ""
+    rate = flag(r["command"], "--spot", "")
     return [f"Spot, {rate} preemptions per VM-hour" if rate else "on demand", f"{r['cost_usd']:,.2f}",
             f"{r['assigned_cost_usd']:,.2f}", f"{r['vm_hours']:,.0f}", f"{r['fast_start_ratio']:.2%}",
             f"{r['interactive']['wait_p99_s']:.1f} s", f"{r['spot_preemptions']:,}",
@@ -127,24 +127,16 @@ PREEMPTION_COLUMNS = ("pools capped at", "share", "preempted", "requeued (ran)",
 
 
 def preemption_row(r: dict) -> list[str]:
-    words = r["command"].split()
-
-    def flag(name: str, default: str) -> str:
-        return words[words.index(name) + 1] if name in words else default
-
-    share = flag("--share-gpus", "the fleet's")
-    return [f"{flag('--max-vms', 'each pool maximum')} VMs", f"{share} GPU" if share == "1" else f"{share} GPUs",
+    share = flag(r["command"], "--share-gpus", "the fleet's")
+    return [f"{flag(r['command'], '--max-vms', 'each pool maximum')} VMs", f"{share} GPU" if share == "1" else f"{share} GPUs",
             f"{r['preempted']:,}", f"{r['requeued']:,} ({r['requeued_started']:,})",
             f"{r['interactive']['wait_p99_s']:,.0f} s", f"{r['interactive']['fast_start_ratio']:.2%}",
             f"{r['fast_start_ratio']:.2%}", f"{r['wall_s']:.0f} s", f"`{r['command']} --json`"]
 
 
 def preemption_table(runs: list[dict]) -> str:
-    def cap(r: dict) -> int:
-        words = r["command"].split()
-        return -int(words[words.index("--max-vms") + 1]) if "--max-vms" in words else 0
-
-    return _table(PREEMPTION_HEADER, PREEMPTION_COLUMNS, [preemption_row(r) for r in sorted(runs, key=lambda r: (cap(r), r["command"]))])
+    runs = sorted(runs, key=lambda r: (-int(flag(r["command"], "--max-vms", "0")), r["command"]))  # tightest cap last
+    return _table(PREEMPTION_HEADER, PREEMPTION_COLUMNS, [preemption_row(r) for r in runs])
 
 
 def _bench_table(kind: str):
