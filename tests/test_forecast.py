@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.decide.autoscale import PoolSnapshot, desired_vms, plan_scale
-from provisioner.decide.forecast import DAY_H, HOUR_S, Forecast, Rate, SeasonalCounts, warm_for
+from provisioner.decide.forecast import DAY_H, HOUR_S, RATE_MIN_HISTORY_S, Forecast, Rate, SeasonalCounts, warm_for
 from provisioner.decide.prewarm_rules import holdable, next_pull, rank_images
 
 
@@ -21,6 +21,20 @@ def test_rate_follows_a_steady_stream_and_forgets_it():
         rate.add(float(i))  # one a second for an hour
     assert rate.per_s(3600.0) == pytest.approx(1.0, rel=0.05)
     assert rate.per_s(3600.0 + 600) == pytest.approx(0.5, rel=0.05)  # one half-life later
+
+
+def test_a_fresh_rate_reads_a_steady_stream_at_its_rate_from_the_first_minutes():
+    # A cluster just started: five minutes of one arrival a second is a rate of one a second, not
+    # the fifth of it that five minutes of a quarter-hour decay hold.
+    rate = Rate(half_life_s=900)
+    for i in range(300):
+        rate.add(1_000.0 + i)
+    assert rate.per_s(1_300.0) == pytest.approx(1.0, rel=0.05)
+    assert rate.per_s(1_300.0 + 900) < 0.5  # a quarter hour of silence since weighs in too
+    # A single arrival in the first seconds is not read as a flood.
+    first = Rate(half_life_s=900)
+    first.add(0.0)
+    assert first.per_s(1.0) < 2 / RATE_MIN_HISTORY_S
 
 
 def test_seasonal_rate_is_the_same_hour_on_earlier_days():

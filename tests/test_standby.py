@@ -9,7 +9,8 @@ from core_driver import Driver, make_core
 from provisioner.api import convert
 from provisioner.cloud.base import CloudVm
 from provisioner.decide.assignment import choose_standby
-from provisioner.decide.autoscale import PoolSnapshot, standby_target
+from provisioner.decide.autoscale import (STANDBY_SCALE_DOWN_IDLE_S, STANDBY_STABILIZATION_S, PoolSnapshot,
+                                          scale_down_idle_s, stabilization_s, standby_target)
 from provisioner.decide.commands import Launch, Start, Stop
 from provisioner.decide.events import Restored
 from provisioner.decide.forecast import Dispersion, warm_for
@@ -38,6 +39,22 @@ def test_idle_vms_go_to_standby_and_a_session_starts_the_one_holding_its_image()
     d.run_until(lambda: s.state is S.RUNNING, 600)
     assert s.start is StartKind.WARM and not d.commands(Launch, since=d.log[-1][0] - 600)
     assert s.ready_at - s.created_at == d.sim.start_median_s + d.sim.notebook_start_s
+
+
+def test_a_standby_pool_stops_a_surplus_vm_minutes_after_it_goes_idle():
+    # Stopped, it is back in about a minute with its disk: not worth ten minutes idle, nor an hour
+    # held for the pool's peak.
+    d = standby_pool()
+    s = d.allocate(image="gpu:v160")
+    d.run_until(lambda: s.state is S.RUNNING, 1800)
+    d.stop(s)
+    vm = d.live(d.vms[s.vm_id])
+    d.run_until(lambda: vm.state is V.WARM, 600)
+    idle_from = d.now
+    d.run_until(lambda: vm.state is V.STOPPING_STANDBY, 2 * 3600)
+    assert STANDBY_SCALE_DOWN_IDLE_S <= d.now - idle_from <= STANDBY_STABILIZATION_S + 2 * d.tick_s
+    assert scale_down_idle_s(True) < scale_down_idle_s(False)
+    assert stabilization_s("headroom", True) < stabilization_s("headroom", False)
 
 
 def test_a_start_that_stocks_out_falls_back_to_a_standby_vm_in_another_zone():

@@ -33,6 +33,19 @@ def test_a_burst_window_puts_each_hours_jobs_inside_ten_minutes_of_it():
     assert {a.kind for a in arrivals} == {"batch"} and sum(counts) == len(arrivals)
 
 
+def test_waves_put_each_few_hours_jobs_inside_one_short_window():
+    counts = [10, 0, 20] * 40
+    arrivals = tracegen.thin_hourly(counts, 10_000, random.Random(4), window_s=180, kind="batch", every_h=3)
+    by_wave: dict[int, list[float]] = {}
+    for a in arrivals:
+        by_wave.setdefault(int(a.t_s // (3 * HOUR_S)), []).append(a.t_s)
+    assert all(len(ts) == 30 and max(ts) - min(ts) <= 180 for ts in by_wave.values())  # 3 hours' jobs together
+    assert len({round(min(ts) % (3 * HOUR_S)) for ts in by_wave.values()}) > 10  # the window moves inside them
+    # One hour at a time, the draws are those of the hourly thinning: the bundled traces stay the same.
+    hourly = tracegen.thin_hourly(counts, 500, random.Random(5), window_s=600)
+    assert hourly == tracegen.thin_hourly(counts, 500, random.Random(5), window_s=600, every_h=1)
+
+
 def test_rollouts_keep_each_seconds_requests_together_and_the_order():
     # 5 requests in second 0, 1 in second 1, 3 in the last second (99); the 23 days span 100 s.
     times = [1_000.1, 1_000.5, 1_000.2, 1_000.9, 1_000.0, 1_001.3, 1_099.0, 1_099.5, 1_099.7]
@@ -91,7 +104,7 @@ def write_raw(d):
     with open(d / tracegen.RAW_FILES["spot"], "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["submit_hour", "jobs", "gpu_seconds", "gpu_demand"])
-        w.writerows([h, 9999 if h == 0 else 20 + (h % 24), 0, 0] for h in range(24 * 120))
+        w.writerows([h, 9999 if h == 0 else 20 + (h % 24), 0, 0] for h in range(24 * 150))
     with open(d / tracegen.RAW_FILES["philly"], "w", newline="") as f:
         f.write("runtime\n0.0\n" + "".join(f"{60 * k}.0\n" for k in range(1, 100)))
     with open(d / tracegen.RAW_FILES["openb"], "w", newline="") as f:
@@ -112,12 +125,15 @@ def test_cli_writes_traces_that_replay_reads(tmp_path, capsys):
     raw.mkdir()
     write_raw(raw)
     assert tracegen.main(["--raw", str(raw), "--out", str(tmp_path / "out")]) == 0
-    for name in ("spot-steady", "spot-burst", "openb", "batch-burst", "rollout"):
+    for name in ("spot-steady", "spot-burst", "openb", "batch-burst", "batch-wave", "rollout"):
         rows = read_trace(tmp_path / "out" / f"{name}-sessions.csv")
         assert rows and max(r.arrival_s for r in rows) < tracegen.WINDOW_DAYS * DAY_S
     openb = read_trace(tmp_path / "out" / "openb-sessions.csv")
     assert len(openb) == 400 and openb[0].arrival_s == 0  # the window starts at the first busy day
     assert {r.kind.value for r in read_trace(tmp_path / "out" / "batch-burst-sessions.csv")} == {"batch"}
+    wave = read_trace(tmp_path / "out" / "batch-wave-sessions.csv")
+    assert {r.kind.value for r in wave} == {"batch"}
+    assert len({r.arrival_s // (tracegen.WAVE_EVERY_H * HOUR_S) for r in wave}) <= tracegen.WINDOW_DAYS * 24 // 3
     rollout = read_trace(tmp_path / "out" / "rollout-sessions.csv")
     assert len(rollout) == 600 and rollout[0].arrival_s == 0  # 600 requests, fewer than the genai volume: all kept
     assert "openb-sessions.csv: 400 sessions" in capsys.readouterr().out

@@ -16,11 +16,31 @@ SCALE_DOWN_IDLE_S = 600.0
 STABILIZATION_S = 3600.0
 # The predictive autoscaler sees rises coming, so it can let go of VMs sooner.
 PREDICTIVE_STABILIZATION_S = 900.0
+# With a standby tier a surplus VM is stopped, not deleted, and is back in about a minute with its
+# disk: its stop and start bill about a minute of running (the sim's stop_s and start_median_s),
+# so ten minutes idle before stopping it pays ten minutes to save one. It waits this long...
+STANDBY_SCALE_DOWN_IDLE_S = 120.0
+# ...and the pool goes no lower than the most VMs wanted over this window, long enough to ride out
+# the forecast's minute-to-minute noise (chosen on the tuning traces, docs/economics.md).
+STANDBY_STABILIZATION_S = 300.0
 # A stopped VM costs its disk alone (about a fiftieth of a running one): the standby tier keeps
 # the VMs the pool wanted at its peak over this window, ready for the next day's peak.
 STANDBY_HOLD_S = 86400.0
 # A zone that answered "stocked out" or "no quota" is skipped this long (as Karpenter does).
 STOCKOUT_MEMORY_S = 180.0
+
+
+def scale_down_idle_s(standby: bool, filling: bool = False) -> float:
+    """How long a warm VM must have been idle before scale-down may take it. One still pulling the
+    pool's images (`filling`) waits as long as without the tier: stopped now, it would keep a
+    half-filled disk, and a session it is started for later would wait for the rest."""
+    return STANDBY_SCALE_DOWN_IDLE_S if standby and not filling else SCALE_DOWN_IDLE_S
+
+
+def stabilization_s(autoscaler: str, standby: bool) -> float:
+    """The window over whose most VMs wanted scale-down holds the pool."""
+    window = PREDICTIVE_STABILIZATION_S if autoscaler == "predictive" else STABILIZATION_S
+    return min(window, STANDBY_STABILIZATION_S) if standby else window
 
 
 class PoolSnapshot(NamedTuple):
@@ -76,7 +96,7 @@ def plan_scale(s: PoolSnapshot, hold: int, idle_long_enough: int, want: int | No
     """Launch up to the target now (VMs already starting count); delete surplus idle VMs, but
     only down to `hold`, the most VMs wanted over the stabilization window.
 
-    `idle_long_enough` is how many warm VMs have been idle past SCALE_DOWN_IDLE_S; `want` is
+    `idle_long_enough` is how many warm VMs have been idle past scale_down_idle_s(); `want` is
     desired_vms(s), if the caller has it.
     """
     have = s.warm + s.starting + s.assigned + s.recycling

@@ -35,21 +35,31 @@ WEEKLY_WEIGHT = 0.5
 DISPERSION_WINDOW_S = 60.0
 DISPERSION_HALF_LIFE_S = 6 * HOUR_S
 DISPERSION_EMPTY_MAX = 2000
+# A rate with less history than a few half-lives has counted only part of what its decay would
+# hold at that rate, and reads low (a quarter hour after a cluster starts, half the true rate),
+# so a fresh pool grows too late and its first sessions find VMs still pulling their image. The
+# rate is read as the count over the history it had (the decay's correction); with less history
+# than this, as if it had this much, so the first few arrivals are not read as a flood.
+RATE_MIN_HISTORY_S = 300.0
 _LN2 = math.log(2)
 
 
 class Rate:
-    """An exponentially decaying event count; `per_s` is the rate it implies."""
+    """An exponentially decaying event count; `per_s` is the rate it implies, from the time it
+    was first told or asked about (before which nothing is known, not none seen)."""
 
-    __slots__ = ("half_life_s", "_level", "_at")
+    __slots__ = ("half_life_s", "_level", "_at", "_since")
 
     def __init__(self, half_life_s: float):
         self.half_life_s = half_life_s
         self._level = 0.0
         self._at = 0.0
+        self._since: float | None = None
 
     def _decay(self, now: float) -> None:
-        if now > self._at:
+        if self._since is None:
+            self._since = self._at = now
+        elif now > self._at:
             self._level *= 0.5 ** ((now - self._at) / self.half_life_s)
             self._at = now
 
@@ -59,7 +69,10 @@ class Rate:
 
     def per_s(self, now: float) -> float:
         self._decay(now)
-        return self._level * _LN2 / self.half_life_s
+        history = max(now - self._since, RATE_MIN_HISTORY_S)
+        if history >= 20 * self.half_life_s:  # the correction is below one part in a million
+            return self._level * _LN2 / self.half_life_s
+        return self._level * _LN2 / self.half_life_s / (1.0 - 0.5 ** (history / self.half_life_s))
 
 
 class Dispersion:

@@ -14,13 +14,12 @@ from provisioner.cloud.base import CloudFailure
 from provisioner.config import ClusterConfig, PoolConfig
 from provisioner.decide.assignment import choose_standby
 from provisioner.decide.autoscale import (
-    PREDICTIVE_STABILIZATION_S,
-    SCALE_DOWN_IDLE_S,
-    STABILIZATION_S,
     PoolSnapshot,
     desired_vms,
     pick_deletions,
     plan_scale,
+    scale_down_idle_s,
+    stabilization_s,
     standby_target,
     zones_available,
 )
@@ -163,7 +162,7 @@ class Sizing:
         if policy.autoscaler == "predictive" and due:
             self._forecast(pool, now)
         snap = self.snapshot(pool)
-        pool.peak.window_s = PREDICTIVE_STABILIZATION_S if policy.autoscaler == "predictive" else STABILIZATION_S
+        pool.peak.window_s = stabilization_s(policy.autoscaler, policy.standby)
         wanted = desired_vms(snap)
         hold = pool.peak.add(now, wanted)
         # An upper bound on the VMs idle long enough: the real list is made only to delete some.
@@ -191,11 +190,16 @@ class Sizing:
                 vms.delete(vm, "standby beyond the pool's standby target", now)
 
     def _scale_down(self, pool: PoolState, surplus: int, keep: int, now: float) -> None:
-        # A prewarm under way does not save a surplus VM.
-        idle = [vm for vm in pool.ready.values() if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
+        # A prewarm under way does not save a surplus VM; with a standby tier it waits the longer
+        # idle time, so the disk it keeps stopped is filled (scale_down_idle_s).
+        standby = pool.policy.standby
+        idle = [vm for vm in pool.ready.values()
+                if now - vm.warm_since >= scale_down_idle_s(standby, filling=bool(vm.pulling))]
         stopping = pool.standby_total
-        for vm in pick_deletions(idle, surplus, lambda v: self._prewarming.held_of_ranking(pool, v)):
-            if stopping < keep:  # the most valuable surplus VMs are kept last: stop them
+        # The most valuable of the surplus VMs (holding the most of the ranking) are stopped while
+        # the standby target has room, the least valuable deleted.
+        for vm in reversed(pick_deletions(idle, surplus, lambda v: self._prewarming.held_of_ranking(pool, v))):
+            if stopping < keep:
                 self._vms.to_standby(vm, "scale-down: surplus warm VM kept stopped", now)
                 stopping += 1
             else:

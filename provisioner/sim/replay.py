@@ -17,10 +17,11 @@ from provisioner.decide.core import ClusterCore
 from provisioner.decide.events import BudgetSet, SessionForgotten, SessionRequested, SessionTouched, StopRequested
 from provisioner.decide.ids import IdSource
 from provisioner.decide.preemption_rules import STOP_REASON as PREEMPTED
-from provisioner.model.states import SESSION_TERMINAL, VM_ACTIVE, SessionState, VmState
+from provisioner.model.states import VM_ACTIVE, SessionState, VmState
 from provisioner.model.records import Session, SessionKind, SessionSpec, StartKind, Vm, cluster_of
 from provisioner.sim.cost import prices
 from provisioner.sim.engine import Engine
+from provisioner.sim.never_started import cause as never_started_cause
 from provisioner.sim.quotas import QuotaMeter
 from provisioner.sim.tally import PoolSample, Sample, Tally
 from provisioner.sim.trace import TraceError, TraceRow, peak_concurrency, trace_end
@@ -54,6 +55,7 @@ class Replay(Engine):
         self.idle_timeout_s = settings.idle_timeout_s
         self.end_s = trace_end(rows, self.idle_timeout_s) if end_s is None else end_s
         self.price = prices(fleet)
+        self._image_bytes = fleet.catalog.size_bytes
         self.vm_time = VmMeter(self.price)
         q = fleet.settings.quotas
         self.quotas = QuotaMeter(q, {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
@@ -223,7 +225,7 @@ class Replay(Engine):
                 self.spot_preempted += s.reason == SPOT_PREEMPTED
                 self._ends.pop(s.id, None)
                 if s.id not in started:
-                    why = _never_started(s)
+                    why = never_started_cause(s, self._image_bytes(s.image))
                     self.never_started[why] = self.never_started.get(why, 0) + 1
                 started.discard(s.id)
                 core.handle(SessionForgotten(self.now, s.id))  # or the cull would scan every session ever made
@@ -259,10 +261,3 @@ class Replay(Engine):
 
     def results(self) -> dict:
         return self.tally().results()
-
-
-def _never_started(s: Session) -> str:
-    """What a session that ended without running was doing, and why it ended."""
-    doing = next((h.state for h in reversed(s.history)
-                  if h.state not in SESSION_TERMINAL and h.state != SessionState.STOPPING), "new")
-    return f"{s.state} while {doing}: {s.reason}"

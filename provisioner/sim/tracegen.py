@@ -14,6 +14,10 @@ cluster traces, so a policy that only fits one trace's rhythm shows it:
 - batch-burst: the same hourly submissions, days 60-82, but each hour's jobs submitted together
   inside one 10-minute window (a pipeline or a class submitting at once); every session a batch
   job, lengths from Philly runtimes (heavy-tailed: median 20 minutes, a tenth over 3.5 hours).
+- batch-wave: the same hourly submissions, days 120-142 (a window no other trace uses), each
+  three hours' jobs submitted together inside one 3-minute window (a scheduled pipeline
+  submitting its queue at once: bursts of tens of sessions, up to a few hundred in the busy
+  hours); every session a batch job, lengths from Philly runtimes.
 - rollout: the request times of the Azure LLM 2023 code-completion trace (one hour, 8,819
   requests), stretched onto 23 days in order; each second's requests arrive as one rollout, at
   the same instant (up to 60 sessions at once after thinning to the genai volume); lengths
@@ -61,6 +65,7 @@ RAW_FILES = {
     "azure_code": "azure-llm-2023-code-requests.csv",
 }
 BURST_S = 600  # batch-burst: an hour's submissions arrive within this window
+WAVE_EVERY_H, WAVE_S = 3, 180  # batch-wave: each 3 hours' submissions arrive within 3 minutes
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,15 +94,18 @@ def clip_length(s: float) -> int:
 
 
 def thin_hourly(counts: Sequence[int], sessions: int, rng: random.Random, window_s: float = HOUR_S,
-                kind: str = "") -> list[Arrival]:
-    """Keeps each job with one probability so about `sessions` remain; uniform inside a window of
-    `window_s` at a random place in its hour (the whole hour by default)."""
+                kind: str = "", every_h: int = 1) -> list[Arrival]:
+    """Keeps each job with one probability so about `sessions` remain; each `every_h` hours' jobs
+    (one hour's by default) uniform inside a window of `window_s` at a random place in those
+    hours (all of them by default)."""
     keep = min(1.0, sessions / max(1, sum(counts)))
+    span_s = every_h * HOUR_S
+    window_s = min(window_s, span_s)
     out = []
-    for hour, n in enumerate(counts):
-        kept = sum(rng.random() < keep for _ in range(n))
-        # No draw for a whole-hour window, so the traces made before windows existed stay the same.
-        start = hour * HOUR_S + (rng.uniform(0, HOUR_S - window_s) if window_s < HOUR_S else 0.0)
+    for k in range(0, len(counts), every_h):
+        kept = sum(rng.random() < keep for _ in range(sum(counts[k:k + every_h])))
+        # No draw for a whole-span window, so the traces made before windows existed stay the same.
+        start = k * HOUR_S + (rng.uniform(0, span_s - window_s) if window_s < span_s else 0.0)
         out.extend(Arrival(start + rng.uniform(0, window_s), kind) for _ in range(kept))
     return sorted(out, key=lambda a: a.t_s)
 
@@ -207,6 +215,9 @@ def build(raw: Path, seed: int) -> dict[str, list[list]]:
     rng = random.Random(f"{seed}:batch-burst")
     batch = thin_hourly(hourly[60 * 24:60 * 24 + hours], SESSIONS, rng, BURST_S, "batch")
     out["batch-burst"] = sessions_for(batch, runtimes, rng)
+    rng = random.Random(f"{seed}:batch-wave")
+    wave = thin_hourly(hourly[120 * 24:120 * 24 + hours], SESSIONS, rng, WAVE_S, "batch", WAVE_EVERY_H)
+    out["batch-wave"] = sessions_for(wave, runtimes, rng)
     rng = random.Random(f"{seed}:rollout")
     requests = read_request_times(raw / RAW_FILES["azure_code"])
     out["rollout"] = sessions_for(rollouts(requests, SESSIONS, WINDOW_DAYS, rng), runtimes, rng)
