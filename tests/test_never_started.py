@@ -41,11 +41,17 @@ def test_waits_for_a_vm_say_which_kind_of_vm():
 def test_queued_sessions_are_told_apart_by_what_held_them_without_naming_the_user():
     ceiling = ended((S.QUEUED, "waiting for one of its user's sessions to end: user 'u7' holds the pool's "
                                "per-user ceiling of 2 VMs"), (S.STOPPED, "the user is done"))
-    full = ended((S.QUEUED, "waiting for capacity: the pool is at its maximum or stocked out"),
+    full = ended((S.QUEUED, "waiting for capacity: the pool is at its maximum of 600 VMs"),
                  (S.STOPPED, "the user is done"))
+    stockout = ended((S.QUEUED, "waiting for capacity: every zone of the pool is stocked out"),
+                     (S.STOPPED, "the user is done"))
+    failed = ended((S.QUEUED, "VM creation failed in zone-a (quota); waiting for capacity"),
+                   (S.STOPPED, "the user is done"))
     preempting = ended((S.QUEUED, "waiting for 2 preempted sessions to give back their GPUs (grace period 120 s)"),
                        (S.STOPPED, "the user is done"))
     assert cause(ceiling, IMAGE_BYTES) == "queued: its user held the pool's per-user ceiling; ended: the user is done"
-    assert cause(full, IMAGE_BYTES).startswith("queued: the pool at its maximum or every zone stocked out")
+    assert cause(full, IMAGE_BYTES).startswith("queued: the pool at its maximum (max_vms)")
+    assert cause(stockout, IMAGE_BYTES).startswith("queued: every zone of the pool stocked out")
+    assert cause(failed, IMAGE_BYTES).startswith("queued: its VM's create or start failed")
     assert cause(preempting, IMAGE_BYTES).startswith("queued: waiting for preempted sessions")
-    assert not any("u7" in cause(s, IMAGE_BYTES) for s in (ceiling, full, preempting))
+    assert not any("u7" in cause(s, IMAGE_BYTES) for s in (ceiling, full, stockout, failed, preempting))

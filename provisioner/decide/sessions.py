@@ -379,7 +379,9 @@ class Sessions:
         if self._holdings.at_ceiling(pool, s):
             return (f"waiting for one of its user's sessions to end: user {quote(s.spec.user_id)} holds the "
                     f"pool's per-user ceiling of {pool.policy.max_vms_per_user} VMs")
-        return "waiting for capacity: the pool is at its maximum or stocked out"
+        if pool.total >= pool.policy.max_vms:
+            return f"waiting for capacity: the pool is at its maximum of {pool.policy.max_vms} VMs"
+        return "waiting for capacity: every zone of the pool is stocked out"
 
     # ---- the queue -----------------------------------------------------------------------
 

@@ -42,7 +42,11 @@ def _waiting_for(s: Session, state: str, why: str, image_bytes: int) -> str:
             return "queued: its user held the pool's per-user ceiling"
         if "preempted" in why:
             return "queued: waiting for preempted sessions to give back their VMs"
-        return "queued: the pool at its maximum or every zone stocked out"
+        if "at its maximum" in why:
+            return "queued: the pool at its maximum (max_vms)"
+        if "stocked out" in why:
+            return "queued: every zone of the pool stocked out"
+        return "queued: its VM's create or start failed"
     if state == S.STARTING:
         return "waiting for its notebook to start"
     return f"{state}"
