@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from provisioner.decide import assignment
-from provisioner.decide.assignment import QueueOrder, choose_vm, queue_order
+from provisioner.decide.assignment import QueueOrder, choose_vm, choose_waiting, queue_order
 from provisioner.model.errors import FailedPrecondition
 from provisioner.model.images import LayerCache
 from provisioner.model.records import Session, SessionKind, SessionSpec, StartKind, Vm
@@ -61,6 +61,43 @@ def test_choose_vm_ties_go_to_the_first_offered():
     vms = [warm_vm(i, ["gpu:v160"]) for i in (7, 3, 5)]
     assert choose_vm("gpu:v160", vms, CATALOG).vm_id == "vm-07"
     assert choose_vm("gpu:v160", vms[::-1], CATALOG).vm_id == "vm-05"
+
+
+# ---- a VM come free serves a session waiting for another --------------------------------
+
+def waiting(i: int, image: str, created_at: float, ready_at: float) -> Session:
+    s = queued(i, i, SessionKind.INTERACTIVE, created_at)
+    s.image, s.estimated_ready_at = image, ready_at
+    return s
+
+
+def test_choose_waiting_prefers_a_session_whose_image_the_vm_holds_then_the_longest_waiting():
+    vm = warm_vm(1, ["gpu:v158", "gpu:v160"])
+    exact_late, exact_early = waiting(1, "gpu:v160", 30.0, 700.0), waiting(2, "gpu:v158", 20.0, 40.0)
+    partial = waiting(3, "gpu:v159", 0.0, 1_000.0)
+    assert choose_waiting(vm, [partial, exact_late, exact_early], CATALOG, 4e7, 50.0) is exact_early
+    # A session whose own VM is ready before the layers it lacks here would be pulled keeps waiting.
+    missing = CATALOG.missing_bytes("gpu:v159", vm.cache.layer_ids)
+    assert missing > 0
+    assert choose_waiting(vm, [partial], CATALOG, 4e7, 50.0) is partial
+    assert choose_waiting(vm, [waiting(4, "gpu:v159", 0.0, 50.0 + missing / 4e7)], CATALOG, 4e7, 50.0) is None
+
+
+def test_a_session_waiting_for_a_new_vm_takes_a_warm_vm_holding_its_image_that_comes_free():
+    d = Driver(make_core(min_vms=0, headroom_fraction=0.0))
+    d.add_warm("gpu:v160")
+    first = d.allocate("u1", "gpu:v160")
+    second = d.allocate("u2", "gpu:v160")  # no warm VM left: a new one is made for it (minutes)
+    assert second.state is SessionState.PROVISIONING and second.start is StartKind.COLD
+    made_for_it = second.vm_id
+    d.advance(30.0)
+    d.stop(first)
+    d.run_until(lambda: second.state is SessionState.RUNNING, 3600)
+    # It ran on the VM the first left, wiped, long before its own would have booted and pulled.
+    assert second.vm_id == first.vm_id and second.start is StartKind.WARM
+    assert second.ready_at - second.created_at < 120.0
+    d.run_until(lambda: d.vms[made_for_it].state is VmState.WARM, 3600)  # it joins the pool
+    assert not d.vms[made_for_it].reserved_for
 
 
 # ---- queue order ------------------------------------------------------------------------

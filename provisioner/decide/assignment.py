@@ -63,6 +63,24 @@ def choose_standby(image: str, standby: Iterable[Vm], catalog: ImageCatalog,
     return best[1] if best else None
 
 
+def choose_waiting(vm: Vm, waiting: Iterable[Session], catalog: ImageCatalog, bandwidth_bytes_per_s: float,
+                   now: float) -> Session | None:
+    """Of the sessions waiting for a VM being made or started for them, the one `vm`, just come
+    free, should serve: one whose image it holds (ready now, where the awaited VM is not: a
+    standby start's long tail, a create's many minutes), else one whose missing layers it pulls
+    before the awaited VM's estimated ready time; the longest waiting first, then by id. None
+    when none is ready sooner on it."""
+    best: tuple[bool, float, str, Session] | None = None
+    for s in waiting:
+        missing = catalog.missing_bytes(s.image, vm.cache.layer_ids)
+        if missing and now + missing / bandwidth_bytes_per_s >= s.estimated_ready_at:
+            continue
+        key = (missing > 0, s.created_at, s.id, s)
+        if best is None or key[:3] < best[:3]:
+            best = key
+    return best[3] if best else None
+
+
 def queue_order(queued: Sequence[Session], holding: Mapping[str, int] | None = None,
                 ranks: Mapping[str, int] | None = None, first: Collection[str] = ()) -> list[Session]:
     """The sessions in `first` (those that preempted others, whose VMs are on their way), then

@@ -19,10 +19,10 @@ PREDICTIVE_STABILIZATION_S = 900.0
 # With a standby tier a surplus VM is stopped, not deleted, and is back in about a minute with its
 # disk: its stop and start bill about a minute of running (the sim's stop_s and start_median_s),
 # so ten minutes idle before stopping it pays ten minutes to save one. It waits this long...
-STANDBY_SCALE_DOWN_IDLE_S = 120.0
+STANDBY_SCALE_DOWN_IDLE_S = 180.0
 # ...and the pool goes no lower than the most VMs wanted over this window, long enough to ride out
 # the forecast's minute-to-minute noise (chosen on the tuning traces, docs/economics.md).
-STANDBY_STABILIZATION_S = 300.0
+STANDBY_STABILIZATION_S = 450.0
 # A stopped VM costs its disk alone (about a fiftieth of a running one): the standby tier keeps
 # the VMs the pool wanted at its peak over this window, ready for the next day's peak.
 STANDBY_HOLD_S = 86400.0

@@ -20,6 +20,7 @@ from provisioner.model.records import Vm
 V = VmState
 # Read on every tick: an Enum's attribute lookup (V.WARM) goes through its metaclass's __getattr__.
 _STANDBY, _STOPPING_STANDBY = V.STANDBY, V.STOPPING_STANDBY
+_MAKING = frozenset({V.CREATING, V.BOOTING, V.STARTING})
 
 # How often the image ranking is recomputed from the decaying demand.
 RANKING_REFRESH_S = 300.0
@@ -65,6 +66,8 @@ class PoolState:
     order: QueueOrder = field(default_factory=QueueOrder)  # the queue's order, kept between changes
     ready: dict[str, Vm] = field(default_factory=dict)  # assignable: warm and healthy
     standby: dict[str, Vm] = field(default_factory=dict)  # stopped, startable
+    # Being made or started for a session (whose it is, vm.reserved_for, may have changed since).
+    awaited: dict[str, Vm] = field(default_factory=dict)
     count: dict[VmState, int] = field(default_factory=lambda: defaultdict(int))  # VMs by state
     per_zone: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     stocked_out_until: dict[str, float] = field(default_factory=dict)
@@ -91,6 +94,8 @@ class PoolState:
             self.ready[vm.id] = vm
         elif vm.state is V.STANDBY:
             self.standby[vm.id] = vm
+        elif vm.reserved_for and vm.state in _MAKING:
+            self.awaited[vm.id] = vm
 
     def count_out(self, vm: Vm) -> None:
         self.changed = True
@@ -99,6 +104,7 @@ class PoolState:
         self.per_zone[vm.zone] -= 1
         self.ready.pop(vm.id, None)
         self.standby.pop(vm.id, None)
+        self.awaited.pop(vm.id, None)
 
     @property
     def total(self) -> int:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from provisioner.config import SessionsConfig
 from provisioner.config.policy import PriorityConfig
-from provisioner.decide.assignment import choose_standby, choose_vm
+from provisioner.decide.assignment import choose_standby, choose_vm, choose_waiting
 from provisioner.decide.changes import Changes
 from provisioner.decide.culling import Culling, minutes
 from provisioner.decide.holdings import HOLDING, Holdings
@@ -331,6 +331,21 @@ class Sessions:
         s.start = StartKind.COLD
         s.estimated_ready_at = now + sizing.cold_start_s(s.image)
         self._set_state(s, S.PROVISIONING, f"creating VM {vm.id} in {vm.zone}", now)
+        return True
+
+    def serve_waiting(self, vm: Vm, now: float) -> bool:
+        """A warm VM came free: a session waiting for a VM being made or started for it takes it if
+        it is ready sooner on it (decide/assignment.py: choose_waiting); the VM it waited for joins
+        the pool when up. Whether one did."""
+        pool = self._pools[vm.pool]
+        waiting = [s for v in pool.awaited.values() if (s := self.sessions.get(v.reserved_for)) is not None
+                   and s.state is S.PROVISIONING and s.vm_id == v.id]
+        s = choose_waiting(vm, waiting, self._catalog(), self._sizing.bandwidth(), now) if waiting else None
+        if s is None:
+            return False
+        self._vm_side.unreserve(self._vms[s.vm_id])
+        missing = self._catalog().missing_bytes(s.image, vm.cache.layer_ids)
+        self.assign(s, vm, StartKind.PARTIAL if missing else StartKind.WARM, now)
         return True
 
     def assign(self, s: Session, vm: Vm, start: StartKind, now: float) -> None:
