@@ -26,7 +26,7 @@ from provisioner.decide.sizing import Sizing
 from provisioner.model.errors import FailedPrecondition, NotFound, ProvisionerError, UserBlocked, quote
 from provisioner.model.images import ImageCatalog
 from provisioner.model.records import Notice, Session, SessionKind, SessionSpec, StartKind, Vm, session_copy
-from provisioner.model.states import SessionState
+from provisioner.model.states import SessionState, VmState
 from provisioner.rules.validation import priority_class, validate_spec
 
 if TYPE_CHECKING:
@@ -333,20 +333,17 @@ class Sessions:
         self._set_state(s, S.PROVISIONING, f"creating VM {vm.id} in {vm.zone}", now)
         return True
 
-    def serve_waiting(self, vm: Vm, now: float) -> bool:
+    def _serve_waiting(self, pool: PoolState, vm: Vm, now: float) -> None:
         """A warm VM came free: a session waiting for a VM being made or started for it takes it if
         it is ready sooner on it (decide/assignment.py: choose_waiting); the VM it waited for joins
-        the pool when up. Whether one did."""
-        pool = self._pools[vm.pool]
+        the pool when up."""
         waiting = [s for v in pool.awaited.values() if (s := self.sessions.get(v.reserved_for)) is not None
                    and s.state is S.PROVISIONING and s.vm_id == v.id]
         s = choose_waiting(vm, waiting, self._catalog(), self._sizing.bandwidth(), now) if waiting else None
-        if s is None:
-            return False
-        self._vm_side.unreserve(self._vms[s.vm_id])
-        missing = self._catalog().missing_bytes(s.image, vm.cache.layer_ids)
-        self.assign(s, vm, StartKind.PARTIAL if missing else StartKind.WARM, now)
-        return True
+        if s is not None:
+            self._vm_side.unreserve(self._vms[s.vm_id])
+            missing = self._catalog().missing_bytes(s.image, vm.cache.layer_ids)
+            self.assign(s, vm, StartKind.PARTIAL if missing else StartKind.WARM, now)
 
     def assign(self, s: Session, vm: Vm, start: StartKind, now: float) -> None:
         """The session gets the warm VM: it pulls the layers it lacks, or its notebook starts."""
@@ -406,10 +403,15 @@ class Sessions:
         self._set_state(s, S.QUEUED, reason, now)
         self._queue.add(s, now)
 
-    def dispatch(self, pool: PoolState, now: float) -> None:
-        """Places the pool's queued sessions in their order, as far as VMs allow."""
-        if not pool.queue:
-            return
+    def dispatch(self, pool: PoolState, now: float, freed: Vm | None = None) -> None:
+        """Places the pool's queued sessions in their order, as far as VMs allow; then, if `freed`
+        (a VM that came free) is still free, it may serve a session waiting for another VM."""
+        if pool.queue:
+            self._place_queued(pool, now)
+        if freed is not None and pool.awaited and freed.state is VmState.WARM and not freed.session_id:
+            self._serve_waiting(pool, freed, now)
+
+    def _place_queued(self, pool: PoolState, now: float) -> None:
         placed = False
         for s in list(self._queue.order(pool)):  # a copy: placing one may change the order kept
             if not self._place(s, now):

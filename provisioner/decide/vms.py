@@ -269,9 +269,7 @@ class Vms:
         if vm.state is V.WARM and not vm.healthy:
             self.delete(vm, f"unhealthy: {vm.health_detail}", now)
             return
-        self._session_side.dispatch(self._sizing.pools[vm.pool], now)
-        if vm.state is V.WARM and not vm.session_id and self._session_side.serve_waiting(vm, now):
-            return
+        self._session_side.dispatch(self._sizing.pools[vm.pool], now, freed=vm)
         self._prewarming.fill(vm, now)
 
     # ---- failures ------------------------------------------------------------------------
