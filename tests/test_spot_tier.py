@@ -167,3 +167,12 @@ def test_a_spot_tier_needs_an_on_demand_pool_off_gke(tmp_path, pool, backend, wh
 
     with pytest.raises(ConfigError, match=why):
         fleet_config(tmp_path, edit)
+
+
+def test_a_vm_s_spot_flag_is_kept_in_its_record_and_an_older_record_is_on_demand():
+    from provisioner.model.records import Vm as Record
+
+    spot = vm("s-x", True, IMAGE)
+    assert Record.from_dict(spot.to_dict()).spot is True
+    older = {k: v for k, v in spot.to_dict().items() if k != "spot"}  # written before the tier
+    assert Record.from_dict(older).spot is False
