@@ -39,8 +39,7 @@ class BatchShare:
 
     def arrival(self, now: float, batch: bool) -> None:
         self._all.add(now)
-        if batch:
-            self._batch.add(now)
+        self._batch.add(now, 1.0 if batch else 0.0)  # both told at each arrival: they decay alike
 
     def share(self, now: float) -> float:
         total = self._all.per_s(now)
