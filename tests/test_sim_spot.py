@@ -139,3 +139,24 @@ async def test_the_sim_backend_preempts_only_the_spot_vms_of_a_pool_with_a_spot_
     assert (await cloud.health(on_demand.vm_id, on_demand.zone)).healthy
     assert (await cloud.health(spot.vm_id, spot.zone)).cause == "preempted"
     assert cloud.vms["vm-2"].spot and not cloud.vms["vm-1"].spot
+
+
+async def test_the_executor_asks_the_backend_for_the_spot_vm_the_core_launched():
+    from core_driver import POOL, make_core
+    from opentelemetry import trace as otel_trace
+
+    from provisioner.cloud.sim import SimCloud
+    from provisioner.cluster.executor import CommandRunner
+    from provisioner.common.clock import ManualClock
+    from provisioner.decide.commands import Launch
+
+    core = make_core(spot_tier=True)
+    clock = ManualClock()
+    cloud = SimCloud(core.config.sim, clock, tracer=None)
+    executor = CommandRunner(core, cloud, clock, lambda *events: core.handle(*events), otel_trace.NoOpTracer())
+    zone = core.pools[POOL].config.zones[0]
+    executor.start([Launch(1, "vm-s", POOL, zone, spot=True), Launch(2, "vm-d", POOL, zone)])
+    await clock.advance(600.0)
+    assert cloud.vms["vm-s"].spot and not cloud.vms["vm-d"].spot
+    for task in list(executor.tasks):
+        task.cancel()
