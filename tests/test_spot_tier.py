@@ -9,7 +9,7 @@ from core_driver import Driver, fleet, make_core
 from provisioner.config import ConfigError
 from provisioner.decide.commands import Launch
 from provisioner.decide.spot_tier import (BatchShare, choose_in_tier, spot_launches, spot_target, split_deletions,
-                                          standby_in_tier)
+                                          split_warm, standby_in_tier)
 from provisioner.model.images import LayerCache
 from provisioner.model.records import SessionKind, StartKind, Vm
 from provisioner.model.states import SessionState as S
@@ -66,6 +66,16 @@ def test_which_warm_vm_a_session_takes(batch, ready, chosen, start):
 def test_which_stopped_vm_is_started(stopped, spot, either, started):
     chosen = standby_in_tier(IMAGE, vms(*stopped, state=V.STANDBY), CATALOG, lambda v: True, spot, either)
     assert (chosen.id if chosen else None) == started
+
+
+@pytest.mark.parametrize("all_arrivals, interactive, split", [
+    (10, 7, (10, 3)),  # the on-demand VMs cover the interactive arrivals, Spot ones the rest
+    (10, 0, (10, 10)),  # no interactive arrivals: all Spot
+    (10, 10, (10, 0)),  # no batch arrivals: none
+    (6, 8, (8, 0)),  # interactive arrivals alone ask more than all together (rounding): theirs
+])
+def test_predictive_warm_vms_split_between_the_tiers(all_arrivals, interactive, split):
+    assert split_warm(all_arrivals, interactive) == split
 
 
 @pytest.mark.parametrize("wanted, share, target", [(10, 0.0, 0), (10, 0.31, 3), (10, 1.0, 10), (3, 0.3, 0)])

@@ -165,12 +165,9 @@ class Forecast:
         seasonal = max(self.seasonal.per_s(now, now), self.seasonal.per_s(now + lead_s, now))
         return max(self.arrivals.per_s(now), seasonal)
 
-    def warm_needed(self, now: float, lead_s: float, wait_probability: float, share: float = 1.0) -> int:
-        """`share`: of the arrivals and departures, the part to cover (a Spot tier's kind)."""
+    def warm_needed(self, now: float, lead_s: float, wait_probability: float) -> int:
         lam = self.arrival_rate(now, lead_s)
         mu = min(self.departures.per_s(now), lam)  # departures never count for more than arrivals
-        if share != 1.0:
-            lam, mu = lam * share, mu * share
         return warm_for(lam * lead_s, mu * lead_s, wait_probability, self.dispersion.index(now))
 
 

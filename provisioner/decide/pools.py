@@ -82,10 +82,11 @@ class PoolState:
     keep_layers: frozenset[str] = frozenset()  # their layers, spared by eviction while others exist
     ranking_gen: int = 0  # bumped when idle VMs must re-follow the ranking
     ranking_at: float = -RANKING_REFRESH_S
-    # The Spot tier (config.spot_tier): its Spot VMs by state, the batch share of arrivals, and the
-    # warm VMs (of forecast_warm) the forecast asks of the Spot tier.
+    # The Spot tier (config.spot_tier): its Spot VMs by state, the batch share of arrivals, the
+    # interactive sessions' own forecast, and the warm VMs (of forecast_warm) left to the Spot tier.
     spot_count: dict[VmState, int] = field(default_factory=lambda: defaultdict(int))
     batch_share: BatchShare | None = None
+    interactive_forecast: Forecast | None = None
     forecast_spot_warm: int = 0
 
     def count_in(self, vm: Vm) -> None:

@@ -25,8 +25,10 @@ from provisioner.decide.autoscale import (
     zones_available,
 )
 from provisioner.decide.deadlines import CREATE_ESTIMATE_S
+from provisioner.decide.forecast import Forecast
 from provisioner.decide.pools import AUTOSCALE_QUIET_S, RANKING_REFRESH_S, STANDBY_START_COVER, PoolState, forecast_due
-from provisioner.decide.spot_tier import BatchShare, spot_launches, spot_target, split_deletions, standby_in_tier
+from provisioner.decide.spot_tier import (BatchShare, spot_launches, spot_target, split_deletions, split_warm,
+                                          standby_in_tier)
 from provisioner.decide.zone_memory import ProjectQuota, hold_project_quota, project_quota_of, remember
 from provisioner.model.errors import NotFound, quote
 from provisioner.model.images import ImageCatalog
@@ -50,8 +52,9 @@ class Sizing:
         self._name = cluster.name
         self._sim = cluster.sim  # the estimates' medians (boot, pull bandwidth, standby start)
         self._catalog = catalog  # the core's current catalog
-        self.pools: dict[str, PoolState] = {p.name: PoolState(p, p, batch_share=BatchShare() if p.spot_tier else None)
-                                            for p in cluster.pools}
+        self.pools: dict[str, PoolState] = {
+            p.name: PoolState(p, p, batch_share=BatchShare(), interactive_forecast=Forecast()) if p.spot_tier
+            else PoolState(p, p) for p in cluster.pools}
         self.project_quota: ProjectQuota | None = None  # the project's GPU quota, last found exhausted
 
     def connect(self, vms: Vms, prewarming: Prewarming, queued_demand: Callable[[PoolState], int],
@@ -109,15 +112,19 @@ class Sizing:
         (and, with a Spot tier, for the batch share)."""
         self.demanded(pool, image, now)
         pool.forecast.arrival(now)
-        if pool.batch_share is not None:
+        if pool.interactive_forecast is not None:
             pool.batch_share.arrival(now, batch)
+            if not batch:
+                pool.interactive_forecast.arrival(now)
 
     def demanded(self, pool: PoolState, image: str, now: float) -> None:
         """Demand for `image` in `pool` (a session's, or an operator's prewarm)."""
         pool.demand.count(image, now)
 
-    def departed(self, pool: PoolState, now: float) -> None:
+    def departed(self, pool: PoolState, now: float, batch: bool = False) -> None:
         pool.forecast.departure(now)
+        if pool.interactive_forecast is not None and not batch:
+            pool.interactive_forecast.departure(now)
 
     def remember(self, pool: PoolState, failure: CloudFailure, zone: str, now: float) -> None:
         """A stockout or quota failure: the zones it reaches are skipped for a while, and a
@@ -164,7 +171,7 @@ class Sizing:
     def _autoscale(self, pool: PoolState, now: float) -> None:
         pool.changed, pool.scaled_at = False, now
         policy, vms = pool.policy, self._vms
-        if pool.batch_share is None:
+        if pool.interactive_forecast is None:
             due = forecast_due(now, pool.forecast_at, pool.forecast_warm, len(pool.ready))
         else:  # a burst that took every warm VM of either tier
             spot_ready = sum(vm.spot for vm in pool.ready.values())
@@ -181,7 +188,7 @@ class Sizing:
         plan = plan_scale(snap, hold, len(pool.ready), wanted)
         launch = plan.launch
         # The Spot tier's part of the VMs wanted; how many of those added are Spot.
-        tier = self._spot_warm(pool, snap, wanted, now) if pool.batch_share is not None else None
+        tier = self._spot_warm(pool, snap, wanted, now) if pool.interactive_forecast is not None else None
         spot = spot_launches(launch, pool.spot_idle, tier) if tier is not None else 0
         # Standby VMs first: running in under a minute, their disks holding the pool's images.
         catalog = self._catalog()
@@ -237,29 +244,31 @@ class Sizing:
     def _forecast(self, pool: PoolState, now: float) -> None:
         """The warm VMs that cover what arrives while a VM is made ready, and (with a standby
         tier) the warm and standby VMs together that cover what arrives while a new one is. With
-        a Spot tier, the interactive and the batch arrivals are covered apart (interactive
-        sessions cannot take the Spot VMs kept for batch ones), and the batch part is the Spot
-        tier's."""
-        if pool.batch_share is None:
-            pool.forecast_warm, pool.forecast_cover = self._warm_and_cover(pool, now, 1.0, len(pool.standby))
+        a Spot tier, the warm VMs interactive sessions may take (on demand) cover their arrivals
+        alone."""
+        if pool.interactive_forecast is None:
+            pool.forecast_warm, pool.forecast_cover = self._warm_and_cover(pool, now, pool.forecast, len(pool.standby))
         else:
-            batch, spot_standby = pool.batch_share.share(now), pool.spot_count[VmState.STANDBY]
-            warm, cover = self._warm_and_cover(pool, now, 1.0 - batch, len(pool.standby) - spot_standby)
-            pool.forecast_spot_warm, spot_cover = self._warm_and_cover(pool, now, batch, spot_standby)
-            pool.forecast_warm, pool.forecast_cover = warm + pool.forecast_spot_warm, cover + spot_cover
+            # The on-demand VMs alone must cover the interactive arrivals; the Spot tier has the
+            # rest of what all arrivals ask (never more VMs than without the tier, unless the
+            # interactive ones alone need more).
+            standby_on_demand = len(pool.standby) - pool.spot_count[VmState.STANDBY]
+            total, total_cover = self._warm_and_cover(pool, now, pool.forecast, len(pool.standby))
+            warm, cover = self._warm_and_cover(pool, now, pool.interactive_forecast, standby_on_demand)
+            pool.forecast_warm, pool.forecast_spot_warm = split_warm(total, warm)
+            pool.forecast_cover = max(total_cover, cover)
         pool.forecast_at = now
 
-    def _warm_and_cover(self, pool: PoolState, now: float, share: float, standby: int) -> tuple[int, int]:
-        """The warm VMs, and the warm and standby VMs, for `share` of the pool's arrivals, with
+    def _warm_and_cover(self, pool: PoolState, now: float, forecast: Forecast, standby: int) -> tuple[int, int]:
+        """The warm VMs, and the warm and standby VMs, for the arrivals `forecast` counts, with
         `standby` VMs stopped for them."""
         policy = pool.policy
         cold_s = self.cold_start_s(pool.ranking[0] if pool.ranking else self._catalog().latest)
-        cover = pool.forecast.warm_needed(now, cold_s, policy.wait_probability, share)
+        cover = forecast.warm_needed(now, cold_s, policy.wait_probability)
         if not policy.standby:
             return cover, cover
         # A started standby VM is ready after its start (its disk holds the pool's images); the
         # start's tail is what the warm VMs must bridge.
-        warm = pool.forecast.warm_needed(now, self.start_estimate_s(pool) * STANDBY_START_COVER,
-                                         policy.wait_probability, share)
+        warm = forecast.warm_needed(now, self.start_estimate_s(pool) * STANDBY_START_COVER, policy.wait_probability)
         return max(warm, cover - standby), cover
 

@@ -9,9 +9,10 @@ VM would be a slow start, and the pool replaces the on-demand VM it took), else 
 the fewest bytes, Spot first on a tie. A batch session that must wait for a VM to be made or
 started gets a Spot one.
 
-The pool's Spot part follows the batch share of its recent arrivals: of the VMs the autoscaler
-wants, that share (rounded down: an on-demand VM serves either kind) is kept on Spot, new VMs go
-to the tier short of its part, and scale-down takes the tier over its part first.
+The pool's Spot part: with the `predictive` autoscaler, the warm VMs it keeps for all arrivals
+less those the interactive arrivals alone call for (`split_warm`); with the others, the batch share
+of recent arrivals of its warm VMs (rounded down: an on-demand VM serves either kind). New VMs go
+to the Spot part up to its shortfall, and scale-down takes the Spot VMs over their part first.
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ class BatchShare:
     def share(self, now: float) -> float:
         total = self._all.per_s(now)
         return min(1.0, self._batch.per_s(now) / total) if total > 0 else 0.0
+
+
+def split_warm(all_arrivals: int, interactive: int) -> tuple[int, int]:
+    """The pool's warm VMs and the Spot tier's part of them (`predictive`), from the warm VMs the
+    forecast of all arrivals asks and those of the interactive arrivals alone: the on-demand ones
+    cover the interactive arrivals (those sessions cannot take a Spot VM), the Spot ones the rest.
+    Never more than without the tier, unless the interactive arrivals alone ask more."""
+    warm = max(all_arrivals, interactive)
+    return warm, warm - interactive
 
 
 def spot_target(wanted: int, batch_share: float) -> int:

@@ -145,8 +145,8 @@ class Vms:
 
     def release(self, vm: Vm, now: float) -> None:
         """After a session: wipe and keep, or delete, per pool policy. Never reuse unwiped."""
-        pool = self._sizing.pools[vm.pool]
-        self._sizing.departed(pool, now)
+        pool, s = self._sizing.pools[vm.pool], self._sessions.get(vm.session_id)
+        self._sizing.departed(pool, now, s is not None and s.spec.kind is SessionKind.BATCH)
         if pool.policy.recycle and vm.healthy:
             self.set_state(vm, V.RECYCLING, f"wiping after session {vm.session_id}", now)
             self._in_flight.issue(Wipe, now, vm.id, vm.zone, vm.session_id)
