@@ -53,7 +53,7 @@ MALLORY_SESSIONS = 300  # what a list or a quota of the flooding user reads
 # once the flood runs (its first call answered, or all its connections open), its count last.
 OPENING, UNDER_WAY = "opening", "under way"
 PROBE_TIMEOUT_S = 10.0
-RAMPS = 5
+RAMPS = 10
 
 
 def _stubs(front: str, data_dir: Path, token: str | None = None):
@@ -100,11 +100,14 @@ async def new_client(front: str, data_dir: Path) -> dict:
     """A client arriving now, in ms: `tcp_ms`, a bare TCP connect to the port, closed at once (does
     the kernel take a connection); `ready_ms`, its channel's own connection until ready (TCP, TLS,
     HTTP/2 settings); `create_ms`, its first create; `ms`, the two together, what the client waits.
-    A phase that fails counts until it failed, and the phases after it are None."""
+    A phase that fails counts until it failed, and the phases after it are None (`tcp_ms` too)."""
     host, port = front.rsplit(":", 1)
-    began = time.monotonic()
-    with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
-        tcp = time.monotonic() - began
+    began, tcp = time.monotonic(), None
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
+            tcp = round((time.monotonic() - began) * 1000, 1)
+    except OSError:
+        pass
     marks = [time.monotonic()]  # the start, then the channel ready, then the create answered
     channel, stub, md = _stubs(front, data_dir)
     async with channel:
@@ -117,7 +120,7 @@ async def new_client(front: str, data_dir: Path) -> dict:
     ms = [round((later - earlier) * 1000, 1) for earlier, later in zip(marks, marks[1:])]
     ready, create = (ms + [None, None])[:2]
     total = (marks[-1] if len(marks) == 3 else time.monotonic()) - marks[0]
-    return {"ms": round(total * 1000, 1), "tcp_ms": round(tcp * 1000, 1), "ready_ms": ready, "create_ms": create}
+    return {"ms": round(total * 1000, 1), "tcp_ms": tcp, "ready_ms": ready, "create_ms": create}
 
 
 async def seed_mallory(front: str, data_dir: Path, count: int) -> None:
