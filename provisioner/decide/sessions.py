@@ -343,8 +343,10 @@ class Sessions:
         """A warm VM came free: a session waiting for a VM being made or started for it takes it if
         it is ready sooner on it (decide/assignment.py: choose_waiting); the VM it waited for joins
         the pool when up."""
+        batch_only = pool.config.spot_tier and vm.spot  # a Spot VM of a tier serves batch sessions only
         waiting = [s for v in pool.awaited.values() if (s := self.sessions.get(v.reserved_for)) is not None
-                   and s.state is S.PROVISIONING and s.vm_id == v.id]
+                   and s.state is S.PROVISIONING and s.vm_id == v.id
+                   and (not batch_only or s.spec.kind is SessionKind.BATCH)]
         s = choose_waiting(vm, waiting, self._catalog(), self._sizing.bandwidth(), now) if waiting else None
         if s is not None:
             self._vm_side.unreserve(self._vms[s.vm_id])
