@@ -72,7 +72,7 @@ class Sizing:
         return PoolSnapshot(  # by position, in PoolSnapshot's order: made for every pool every tick
             c[_WARM], c[_CREATING] + c[_BOOTING] + c[_STARTING], c[_ASSIGNED], c[_RECYCLING], len(pool.queue),
             p.min_vms, p.max_vms, p.headroom_fraction, p.autoscaler, p.warm_vms, pool.forecast_warm, p.standby,
-            pool.standby_total, pool.forecast_cover, self._queued_demand(pool))
+            pool.standby_total, pool.forecast_cover, self._queued_demand(pool) if pool.queue else 0)
 
     def can_launch(self, pool: PoolState, now: float) -> bool:
         return pool.total < pool.policy.max_vms and zones_available(pool.config.zones, pool.stocked_out_until, now)
@@ -168,9 +168,19 @@ class Sizing:
         hold = pool.peak.add(now, wanted)
         # An upper bound on the VMs idle long enough: the real list is made only to delete some.
         plan = plan_scale(snap, hold, len(pool.ready), wanted)
-        launch = plan.launch
-        # Standby VMs first: running in under a minute, their disks holding the pool's images.
-        catalog = self._catalog()
+        if launch := plan.launch:
+            self._grow(pool, launch, now)
+        keep = standby_target(snap, pool.day_peak.add(now, wanted), wanted) if policy.standby else 0
+        if plan.delete:
+            self._scale_down(pool, plan.delete, keep, now)
+        if (extra := len(pool.standby) - keep) > 0:
+            for vm in pick_deletions(list(pool.standby.values()), extra,
+                                     lambda v: self._prewarming.held_of_ranking(pool, v)):
+                vms.delete(vm, "standby beyond the pool's standby target", now)
+
+    def _grow(self, pool: PoolState, launch: int, now: float) -> None:
+        """Standby VMs first: running in under a minute, their disks holding the pool's images."""
+        vms, catalog = self._vms, self._catalog()
         image = pool.ranking[0] if pool.ranking else catalog.latest
         while launch > 0 and self.can_start(pool):
             vm = choose_standby(image, pool.standby.values(), catalog,
@@ -182,13 +192,6 @@ class Sizing:
         for _ in range(launch):
             if vms.launch(pool, now, images=pool.ranking[:1]) is None:
                 break
-        keep = standby_target(snap, pool.day_peak.add(now, wanted), wanted) if policy.standby else 0
-        if plan.delete:
-            self._scale_down(pool, plan.delete, keep, now)
-        if (extra := len(pool.standby) - keep) > 0:
-            for vm in pick_deletions(list(pool.standby.values()), extra,
-                                     lambda v: self._prewarming.held_of_ranking(pool, v)):
-                vms.delete(vm, "standby beyond the pool's standby target", now)
 
     def _scale_down(self, pool: PoolState, surplus: int, keep: int, now: float) -> None:
         # A prewarm under way does not save a surplus VM.
