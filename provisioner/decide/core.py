@@ -185,7 +185,7 @@ class ClusterCore:
             case ev.Restored():
                 self._restore(event.sessions, event.vms, now)
             case _:
-                raise TypeError(f"not an event: {event!r}")  # (the frequent kinds: by exact type, above)
+                raise TypeError(f"not an event: {event!r}")
         return None
 
     def _answer(self, event) -> None:
