@@ -152,13 +152,16 @@ class FakeMetadataServer:
 class FakeIdentity:
     """The metadata server's identity endpoint
     (`instance/service-accounts/default/identity?audience=A&format=F`) as Google documents it: an
-    RS256 ID token for the audience, with `email` and `email_verified` only when `format=full`.
-    Google writes its issuer either way (`https://accounts.google.com` or `accounts.google.com`)."""
+    RS256 ID token for the audience, with `email`, `email_verified` and the instance's details
+    (`google.compute_engine`) only when `format=full`. Google writes its issuer either way
+    (`https://accounts.google.com` or `accounts.google.com`)."""
 
-    def __init__(self, email: str, issuer: str = "https://accounts.google.com"):
+    def __init__(self, email: str, issuer: str = "https://accounts.google.com", instance: dict | None = None):
         from cryptography.hazmat.primitives.asymmetric import rsa
 
         self.email, self.issuer = email, issuer
+        # project_id, project_number, zone, instance_id, instance_name, instance_creation_timestamp
+        self.instance = instance or {}
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.formats: list[str] = []  # the format each request asked for
 
@@ -172,5 +175,6 @@ class FakeIdentity:
         claims = {"iss": self.issuer, "aud": query["audience"], "azp": "1234567890", "sub": "1234567890",
                   "iat": now, "exp": now + 3600}
         if query.get("format") == "full":
-            claims |= {"email": self.email, "email_verified": True}
+            claims |= {"email": self.email, "email_verified": True,
+                       "google": {"compute_engine": dict(self.instance)}}
         return 200, jwt.encode(claims, self.key, algorithm="RS256").encode()

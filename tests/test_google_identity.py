@@ -24,7 +24,9 @@ def metadata():
     compute = FakeCompute().start()
     compute.plant(PROJECT, "us-central1-f", VM, {})
     server = FakeMetadataServer(compute, PROJECT, VM).start()
-    server.identity = FakeIdentity(ACCOUNT)
+    server.identity = FakeIdentity(ACCOUNT, instance={
+        "project_id": PROJECT, "project_number": 1234567890, "zone": "us-central1-f", "instance_id": "5551234",
+        "instance_name": VM, "instance_creation_timestamp": 1795000000})
     yield server
     server.stop()
     compute.stop()
@@ -42,7 +44,8 @@ def test_the_client_asks_for_the_full_token_and_the_front_names_its_service_acco
     monkeypatch.setenv("GCE_METADATA_HOST", metadata.url.split("/")[2])
     token = credentials.resolve(data_dir="/nonexistent").token
     assert metadata.identity.formats == ["full"]
-    assert jwt.decode(token, options={"verify_signature": False})["email"] == ACCOUNT
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert claims["email"] == ACCOUNT and claims["google"]["compute_engine"]["instance_name"] == VM
     caller = verifier(metadata.identity).verify(token)
     assert caller.identity == ACCOUNT and caller.roles == frozenset({"service"})
 
