@@ -35,6 +35,20 @@ def test_the_table_goes_between_the_markers_and_nowhere_else(tmp_path):
     assert page.read_text() == "no markers\n"
 
 
+def test_runs_with_a_spot_tier_add_its_columns_and_the_others_read_as_on_demand():
+    tier = {**RUN, "command": RUN["command"] + " --spot-tier 0.05", "cost_usd": 1800.0, "assigned_cost_usd": 1500.0,
+            "assigned_on_demand_cost_usd": 2000.0, "spot_vm_hours": 400.4, "spot_preemptions": 31, "requeued": 12,
+            "requeued_started": 11}
+    table = tables.simulate_table([RUN, tier])
+    header, _, on_demand, spot = table.splitlines()[2:6]
+    assert "| standby VM-hours | Spot VM-hours | cost vs assigned | vs on demand |" in header
+    assert "| never started | preemptions: requeued (ran) | wall |" in header
+    assert "| 300 | 0 | 1.100x | 1.100x |" in on_demand and "| 2 | - |" in on_demand
+    assert "| per pool, Spot tier (0.05 preemptions per VM-hour) |" in spot
+    assert "| 300 | 400 | 1.200x | 0.900x |" in spot and "| 2 | 31: 12 (11) |" in spot
+    assert "Spot VM-hours" not in tables.simulate_table([RUN])  # no Spot run: the table as it was
+
+
 def test_the_shipped_economics_table_is_what_its_runs_give():
     runs = sorted((ROOT / "docs" / "economics").glob("*.json"))
     assert runs

@@ -35,6 +35,21 @@ async def test_every_vm_runs_as_the_service_account_on_a_balanced_disk_in_the_su
     await b.close()
 
 
+async def test_a_spot_tier_vm_is_made_spot_in_an_on_demand_pool(tmp_path, fake, loopback_only):
+    import dataclasses
+
+    b = backend(tmp_path, fake)  # gpu-p100 is on demand: only the VM asked Spot is Spot
+    assert isinstance(await b.create(dataclasses.replace(spec("vm-spot"), spot=True)), CloudVm)
+    assert isinstance(await b.create(spec("vm-on-demand")), CloudVm)
+    # Compute refuses a Spot VM that restarts; a preempted one is stopped, its disk kept.
+    assert fake.instances[(PROJECT, "vm-spot")].body["scheduling"] == {
+        "onHostMaintenance": "TERMINATE", "automaticRestart": False, "provisioningModel": "SPOT",
+        "instanceTerminationAction": "STOP"}
+    assert "provisioningModel" not in fake.instances[(PROJECT, "vm-on-demand")].body["scheduling"]
+    assert {vm.vm_id: vm.spot for vm in await b.list_vms(CLUSTER)} == {"vm-spot": True, "vm-on-demand": False}
+    await b.close()
+
+
 async def test_a_pool_chooses_its_disk_type(tmp_path, fake, loopback_only):
     def edit(cluster: dict) -> None:
         cluster["backend"] = {"kind": "gce", "project": PROJECT, "endpoint": fake.endpoint, "poll_s": 1.0,

@@ -154,17 +154,27 @@ def test_a_benchmark_records_the_command_that_ran_it(capsys):
 
 
 def test_the_floods_table_marks_the_rows_that_miss_a_target():
-    def row(flood, p50, vs_quiet, max_ms, new_client_ms=30.0):
+    def client(ms, ready_ms=5.0):
+        return {"ms": ms, "tcp_ms": 0.3, "ready_ms": ready_ms, "create_ms": round(ms - ready_ms, 1)}
+
+    def row(flood, p50, vs_quiet, max_ms, new_client_ms=30.0, ramps=None):
         return {"fleet": "split", "flood": flood, "creates": 40, "p50_ms": p50, "p50_vs_quiet": vs_quiet,
-                "max_ms": max_ms, "slowest_at_s": 0.5, "new_client_ms": new_client_ms, "flood_calls": 300,
+                "max_ms": max_ms, "slowest_at_s": 0.5, "new_client": client(new_client_ms),
+                "ramps": ramps and [{"client": c, "s": s} for c, s in ramps], "flood_calls": 300,
                 "fleet_cpu_s": 2.5, "flood_cpu_s": 1.4, "load": 0.8}
 
     run = {"command": "python -m provisioner.perf.floods", "seconds": 20.0,
            "rows": [row("quiet", 15.0, 1.0, 22.0), row("list", 29.0, 1.93, 249.0), row("idle", 16.0, 1.07, 262.0),
-                    row("quota", 31.0, 2.07, 40.0), row("refused", 16.0, 1.07, 40.0, new_client_ms=251.0)]}
+                    row("quota", 31.0, 2.07, 40.0), row("refused", 16.0, 1.07, 40.0, new_client_ms=251.0),
+                    row("idle", 16.0, 1.07, 40.0, ramps=[(client(60.0), 0.5), (client(1043.3, ready_ms=1027.4), 0.97),
+                                                         (client(80.0), 0.62)]),
+                    row("idle", 16.0, 1.07, 40.0, ramps=[(client(120.0), 0.4), (client(90.0), None)])]}
     columns, rows = bench_tables.floods_rows([run])
     assert columns[-2:] == ("targets", "command")
     assert [(r[1], r[-2]) for r in rows] == [("quiet", "met"), ("list", "met"), ("idle", "**missed**"),
-                                             ("quota", "**missed**"), ("refused", "**missed**")]
-    assert rows[2][3:8] == ["16.0 ms", "1.07x", "262.0 ms", "0.5 s", "30.0 ms"]
+                                             ("quota", "**missed**"), ("refused", "**missed**"),
+                                             ("idle", "**missed**"), ("idle", "met")]
+    assert rows[2][3:10] == ["16.0 ms", "1.07x", "262.0 ms", "0.5 s", "30.0 ms", "", ""]
+    assert rows[5][8:10] == ["80.0 ms; max 1,043.3 ms (ready 1,027.4, create 15.9) of 3", "0.50-0.97 s"]
+    assert rows[6][8:10] == ["90.0 ms; max 120.0 ms (ready 5.0, create 115.0) of 2", "not all held"]
     assert rows[0][-1] == "`python -m provisioner.perf.floods --json`"

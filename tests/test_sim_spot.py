@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from provisioner.cli import main
 from provisioner.config import load_fleet
 from provisioner.sim.policies import with_policy
@@ -77,3 +79,84 @@ async def test_the_sim_backend_preempts_a_spot_pool_s_vms_at_its_rate():
     assert (await on_demand.health("vm-1", "us-central1-a")).healthy
     report = await spot.health("vm-1", "us-central1-a")
     assert (report.healthy, report.detail, report.cause) == (False, "preempted (spot)", "preempted")
+
+
+# A Spot tier: batch and interactive six-hour sessions in two regions, Spot VMs preempted at one per VM-hour.
+TIER_ROWS = [f"{60 * i},u{i},{'batch' if i % 2 else 'interactive'},gpu-p100,gpu:latest,"
+             f"{'us-central1' if i < 8 else 'europe-west4'},21600,0" for i in range(12)]
+
+
+def tier_trace(tmp_path):
+    path = tmp_path / "tier.csv"
+    path.write_text("\n".join([",".join(HEADER), *TIER_ROWS]) + "\n")
+    return path
+
+
+def test_a_spot_tier_runs_batch_sessions_on_spot_vms_and_requeues_them_when_preempted(tmp_path):
+    from provisioner.sim.parallel import Run, results, simulate
+
+    run = Run(str(tier_trace(tmp_path)), policy="fixed", warm_vms=1, spot_tier=1.0)
+    tier = results(run, simulate(run, jobs=1))
+    assert tier["spot_preemptions"] > 0 and tier["spot_vm_hours"] > 0
+    # Only batch sessions ran on Spot VMs: every session a preemption ended was queued again, and ran.
+    assert tier["spot_preempted_sessions"] == tier["requeued"] > 0
+    assert tier["requeued_started"] == tier["requeued"]
+    assert tier["never_started"] == 0
+    # The cost by tier adds up to the cost; the same held VM time on demand costs more.
+    assert sum(tier["cost_by_tier_usd"].values()) == pytest.approx(tier["cost_usd"], abs=0.03)
+    assert tier["cost_by_tier_usd"]["spot"] > 0 and tier["cost_by_tier_usd"]["on_demand"] > 0
+    assert tier["assigned_on_demand_cost_usd"] > tier["assigned_cost_usd"]
+    # Each cluster draws its own preemptions: two processes give what one gives.
+    assert {k: v for k, v in results(run, simulate(run, jobs=2)).items() if k != "events"} == \
+        {k: v for k, v in tier.items() if k != "events"}
+    on_demand = results(Run(run.trace, policy="fixed", warm_vms=1), simulate(Run(run.trace, policy="fixed",
+                                                                                   warm_vms=1)))
+    assert "spot_vm_hours" not in on_demand and on_demand["spot_preemptions"] == 0
+    assert on_demand["cost_usd"] > tier["cost_usd"]
+
+
+def test_cli_replays_a_spot_tier(tmp_path, capsys):
+    assert main(["simulate", "--trace", str(tier_trace(tmp_path)), "--spot-tier", "1", "--jobs", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spot_preemptions"] > 0 and out["command"].endswith("--spot-tier 1")
+    assert main(["simulate", "--trace", str(tier_trace(tmp_path)), "--spot", "1", "--spot-tier", "1"]) == 2
+
+
+async def test_the_sim_backend_preempts_only_the_spot_vms_of_a_pool_with_a_spot_tier():
+    import dataclasses
+
+    from provisioner.common.clock import ManualClock
+    from provisioner.cloud.sim import SimCloud
+    from test_sim_cloud import Cfg, ready, spec
+
+    clock = ManualClock()
+    cloud = SimCloud(Cfg(), clock, tracer=None, spot_rates={"gpu-p100": 1.0}, spot_tiers=frozenset({"gpu-p100"}))
+    on_demand, spot = spec(), dataclasses.replace(spec(), vm_id="vm-2", spot=True)
+    for s in (on_demand, spot):
+        await ready(cloud, clock, s)
+        assert (await cloud.health(s.vm_id, s.zone)).healthy
+    await clock.advance(20 * 3600.0)
+    assert (await cloud.health(on_demand.vm_id, on_demand.zone)).healthy
+    assert (await cloud.health(spot.vm_id, spot.zone)).cause == "preempted"
+    assert cloud.vms["vm-2"].spot and not cloud.vms["vm-1"].spot
+
+
+async def test_the_executor_asks_the_backend_for_the_spot_vm_the_core_launched():
+    from core_driver import POOL, make_core
+    from opentelemetry import trace as otel_trace
+
+    from provisioner.cloud.sim import SimCloud
+    from provisioner.cluster.executor import CommandRunner
+    from provisioner.common.clock import ManualClock
+    from provisioner.decide.commands import Launch
+
+    core = make_core(spot_tier=True)
+    clock = ManualClock()
+    cloud = SimCloud(core.config.sim, clock, tracer=None)
+    executor = CommandRunner(core, cloud, clock, lambda *events: core.handle(*events), otel_trace.NoOpTracer())
+    zone = core.pools[POOL].config.zones[0]
+    executor.start([Launch(1, "vm-s", POOL, zone, spot=True), Launch(2, "vm-d", POOL, zone)])
+    await clock.advance(600.0)
+    assert cloud.vms["vm-s"].spot and not cloud.vms["vm-d"].spot
+    for task in list(executor.tasks):
+        task.cancel()

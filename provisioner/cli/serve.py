@@ -79,7 +79,8 @@ def make_backend(cluster: ClusterConfig, clock: Clock, tracer_provider=None,
         inventory = Inventory(Path(data_dir) / f"sim-cloud-{cluster.name}.db") if data_dir else None
         return SimCloud(cluster.sim, clock, inventory=inventory,
                         tracer=trace.get_tracer("provisioner.cloud.sim", tracer_provider=tracer_provider),
-                        spot_rates={p.name: p.spot_preemptions_per_hour for p in cluster.pools if p.spot})
+                        spot_rates={p.name: p.spot_preemptions_per_hour for p in cluster.pools if p.spot or p.spot_tier},
+                        spot_tiers=frozenset(p.name for p in cluster.pools if p.spot_tier))
     if kind == "gce":
         from provisioner.cloud.gce import GceBackend
 

@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction, clusters_help: str) -> None:
     sim.add_argument("--spot", type=float, default=None, metavar="PER_HOUR",
                      help="every pool on Spot VMs (priced at its spot_price_fraction), each running VM preempted "
                           "at this rate per hour; a preempted batch session is queued again")
+    sim.add_argument("--spot-tier", type=float, default=None, metavar="PER_HOUR",
+                     help="a Spot tier in every pool: batch sessions, and the VMs kept for them, on Spot VMs "
+                          "preempted at this rate per hour, interactive ones on demand (docs/warm-pools.md)")
     sim.add_argument("--plot", default=None, metavar="PNG",
                      help="draw each region and pool over time: VMs (assigned, warm, starting) and queue, waits, cost")
     sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
@@ -57,6 +60,8 @@ def _out_of_range(args) -> str | None:
     """What is wrong with the numbers given, if anything."""
     if args.scale < 1 or args.jobs < 1 or args.flood < 0:
         return "--scale and --jobs must be >= 1, --flood >= 0"
+    if args.spot is not None and args.spot_tier is not None:
+        return "--spot puts every VM on Spot, --spot-tier only batch sessions': give one of them"
     for flag, value, ok in (("--days", args.days, lambda v: 0 < v < float("inf")),
                             ("--max-vms", args.max_vms, lambda v: v >= 1),
                             ("--share-gpus", args.share_gpus, lambda v: v >= 0),
@@ -64,7 +69,8 @@ def _out_of_range(args) -> str | None:
                             ("--headroom", args.headroom, lambda v: v >= 0),
                             ("--warm-vms", args.warm_vms, lambda v: v >= 0),
                             ("--wait-probability", args.wait_probability, lambda v: 0 < v < 0.5),
-                            ("--spot", args.spot, lambda v: 0 <= v < float("inf"))):
+                            ("--spot", args.spot, lambda v: 0 <= v < float("inf")),
+                            ("--spot-tier", args.spot_tier, lambda v: 0 <= v < float("inf"))):
         if value is not None and not ok(value):
             return f"{flag} {value} is out of range"
     return None
@@ -84,7 +90,7 @@ def cmd_simulate(args) -> int:
         return 2
     run = Run(args.trace, args.scale, args.seed, args.clusters, args.policy, args.headroom, args.warm_vms,
               args.wait_probability, args.quotas, args.flood, args.standby, args.max_vms, args.share_gpus, args.grace,
-              args.requeue, spot_preemptions_per_hour=args.spot, days=args.days)
+              args.requeue, spot_preemptions_per_hour=args.spot, spot_tier=args.spot_tier, days=args.days)
     started = time.monotonic()
     shown = [0.0]
 

@@ -70,6 +70,7 @@ class LaunchSpec:
     labels: dict[str, str] = field(default_factory=dict)
     # Image versions the VM should pull as it boots (prewarming).
     images: tuple[str, ...] = ()
+    spot: bool = False  # made as a Spot VM (a Spot pool's, or its Spot tier's)
 
 
 @dataclass(frozen=True, slots=True)

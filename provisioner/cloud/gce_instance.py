@@ -4,9 +4,9 @@ The pool decides the VM's shape: machine type, GPUs, the boot disk (type, size, 
 scheduling. GPUs cannot live-migrate, so a VM with GPUs stops for host maintenance
 (onHostMaintenance TERMINATE, as Compute Engine requires) and is not restarted by Compute
 (automaticRestart false): a VM that went through maintenance has lost its session's processes,
-and the cluster must see it ended rather than find it running again. A Spot pool's VMs are
-Spot (provisioningModel SPOT) and are stopped, not deleted, when preempted, so the cluster reads
-why it ended. An instance template, when configured, supplies the rest (network, tags, ...);
+and the cluster must see it ended rather than find it running again. A Spot pool's VMs, and
+the VMs its Spot tier asks for, are Spot (provisioningModel SPOT) and are stopped, not deleted,
+when preempted, so the cluster reads why it ended. An instance template, when configured, supplies the rest (network, tags, ...);
 what is set here overrides it.
 """
 
@@ -42,9 +42,10 @@ def metadata_items(spec: LaunchSpec, config: BackendConfig) -> list[compute_v1.I
     return [compute_v1.Items(key=k, value=v) for k, v in items.items()]
 
 
-def scheduling(pool: PoolConfig) -> compute_v1.Scheduling:
+def scheduling(pool: PoolConfig, spot: bool = False) -> compute_v1.Scheduling:
+    """`spot`: this VM is Spot (its pool's Spot tier), as every VM of a Spot pool is."""
     s = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=False)
-    if pool.spot:
+    if pool.spot or spot:
         s.provisioning_model = "SPOT"
         s.instance_termination_action = "STOP"
     return s
@@ -59,7 +60,7 @@ def instance_for(spec: LaunchSpec, pool: PoolConfig, config: BackendConfig, labe
         guest_accelerators=[compute_v1.AcceleratorConfig(
             accelerator_type=f"zones/{z}/acceleratorTypes/{spec.accelerator}",
             accelerator_count=spec.accelerator_count)],
-        scheduling=scheduling(pool),
+        scheduling=scheduling(pool, spec.spot),
         disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
             source_image=config.boot_image, disk_size_gb=int(pool.disk_cache_gb),
             disk_type=f"zones/{z}/diskTypes/{pool.boot_disk_type}"))],

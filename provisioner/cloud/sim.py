@@ -74,7 +74,10 @@ class SimCloud:
         record_calls: bool = True,
         inventory: Inventory | None = None,
         spot_rates: dict[str, float] | None = None,
+        spot_tiers: frozenset[str] = frozenset(),
     ):
+        """`spot_rates`: preemptions per VM-hour of each pool with Spot VMs; in `spot_tiers`, the
+        pools (with a Spot tier) where only the VMs made Spot are preempted."""
         self.clock = clock
         self.physics = physics or SimPhysics(config)
         self._tracer = _tracer if tracer is _DEFAULT else tracer  # None: no spans
@@ -85,6 +88,7 @@ class SimCloud:
         # Spot pools' preemptions per VM-hour, and when each running Spot VM is preempted (drawn
         # at its first health check; memoryless, so a restart drawing again changes nothing).
         self._spot = {pool: rate for pool, rate in (spot_rates or {}).items() if rate > 0}
+        self._spot_tiers = spot_tiers
         self._preempt_at: dict[str, float] = {}
         self._spot_rng = random.Random(self.physics.config.seed * 31 + 7)
 
@@ -254,6 +258,7 @@ class SimCloud:
             dict(spec.labels),
             f"sim://{spec.cluster}/{spec.vm_id}",
             ready_at=now + create_s + self.physics.boot_s(),
+            spot=spec.spot,
         )
         self._vms[spec.vm_id] = vm
         await self.clock.sleep(create_s)
@@ -318,8 +323,9 @@ class SimCloud:
         return None
 
     def _preempted(self, vm: SimVm) -> bool:
-        rate = self._spot.get(vm.labels.get(LABEL_POOL, ""), 0.0)
-        if not rate:
+        pool = vm.labels.get(LABEL_POOL, "")
+        rate = self._spot.get(pool, 0.0)
+        if not rate or (pool in self._spot_tiers and not vm.spot):
             return False
         now = self.clock.now()
         return now >= self._preempt_at.setdefault(vm.vm_id, now + self._spot_rng.expovariate(rate / 3600.0))

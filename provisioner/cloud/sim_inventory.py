@@ -30,9 +30,11 @@ class SimVm:
     health: HealthReport | None = None  # set by mark_unhealthy
     usage: str | None = None  # what its session runs, as JSON (set_usage, mark_miner); a wipe clears it
     layers: list[str] = dataclasses.field(default_factory=list)  # image layers on its disk, by id
+    spot: bool = False  # made as a Spot VM
 
     def snapshot(self) -> CloudVm:
-        return CloudVm(self.vm_id, self.zone, self.status, dict(self.labels), self.endpoint)  # type: ignore[arg-type]
+        return CloudVm(self.vm_id, self.zone, self.status, dict(self.labels), self.endpoint,  # type: ignore[arg-type]
+                       self.spot)
 
     def to_json(self) -> str:
         d = {f: getattr(self, f) for f in self.__slots__}

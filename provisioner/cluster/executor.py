@@ -115,7 +115,8 @@ class CommandRunner:
             labels[LABEL_SESSION] = cmd.session_id.replace(".", "_")
         spec = LaunchSpec(vm_id=cmd.vm_id, cluster=self._core.name, pool=cmd.pool, zone=cmd.zone,
                           machine_type=pool.machine_type, accelerator=pool.accelerator,
-                          accelerator_count=pool.accelerator_count, labels=labels, images=cmd.images)
+                          accelerator_count=pool.accelerator_count, labels=labels, images=cmd.images,
+                          spot=cmd.spot)
         created = await self._backend.create(spec)
         if isinstance(created, CloudFailure):
             self._handle(ev.CommandFailed(self._clock.now(), cmd.id, created))

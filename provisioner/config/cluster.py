@@ -150,6 +150,9 @@ class ClusterConfig(_Model):
                 if p.standby:
                     raise _At(f"pools[{i}].standby", "backend gke cannot keep stopped VMs (a node pool's nodes "
                                                      "are not stopped and started); set standby: false")
+                if p.spot_tier:
+                    raise _At(f"pools[{i}].spot_tier", "backend gke makes a pool's VMs as its node pool says, Spot "
+                                                       "or not, never some of each; set spot_tier: false")
         for name in self.sim.pool_start_median_s:
             if name not in seen:
                 raise _At(f"sim.pool_start_median_s.{name}", f"no pool {name!r}; pools: {', '.join(sorted(seen))}")

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, model_validator
 
-from provisioner.config.base import _Model
+from provisioner.config.base import _At, _Model
 
 # Any VM created by the gce backend may call Google APIs as its service account; what it may do
 # is then the account's roles (Google's recommended practice), not the scopes.
@@ -64,6 +64,9 @@ class PoolVmSettings(_Model):
     # How often the simulated cloud (sim backend, `provisioner simulate`) preempts a running Spot
     # VM: a Poisson rate per VM-hour. Compute Engine publishes none; measure your own and set it.
     spot_preemptions_per_hour: float = Field(default=0.05, ge=0.0)
+    # An on-demand pool's Spot tier: batch sessions, and the VMs kept for them (warm or stopped),
+    # may run on Spot VMs; interactive sessions never do (docs/warm-pools.md#the-spot-tier).
+    spot_tier: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -74,12 +77,24 @@ class PoolVmSettings(_Model):
                 data.get("boot_disk_type", "pd-balanced"), float(data.get("disk_cache_gb", 250.0)))}
         return data
 
+    @model_validator(mode="after")
+    def _tier(self) -> PoolVmSettings:
+        if self.spot_tier and self.spot:
+            raise _At("spot_tier", "a pool on Spot VMs (provisioning_model: spot) has no on-demand part to add a "
+                                   "Spot tier to; set one or the other")
+        return self
+
     @property
     def spot(self) -> bool:
         return self.provisioning_model == "spot"
 
     @property
-    def running_usd_per_h(self) -> float:
-        """A running VM's price: Spot discounts the machine and its GPUs, not the disk."""
+    def spot_usd_per_h(self) -> float:
+        """A running Spot VM's price: Spot discounts the machine and its GPUs, not the disk."""
         hourly, disk = self.hourly_price_usd, self.disk_hourly_price_usd  # type: ignore[attr-defined]
-        return round(disk + (hourly - disk) * self.spot_price_fraction, 4) if self.spot else hourly
+        return round(disk + (hourly - disk) * self.spot_price_fraction, 4)
+
+    @property
+    def running_usd_per_h(self) -> float:
+        """A running VM's price: the Spot price in a pool on Spot VMs."""
+        return self.spot_usd_per_h if self.spot else self.hourly_price_usd  # type: ignore[attr-defined]

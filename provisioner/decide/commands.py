@@ -22,6 +22,7 @@ class Launch:
     zone: str
     images: tuple[str, ...] = ()
     session_id: str = ""
+    spot: bool = False  # a Spot VM (a Spot pool's, or its Spot tier's)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from provisioner.decide.autoscale import STABILIZATION_S, STANDBY_HOLD_S, Window
 from provisioner.decide.assignment import QueueOrder
 from provisioner.decide.forecast import Forecast
 from provisioner.decide.prewarm_rules import Demand
+from provisioner.decide.spot_tier import BatchShare
 from provisioner.model.states import VM_ACTIVE, VmState
 from provisioner.model.records import Vm
 
@@ -81,12 +82,20 @@ class PoolState:
     keep_layers: frozenset[str] = frozenset()  # their layers, spared by eviction while others exist
     ranking_gen: int = 0  # bumped when idle VMs must re-follow the ranking
     ranking_at: float = -RANKING_REFRESH_S
+    # The Spot tier (config.spot_tier): its Spot VMs by state, the batch share of arrivals, the
+    # interactive sessions' own forecast, and the warm VMs (of forecast_warm) left to the Spot tier.
+    spot_count: dict[VmState, int] = field(default_factory=lambda: defaultdict(int))
+    batch_share: BatchShare | None = None
+    interactive_forecast: Forecast | None = None
+    forecast_spot_warm: int = 0
 
     def count_in(self, vm: Vm) -> None:
         self.changed = True
         self.vms[vm.id] = vm
         self.count[vm.state] += 1
         self.per_zone[vm.zone] += 1
+        if vm.spot:
+            self.spot_count[vm.state] += 1
         if vm.state is V.WARM and vm.healthy:
             self.ready[vm.id] = vm
         elif vm.state is V.STANDBY:
@@ -97,12 +106,20 @@ class PoolState:
         del self.vms[vm.id]
         self.count[vm.state] -= 1
         self.per_zone[vm.zone] -= 1
+        if vm.spot:
+            self.spot_count[vm.state] -= 1
         self.ready.pop(vm.id, None)
         self.standby.pop(vm.id, None)
 
     @property
     def total(self) -> int:
         return sum(self.count[state] for state in VM_ACTIVE)
+
+    @property
+    def spot_idle(self) -> int:
+        """Spot VMs warm or on their way to it (made or started)."""
+        count = self.spot_count
+        return count[V.WARM] + count[V.CREATING] + count[V.BOOTING] + count[V.STARTING]
 
     @property
     def standby_total(self) -> int:

@@ -23,6 +23,7 @@ from provisioner.decide.pools import PoolState
 from provisioner.decide.preemption import PREEMPTION
 from provisioner.decide.queue import Queue
 from provisioner.decide.sizing import Sizing
+from provisioner.decide.spot_tier import choose_in_tier, standby_in_tier
 from provisioner.model.errors import FailedPrecondition, NotFound, ProvisionerError, UserBlocked, quote
 from provisioner.model.images import ImageCatalog
 from provisioner.model.records import Notice, Session, SessionKind, SessionSpec, StartKind, Vm, session_copy
@@ -111,7 +112,7 @@ class Sessions:
         self.sessions[s.id] = s
         self.by_request[spec.key] = s.id
         pool = self._pools[s.pool]
-        self._sizing.arrived(pool, image, now)
+        self._sizing.arrived(pool, image, now, spec.kind is SessionKind.BATCH)
         if not self._place(s, now):
             self._wait(s, self._why_waiting(pool, s), now)
         return s
@@ -307,13 +308,18 @@ class Sessions:
         pool, sizing, catalog = self._pools[s.pool], self._sizing, self._catalog()
         if self._holdings.at_ceiling(pool, s):  # it waits for one of its user's VMs to come free
             return False
-        choice = choose_vm(s.image, reversed(pool.ready.values()), catalog)  # newest warm first
+        tier, batch = pool.config.spot_tier, s.spec.kind is SessionKind.BATCH  # Spot VMs: batch only
+        if tier:
+            choice = choose_in_tier(s.image, reversed(pool.ready.values()), catalog, batch)
+        else:
+            choice = choose_vm(s.image, reversed(pool.ready.values()), catalog)  # newest warm first
         if choice.vm_id:
             self.assign(s, self._vms[choice.vm_id], choice.start, now)
             return True
         if sizing.can_start(pool):
-            standby = choose_standby(s.image, pool.standby.values(), catalog,
-                                     lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now)
+            usable = lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now  # noqa: E731
+            standby = (standby_in_tier(s.image, pool.standby.values(), catalog, usable, batch, either=batch) if tier
+                       else choose_standby(s.image, pool.standby.values(), catalog, usable))
             if standby is not None:
                 self._vm_side.start(standby, now, reserved_for=s)
                 s.vm_id = standby.id
@@ -324,7 +330,7 @@ class Sessions:
                 return True
         if not sizing.can_launch(pool, now):
             return False
-        vm = self._vm_side.launch(pool, now, images=(s.image,), reserved_for=s)
+        vm = self._vm_side.launch(pool, now, images=(s.image,), reserved_for=s, spot=tier and batch)
         if vm is None:
             return False
         s.vm_id = vm.id

@@ -25,7 +25,10 @@ from provisioner.decide.autoscale import (
     zones_available,
 )
 from provisioner.decide.deadlines import CREATE_ESTIMATE_S
+from provisioner.decide.forecast import Forecast
 from provisioner.decide.pools import AUTOSCALE_QUIET_S, RANKING_REFRESH_S, STANDBY_START_COVER, PoolState, forecast_due
+from provisioner.decide.spot_tier import (BatchShare, spot_launches, spot_target, split_deletions, split_warm,
+                                          standby_in_tier)
 from provisioner.decide.zone_memory import ProjectQuota, hold_project_quota, project_quota_of, remember
 from provisioner.model.errors import NotFound, quote
 from provisioner.model.images import ImageCatalog
@@ -49,7 +52,9 @@ class Sizing:
         self._name = cluster.name
         self._sim = cluster.sim  # the estimates' medians (boot, pull bandwidth, standby start)
         self._catalog = catalog  # the core's current catalog
-        self.pools: dict[str, PoolState] = {p.name: PoolState(p, p) for p in cluster.pools}
+        self.pools: dict[str, PoolState] = {
+            p.name: PoolState(p, p, batch_share=BatchShare(), interactive_forecast=Forecast()) if p.spot_tier
+            else PoolState(p, p) for p in cluster.pools}
         self.project_quota: ProjectQuota | None = None  # the project's GPU quota, last found exhausted
 
     def connect(self, vms: Vms, prewarming: Prewarming, queued_demand: Callable[[PoolState], int],
@@ -102,17 +107,24 @@ class Sizing:
         """The VM turned unhealthy: it is assignable no more."""
         self.pools[vm.pool].ready.pop(vm.id, None)
 
-    def arrived(self, pool: PoolState, image: str, now: float) -> None:
-        """A session asked for `image` in `pool`: demand for the image, an arrival for the forecast."""
+    def arrived(self, pool: PoolState, image: str, now: float, batch: bool = False) -> None:
+        """A session asked for `image` in `pool`: demand for the image, an arrival for the forecast
+        (and, with a Spot tier, for the batch share)."""
         self.demanded(pool, image, now)
         pool.forecast.arrival(now)
+        if pool.interactive_forecast is not None:
+            pool.batch_share.arrival(now, batch)
+            if not batch:
+                pool.interactive_forecast.arrival(now)
 
     def demanded(self, pool: PoolState, image: str, now: float) -> None:
         """Demand for `image` in `pool` (a session's, or an operator's prewarm)."""
         pool.demand.count(image, now)
 
-    def departed(self, pool: PoolState, now: float) -> None:
+    def departed(self, pool: PoolState, now: float, batch: bool = False) -> None:
         pool.forecast.departure(now)
+        if pool.interactive_forecast is not None and not batch:
+            pool.interactive_forecast.departure(now)
 
     def remember(self, pool: PoolState, failure: CloudFailure, zone: str, now: float) -> None:
         """A stockout or quota failure: the zones it reaches are skipped for a while, and a
@@ -159,7 +171,13 @@ class Sizing:
     def _autoscale(self, pool: PoolState, now: float) -> None:
         pool.changed, pool.scaled_at = False, now
         policy, vms = pool.policy, self._vms
-        due = forecast_due(now, pool.forecast_at, pool.forecast_warm, len(pool.ready))
+        if pool.interactive_forecast is None:
+            due = forecast_due(now, pool.forecast_at, pool.forecast_warm, len(pool.ready))
+        else:  # a burst that took every warm VM of either tier
+            spot_ready = sum(vm.spot for vm in pool.ready.values())
+            due = (forecast_due(now, pool.forecast_at, pool.forecast_spot_warm, spot_ready)
+                   or forecast_due(now, pool.forecast_at, pool.forecast_warm - pool.forecast_spot_warm,
+                                   len(pool.ready) - spot_ready))
         if policy.autoscaler == "predictive" and due:
             self._forecast(pool, now)
         snap = self.snapshot(pool)
@@ -168,56 +186,89 @@ class Sizing:
         hold = pool.peak.add(now, wanted)
         # An upper bound on the VMs idle long enough: the real list is made only to delete some.
         plan = plan_scale(snap, hold, len(pool.ready), wanted)
-        if launch := plan.launch:
-            self._grow(pool, launch, now)
+        launch = plan.launch
+        # The Spot tier's part of the VMs wanted; how many of those added are Spot.
+        tier = self._spot_warm(pool, snap, wanted, now) if pool.interactive_forecast is not None else None
+        spot = spot_launches(launch, pool.spot_idle, tier) if tier is not None else 0
+        # Standby VMs first: running in under a minute, their disks holding the pool's images.
+        catalog = self._catalog()
+        image = pool.ranking[0] if pool.ranking else catalog.latest
+        usable = lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now  # noqa: E731
+        while launch > 0 and self.can_start(pool):
+            vm = (choose_standby(image, pool.standby.values(), catalog, usable) if tier is None
+                  else standby_in_tier(image, pool.standby.values(), catalog, usable, spot > 0, either=True))
+            if vm is None:
+                break
+            vms.start(vm, now)
+            launch, spot = launch - 1, spot - vm.spot
+        for _ in range(launch):
+            if vms.launch(pool, now, images=pool.ranking[:1], spot=spot > 0) is None:
+                break
+            spot -= 1
         keep = standby_target(snap, pool.day_peak.add(now, wanted), wanted) if policy.standby else 0
         if plan.delete:
-            self._scale_down(pool, plan.delete, keep, now)
+            self._scale_down(pool, plan.delete, keep, now, tier)
         if (extra := len(pool.standby) - keep) > 0:
             for vm in pick_deletions(list(pool.standby.values()), extra,
                                      lambda v: self._prewarming.held_of_ranking(pool, v)):
                 vms.delete(vm, "standby beyond the pool's standby target", now)
 
-    def _grow(self, pool: PoolState, launch: int, now: float) -> None:
-        """Standby VMs first: running in under a minute, their disks holding the pool's images."""
-        vms, catalog = self._vms, self._catalog()
-        image = pool.ranking[0] if pool.ranking else catalog.latest
-        while launch > 0 and self.can_start(pool):
-            vm = choose_standby(image, pool.standby.values(), catalog,
-                                lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now)
-            if vm is None:
-                break
-            vms.start(vm, now)
-            launch -= 1
-        for _ in range(launch):
-            if vms.launch(pool, now, images=pool.ranking[:1]) is None:
-                break
-
-    def _scale_down(self, pool: PoolState, surplus: int, keep: int, now: float) -> None:
+    def _scale_down(self, pool: PoolState, surplus: int, keep: int, now: float, tier: int | None) -> None:
+        """`tier`: the Spot tier's part (None: no tier), whose surplus tier goes first."""
         # A prewarm under way does not save a surplus VM.
         idle = [vm for vm in pool.ready.values() if now - vm.warm_since >= SCALE_DOWN_IDLE_S]
         stopping = pool.standby_total
-        for vm in pick_deletions(idle, surplus, lambda v: self._prewarming.held_of_ranking(pool, v)):
+        value = lambda v: self._prewarming.held_of_ranking(pool, v)  # noqa: E731
+        if tier is None:
+            chosen = pick_deletions(idle, surplus, value)
+        else:  # the Spot VMs over the tier's part go first
+            spot = [vm for vm in idle if vm.spot]
+            on_demand = [vm for vm in idle if not vm.spot]
+            n_spot, n_on_demand = split_deletions(surplus, len(spot), len(on_demand), pool.spot_idle - tier)
+            chosen = pick_deletions(spot, n_spot, value) + pick_deletions(on_demand, n_on_demand, value)
+        for vm in chosen:
             if stopping < keep:  # the most valuable surplus VMs are kept last: stop them
                 self._vms.to_standby(vm, "scale-down: surplus warm VM kept stopped", now)
                 stopping += 1
             else:
                 self._vms.delete(vm, "scale-down: surplus warm VM", now)
 
+    def _spot_warm(self, pool: PoolState, snap: PoolSnapshot, wanted: int, now: float) -> int:
+        """The idle VMs the Spot tier should hold: the forecast's for batch arrivals, or the
+        batch share of the idle VMs wanted (the other autoscalers)."""
+        if pool.policy.autoscaler == "predictive":
+            return pool.forecast_spot_warm
+        demand = snap.assigned + (snap.queued if snap.queued_demand is None else snap.queued_demand)
+        return spot_target(max(0, wanted - demand), pool.batch_share.share(now))
+
     def _forecast(self, pool: PoolState, now: float) -> None:
         """The warm VMs that cover what arrives while a VM is made ready, and (with a standby
-        tier) the warm and standby VMs together that cover what arrives while a new one is."""
+        tier) the warm and standby VMs together that cover what arrives while a new one is. With
+        a Spot tier, the warm VMs interactive sessions may take (on demand) cover their arrivals
+        alone."""
+        if pool.interactive_forecast is None:
+            pool.forecast_warm, pool.forecast_cover = self._warm_and_cover(pool, now, pool.forecast, len(pool.standby))
+        else:
+            # The on-demand VMs alone must cover the interactive arrivals; the Spot tier has the
+            # rest of what all arrivals ask (never more VMs than without the tier, unless the
+            # interactive ones alone need more).
+            standby_on_demand = len(pool.standby) - pool.spot_count[VmState.STANDBY]
+            total, total_cover = self._warm_and_cover(pool, now, pool.forecast, len(pool.standby))
+            warm, cover = self._warm_and_cover(pool, now, pool.interactive_forecast, standby_on_demand)
+            pool.forecast_warm, pool.forecast_spot_warm = split_warm(total, warm)
+            pool.forecast_cover = max(total_cover, cover)
+        pool.forecast_at = now
+
+    def _warm_and_cover(self, pool: PoolState, now: float, forecast: Forecast, standby: int) -> tuple[int, int]:
+        """The warm VMs, and the warm and standby VMs, for the arrivals `forecast` counts, with
+        `standby` VMs stopped for them."""
         policy = pool.policy
         cold_s = self.cold_start_s(pool.ranking[0] if pool.ranking else self._catalog().latest)
-        cover = pool.forecast.warm_needed(now, cold_s, policy.wait_probability)
-        if policy.standby:
-            # A started standby VM is ready after its start (its disk holds the pool's images);
-            # the start's tail is what the warm VMs must bridge.
-            warm = pool.forecast.warm_needed(now, self.start_estimate_s(pool) * STANDBY_START_COVER,
-                                             policy.wait_probability)
-            pool.forecast_warm = max(warm, cover - len(pool.standby))
-        else:
-            pool.forecast_warm = cover
-        pool.forecast_cover = cover
-        pool.forecast_at = now
+        cover = forecast.warm_needed(now, cold_s, policy.wait_probability)
+        if not policy.standby:
+            return cover, cover
+        # A started standby VM is ready after its start (its disk holds the pool's images); the
+        # start's tail is what the warm VMs must bridge.
+        warm = forecast.warm_needed(now, self.start_estimate_s(pool) * STANDBY_START_COVER, policy.wait_probability)
+        return max(warm, cover - standby), cover
 

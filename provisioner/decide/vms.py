@@ -81,17 +81,18 @@ class Vms:
     # ---- issuing work --------------------------------------------------------------------
 
     def launch(self, pool: PoolState, now: float, images: tuple[str, ...] = (),
-               reserved_for: Session | None = None) -> Vm | None:
+               reserved_for: Session | None = None, spot: bool = False) -> Vm | None:
+        """Makes a VM; `spot`: a Spot one (the pool's Spot tier; a Spot pool's are all Spot)."""
         zone = pick_zone(pool.config.zones, pool.stocked_out_until, pool.per_zone, now)
         if zone is None:
             return None
         vm = Vm(id=self._ids.vm(pool.config.name), cluster=self._name, pool=pool.config.name, zone=zone,
                 cache=LayerCache(pool.config.disk_cache_bytes), created_at=now,
-                reserved_for=reserved_for.id if reserved_for else "")
+                reserved_for=reserved_for.id if reserved_for else "", spot=spot or pool.config.spot)
         self.vms[vm.id] = vm
         why = f"cold start for {reserved_for.id}" if reserved_for else "filling the warm pool"
         self.set_state(vm, V.CREATING, why, now)
-        self._in_flight.issue(Launch, now, vm.id, pool.config.name, zone, images, vm.reserved_for)
+        self._in_flight.issue(Launch, now, vm.id, pool.config.name, zone, images, vm.reserved_for, vm.spot)
         return vm
 
     def start(self, vm: Vm, now: float, reserved_for: Session | None = None) -> None:
@@ -144,8 +145,8 @@ class Vms:
 
     def release(self, vm: Vm, now: float) -> None:
         """After a session: wipe and keep, or delete, per pool policy. Never reuse unwiped."""
-        pool = self._sizing.pools[vm.pool]
-        self._sizing.departed(pool, now)
+        pool, s = self._sizing.pools[vm.pool], self._sessions.get(vm.session_id)
+        self._sizing.departed(pool, now, s is not None and s.spec.kind is SessionKind.BATCH)
         if pool.policy.recycle and vm.healthy:
             self.set_state(vm, V.RECYCLING, f"wiping after session {vm.session_id}", now)
             self._in_flight.issue(Wipe, now, vm.id, vm.zone, vm.session_id)
@@ -161,7 +162,7 @@ class Vms:
         """After a restart: the cloud work the VM's state says was under way, again (every
         command is idempotent by VM id, so repeating one that had finished is harmless)."""
         if vm.state in (V.CREATING, V.BOOTING):
-            self._in_flight.issue(Launch, now, vm.id, vm.pool, vm.zone, (), vm.reserved_for)
+            self._in_flight.issue(Launch, now, vm.id, vm.pool, vm.zone, (), vm.reserved_for, vm.spot)
         elif vm.state is V.RECYCLING:
             self._in_flight.issue(Wipe, now, vm.id, vm.zone, vm.session_id)
         elif vm.state is V.DELETING:

@@ -198,6 +198,7 @@ class Vm:
     warm_since: float = 0.0
     history: list[StateChange] = field(default_factory=list)
     revision: int = 0
+    spot: bool = False  # a Spot VM: the cloud may take it back at any time
 
     def to(self, state: VmState, reason: str, now: float) -> None:
         check_transition(VM_TRANSITIONS, "vm", self.id, self.state, state)
@@ -216,6 +217,7 @@ class Vm:
             "endpoint": self.endpoint, "healthy": self.healthy, "health_detail": self.health_detail,
             "pulling": self.pulling, "warm_since": self.warm_since,
             "history": [[h.state, h.reason, h.time] for h in self.history], "revision": self.revision,
+            "spot": self.spot,
         }
 
     @classmethod

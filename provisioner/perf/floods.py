@@ -12,9 +12,14 @@ a warm pool larger than bob needs, split (the front and the cluster as separate 
 `provisioner serve`) or in one process (`provisioner up`), each in turn with a fresh data dir;
 each flood runs in a process of its own, so this one only measures. Progress on stderr; `--json`.
 
-Bob holds one channel throughout, as a backend does. Each row also times a new client: a
-connection made as the row starts (the flood a second under way) and its first create, which for
-the idle flood waits behind the flood's connections at the port.
+Each flood's process says when it is under way (its first call answered, or, for the idle flood,
+its connections open and taken by the front), and the row starts then: it measures the flood, not
+the flood's start-up. Bob holds one channel throughout, as a backend does. Each row also times a
+new client as it starts, in phases: a bare TCP connect to the port (does the kernel take it), its
+channel's own connection until ready (TCP, TLS, HTTP/2) and its first create. The idle row has
+new clients made as the flood begins to open its connections (a ramp): `--ramps` of them, the
+flood's connections opened and let go before the row's own (where the client's connection falls
+among the flood's decides how long it waits).
 """
 
 from __future__ import annotations
@@ -23,10 +28,8 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +40,7 @@ import yaml
 
 from provisioner.perf import command
 from provisioner.perf.fleet import CLUSTER, POOL, free_port, prepare_security, start_fleet, start_up, write_clusters
-from provisioner.perf.usage import cpu_s
+from provisioner.perf.usage import cpu_s, open_fds
 
 FLOODS = ("metrics", "list", "quota", "refused", "idle")
 FLEETS = ("split", "up")
@@ -46,6 +49,11 @@ LOOPS = 4
 METRIC_LOOPS = 8
 IDLE_CONNECTIONS = 3000
 MALLORY_SESSIONS = 300  # what a list or a quota of the flooding user reads
+# A flood process's lines on stdout: OPENING before the idle flood's first connection, UNDER_WAY
+# once the flood runs (its first call answered, or all its connections open), its count last.
+OPENING, UNDER_WAY = "opening", "under way"
+PROBE_TIMEOUT_S = 10.0
+RAMPS = 10
 
 
 def _stubs(front: str, data_dir: Path, token: str | None = None):
@@ -88,17 +96,31 @@ async def create_and_stop(stub, md, request_id: str, created=None) -> None:
     await stub.StopSession(s_pb.StopSessionRequest(session_id=s.id), timeout=10, metadata=md)
 
 
-async def new_client(front: str, data_dir: Path) -> float:
-    """A client arriving now: its connection (TCP and TLS) and first create, in ms (a failed one:
-    until it failed)."""
-    started, took = time.monotonic(), []
+async def new_client(front: str, data_dir: Path) -> dict:
+    """A client arriving now, in ms: `tcp_ms`, a bare TCP connect to the port, closed at once (does
+    the kernel take a connection); `ready_ms`, its channel's own connection until ready (TCP, TLS,
+    HTTP/2 settings); `create_ms`, its first create; `ms`, the two together, what the client waits.
+    A phase that fails counts until it failed, and the phases after it are None (`tcp_ms` too)."""
+    host, port = front.rsplit(":", 1)
+    began, tcp = time.monotonic(), None
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
+            tcp = round((time.monotonic() - began) * 1000, 1)
+    except OSError:
+        pass
+    marks = [time.monotonic()]  # the start, then the channel ready, then the create answered
     channel, stub, md = _stubs(front, data_dir)
     async with channel:
         try:
-            await create_and_stop(stub, md, f"bob-new-{time.time_ns()}", lambda: took.append(time.monotonic()))
-        except grpc.aio.AioRpcError:
+            await asyncio.wait_for(channel.channel_ready(), PROBE_TIMEOUT_S)
+            marks.append(time.monotonic())
+            await create_and_stop(stub, md, f"bob-new-{time.time_ns()}", lambda: marks.append(time.monotonic()))
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
             pass
-    return round(((took[0] if took else time.monotonic()) - started) * 1000, 1)
+    ms = [round((later - earlier) * 1000, 1) for earlier, later in zip(marks, marks[1:])]
+    ready, create = (ms + [None, None])[:2]
+    total = (marks[-1] if len(marks) == 3 else time.monotonic()) - marks[0]
+    return {"ms": round(total * 1000, 1), "tcp_ms": tcp, "ready_ms": ready, "create_ms": create}
 
 
 async def seed_mallory(front: str, data_dir: Path, count: int) -> None:
@@ -121,37 +143,66 @@ async def seed_mallory(front: str, data_dir: Path, count: int) -> None:
             await stub.StopSession(s_pb.StopSessionRequest(session_id=s.id), timeout=30, metadata=md)
 
 
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+async def until_stdin_closes(seconds: float) -> None:
+    """Until the benchmark closes this process's stdin (its row is over), `seconds` at most."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    try:
+        await asyncio.wait_for(reader.read(), seconds)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def idle_flood(front: str, seconds: float) -> int:
+    """IDLE_CONNECTIONS TCP connections opened one after another, held without a word."""
+    host, port = front.rsplit(":", 1)
+    held = []
+    say(OPENING)
+    for _ in range(IDLE_CONNECTIONS):
+        try:
+            held.append(socket.create_connection((host, int(port)), timeout=2))
+        except OSError:
+            break
+    say(f"{UNDER_WAY} {len(held)}")
+    await until_stdin_closes(seconds)
+    for s in held:
+        s.close()
+    return len(held)
+
+
 async def flood(kind: str, front: str, metrics_ports: list[int], data_dir: Path, seconds: float) -> int:
-    """Runs one flood for `seconds`; the calls (or connections) it made."""
+    """Runs one flood until stdin closes (`seconds` at most); the calls (or connections) it made."""
     from provisioner.security.client import dev_token
     from provisioner.v1 import session_service_pb2 as s_pb
 
-    end, count = time.monotonic() + seconds, 0
     if kind == "idle":
-        host, port = front.rsplit(":", 1)
-        held = []
-        for _ in range(IDLE_CONNECTIONS):
+        return await idle_flood(front, seconds)
+    stop, count = asyncio.ensure_future(until_stdin_closes(seconds)), 0
+
+    def answered() -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            say(UNDER_WAY)
+
+    async def scrape_loop(port: int) -> None:
+        while not stop.done():
             try:
-                held.append(socket.create_connection((host, int(port)), timeout=2))
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                await reader.read()
+                writer.close()
             except OSError:
-                break
-        await asyncio.sleep(max(0.0, end - time.monotonic()))
-        for s in held:
-            s.close()
-        return len(held)
+                pass
+            answered()
+
     if kind == "metrics":
-        async def loop(port: int) -> None:
-            nonlocal count
-            while time.monotonic() < end:
-                try:
-                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                    await reader.read()
-                    writer.close()
-                except OSError:
-                    pass
-                count += 1
-        await asyncio.gather(*(loop(metrics_ports[i % len(metrics_ports)]) for i in range(METRIC_LOOPS)))
+        await asyncio.gather(*(scrape_loop(metrics_ports[i % len(metrics_ports)]) for i in range(METRIC_LOOPS)))
         return count
     token = "not-a-token" if kind == "refused" else dev_token(data_dir, "mallory")
     channel, stub, md = _stubs(front, data_dir, token)
@@ -159,13 +210,12 @@ async def flood(kind: str, front: str, metrics_ports: list[int], data_dir: Path,
     call = stub.GetQuota if kind == "quota" else stub.ListSessions
 
     async def rpc_loop() -> None:
-        nonlocal count
-        while time.monotonic() < end:
+        while not stop.done():
             try:
                 await call(request, timeout=10, metadata=md)
             except grpc.aio.AioRpcError:
                 pass
-            count += 1
+            answered()
     async with channel:
         await asyncio.gather(*(rpc_loop() for _ in range(LOOPS)))
     return count
@@ -181,32 +231,96 @@ def _summary(creates: list[tuple[float, float]]) -> dict:
             "max_ms": round(slowest, 1), "slowest_at_s": round(at, 1)}
 
 
-async def measure(front: str, procs: list, data_dir: Path, seconds: float, floods: list[str]) -> list[dict]:
-    """Bob alone, then beside each flood; each row with the CPU seconds the fleet's processes and
-    the flood's used meanwhile (on one machine, the flood's own CPU is taken from the fleet's)."""
-    metrics_ports = [p.metrics_port for p in procs]
+async def start_flood(kind: str, front: str, procs: list, data_dir: Path, seconds: float):
+    """Starts flood `kind` in a process of its own and returns once it is under way: the process,
+    and for the idle flood its ramp (else None): `client`, a new client made as the flood began
+    opening its connections, and `s`, the seconds from then until the front held them all (None
+    if not within PROBE_TIMEOUT_S)."""
+    listener = procs[0].pid  # the process on the front's port
+    before = open_fds(listener)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "provisioner.perf.floods", "--child", kind, "--front", front, "--data-dir", str(data_dir),
+        "--seconds", str(seconds + 60), "--metrics-ports", *(str(p.metrics_port) for p in procs),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    line = (await child.stdout.readline()).decode().strip()
+    ramp = None
+    if line == OPENING:
+        began = time.monotonic()
+        probe = asyncio.ensure_future(new_client(front, data_dir))
+        line = (await child.stdout.readline()).decode().strip()
+        opened = int(line.rsplit(" ", 1)[-1]) if line.startswith(UNDER_WAY) else 0
+        held = await until(lambda: open_fds(listener) - before >= opened)  # the front takes them from its backlog
+        ramp = {"client": await probe, "s": round(time.monotonic() - began, 2) if held else None}
+    if not line.startswith(UNDER_WAY):
+        child.kill()
+        raise RuntimeError(f"the {kind} flood did not get under way: {line!r}")
+    return child, ramp
+
+
+async def until(done, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether `done()` came true within `timeout_s`, looked at every 10 ms."""
+    end = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > end:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def stop_flood(child) -> int:
+    """Ends a flood's process (its stdin closed); the calls or connections it made."""
+    child.stdin.close()
+    made = int((await child.stdout.read()).split()[-1])
+    await child.wait()
+    return made
+
+
+async def earlier_ramps(count: int, front: str, procs: list, data_dir: Path) -> list[dict]:
+    """`count` idle floods opened and let go again before the row's own: where a new client's
+    connection falls among the flood's decides how long it waits, so one ramp says little."""
+    ramps, listener = [], procs[0].pid
+    before = open_fds(listener)
+    for _ in range(count):
+        child, ramp = await start_flood("idle", front, procs, data_dir, 0.0)
+        ramps.append(ramp)
+        await stop_flood(child)
+        await until(lambda: open_fds(listener) <= before + 10)  # the front has closed them too
+    return ramps
+
+
+async def measure_row(kind: str, front: str, procs: list, data_dir: Path, seconds: float, bob_stub,
+                      ramps: int) -> dict:
+    """One row: flood `kind` (or none, `quiet`) under way, then a new client and bob's loop beside
+    it, with the CPU seconds the fleet's processes and the flood's used meanwhile (on one machine
+    the flood's own CPU is taken from the fleet's). The idle row has `ramps` ramps, its own last."""
+    child, seen = None, None
+    if kind != "quiet":
+        seen = await earlier_ramps(ramps - 1, front, procs, data_dir) if kind == "idle" else None
+        child, ramp = await start_flood(kind, front, procs, data_dir, seconds)
+        seen = None if ramp is None else [*seen, ramp]
+    fleet_cpu, flood_cpu = sum(cpu_s(p.pid) for p in procs), cpu_s(child.pid) if child else 0.0
+    first = await new_client(front, data_dir)
+    creates = await bob(*bob_stub, seconds)
+    fleet_cpu = sum(cpu_s(p.pid) for p in procs) - fleet_cpu
+    made = 0
+    if child:
+        flood_cpu = cpu_s(child.pid) - flood_cpu
+        made = await stop_flood(child)  # the row is over: the flood ends
+    # The machine's 1-minute load average as the row ends: a shared machine's other work shows.
+    return {"flood": kind, **_summary(creates), "new_client": first, "ramps": seen, "flood_calls": made,
+            "fleet_cpu_s": round(fleet_cpu, 1), "flood_cpu_s": round(flood_cpu, 1), "load": round(os.getloadavg()[0], 2)}
+
+
+async def measure(front: str, procs: list, data_dir: Path, seconds: float, floods: list[str],
+                  ramps: int) -> list[dict]:
+    """Bob alone, then beside each flood."""
     rows = []
     channel, stub, md = _stubs(front, data_dir)  # bob's, held throughout, as a backend holds its channel
     await bob(stub, md, 1.0)  # connected and warm before the quiet row
     for kind in ["quiet", *floods]:
         print(f"  {kind}: {seconds:g} s of bob{'' if kind == 'quiet' else ' beside the flood'}", file=sys.stderr,
               flush=True)
-        child = None
-        if kind != "quiet":
-            child = subprocess.Popen([sys.executable, "-m", "provisioner.perf.floods", "--child", kind, "--front", front,
-                                      "--data-dir", str(data_dir), "--seconds", str(seconds + 2),
-                                      "--metrics-ports", *map(str, metrics_ports)], stdout=subprocess.PIPE)
-            await asyncio.sleep(1.0)  # the flood under way
-        fleet_cpu, flood_cpu = sum(cpu_s(p.pid) for p in procs), resource.getrusage(resource.RUSAGE_CHILDREN)
-        first = await new_client(front, data_dir)
-        creates = await bob(stub, md, seconds)
-        fleet_cpu = sum(cpu_s(p.pid) for p in procs) - fleet_cpu
-        made = int(child.communicate()[0] or 0) if child else 0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        flood_cpu = after.ru_utime + after.ru_stime - flood_cpu.ru_utime - flood_cpu.ru_stime
-        # The machine's 1-minute load average as the row ends: a shared machine's other work shows.
-        rows.append({"flood": kind, **_summary(creates), "new_client_ms": first, "flood_calls": made, "fleet_cpu_s": round(fleet_cpu, 1),
-                     "flood_cpu_s": round(flood_cpu, 1), "load": round(os.getloadavg()[0], 2)})
+        rows.append(await measure_row(kind, front, procs, data_dir, seconds, (stub, md), ramps))
         print(f"    {rows[-1]}", file=sys.stderr, flush=True)
     await channel.close()
     quiet = rows[0]["p50_ms"] or 1.0
@@ -216,10 +330,17 @@ async def measure(front: str, procs: list, data_dir: Path, seconds: float, flood
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["fleet  flood     bob creates  p50 ms  vs quiet  max ms  new client ms  flood calls  fleet CPU s  flood CPU s  load",
+    def ramp(r: dict) -> str:
+        if not r["ramps"]:
+            return "-"
+        ms = [x["client"]["ms"] for x in r["ramps"]]
+        return f"{statistics.median(ms)}, max {max(ms)}"
+
+    lines = ["fleet  flood     bob creates  p50 ms  vs quiet  max ms  new client ms  in the ramp ms  flood calls  "
+             "fleet CPU s  flood CPU s  load",
              *(f"{r['fleet']:<6} {r['flood']:<9} {r['creates']:>11}  {r['p50_ms']:>6}  {r['p50_vs_quiet']:>7}x  {r['max_ms']:>6}  "
-               f"{r['new_client_ms']:>13}  {r['flood_calls']:>11}  {r['fleet_cpu_s']:>11}  {r['flood_cpu_s']:>11}  "
-               f"{r['load']:>4}" for r in rows)]
+               f"{r['new_client']['ms']:>13}  {ramp(r):>14}  {r['flood_calls']:>11}  {r['fleet_cpu_s']:>11}  "
+               f"{r['flood_cpu_s']:>11}  {r['load']:>4}" for r in rows)]
     return "\n".join(lines)
 
 
@@ -242,7 +363,7 @@ def run_fleet(kind: str, args) -> list[dict]:
             front = f"127.0.0.1:{front_port}"
             print(f"seeding {args.mallory_sessions} sessions of the flooding user...", file=sys.stderr, flush=True)
             asyncio.run(seed_mallory(front, data_dir, args.mallory_sessions))
-            return asyncio.run(measure(front, procs, data_dir, args.seconds, args.floods))
+            return asyncio.run(measure(front, procs, data_dir, args.seconds, args.floods, args.ramps))
         finally:
             for proc in procs:
                 proc.stop()
@@ -254,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="split: the front and the cluster as processes of their own; up: one process (default both)")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--floods", nargs="+", choices=FLOODS, default=list(FLOODS))
+    p.add_argument("--ramps", type=int, default=RAMPS,
+                   help=f"times the idle flood opens its connections, a new client made in each (default {RAMPS})")
     p.add_argument("--json", action="store_true")
     p.add_argument("--warm-vms", type=int, default=200, help="the pool's warm VMs (default 200)")
     p.add_argument("--mallory-sessions", type=int, default=MALLORY_SESSIONS,

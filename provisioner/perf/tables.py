@@ -29,10 +29,15 @@ HEADER = ("Made by `python -m provisioner.perf.tables` from the `provisioner sim
           "this file; do not edit by hand. `cost vs assigned` is the run's cost over the cost of the VM time "
           "assigned to sessions (which any policy pays), standby disks included; `fast starts` are sessions "
           "running within 60 s of the request (model time).")
+SPOT_NOTE = (" With a Spot tier, `cost vs assigned` prices the time sessions held Spot VMs at the Spot price, and "
+             "`vs on demand` is the cost over the same held VM time all on demand (the floor without Spot); "
+             "`preemptions` are Spot VMs taken back, with the batch sessions queued again and how many of those ran.")
 BEGIN = "<!-- results table: made by python -m provisioner.perf.tables, not to be edited by hand -->"
 END = "<!-- end of the results table -->"
 COLUMNS = ("trace", "scale", "days", "policy", "sessions", "VM-hours", "standby VM-hours", "cost vs assigned",
            "fast starts", "wait p99", "never started", "wall", "command")
+SPOT_COLUMNS_AFTER = {"standby VM-hours": "Spot VM-hours", "cost vs assigned": "vs on demand",
+                      "never started": "preemptions: requeued (ran)"}
 
 
 def row(r: dict) -> list[str]:
@@ -43,8 +48,28 @@ def row(r: dict) -> list[str]:
             f"{r['wall_s']:.0f} s", f"`{r['command']} --json`"]
 
 
+def spot_cells(r: dict) -> dict[str, str]:
+    """The economics table's Spot columns of a run (a run without Spot VMs has none of them)."""
+    if "spot_vm_hours" not in r:
+        return {"Spot VM-hours": "0", "vs on demand": f"{r['cost_usd'] / r['assigned_cost_usd']:.3f}x",
+                "preemptions: requeued (ran)": "-"}
+    return {"Spot VM-hours": f"{r['spot_vm_hours']:,.0f}",
+            "vs on demand": f"{r['cost_usd'] / r['assigned_on_demand_cost_usd']:.3f}x",
+            "preemptions: requeued (ran)": f"{r['spot_preemptions']:,}: {r['requeued']:,} ({r['requeued_started']:,})"}
+
+
 def simulate_table(runs: list[dict]) -> str:
-    return _table(HEADER, COLUMNS, [row(r) for r in runs])
+    """One row per run; with a run on Spot VMs among them, the Spot columns too."""
+    if not any("spot_vm_hours" in r for r in runs):
+        return _table(HEADER, COLUMNS, [row(r) for r in runs])
+    columns = [c for name in COLUMNS for c in (name, SPOT_COLUMNS_AFTER.get(name)) if c]
+    rows = []
+    for r in runs:
+        cells, extra = dict(zip(COLUMNS, row(r))), spot_cells(r)
+        if (rate := flag(r["command"], "--spot-tier")) is not None:
+            cells["policy"] += f", Spot tier ({rate} preemptions per VM-hour)"
+        rows.append([cells[c] if c in cells else extra[c] for c in columns])
+    return _table(HEADER + SPOT_NOTE, tuple(columns), rows)
 
 
 # The standby tier's table (docs/simulator.md): every bundled trace under the three policies. The

@@ -56,3 +56,8 @@ def lag_between(before: dict[float, float], after: dict[float, float]) -> dict:
         return le if le == math.inf else round(1000 * le, 1)
 
     return {"lag_samples": int(total), "lag_p99_ms": bound(0.99), "lag_max_ms": bound(1.0)}
+
+
+def open_fds(pid: int) -> int:
+    """The file descriptors the process holds open (its sockets among them)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))

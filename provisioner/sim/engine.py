@@ -10,9 +10,10 @@ each event goes to its core's `handle`, and the step it returns is carried out a
 at the same time as a tick runs before it, and the cores' ticks due together go in the cores' order. Whether an
 answer still applies is the core's business, not the engine's.
 
-A Spot pool's running VMs are preempted at its `spot_preemptions_per_hour` (a Poisson process per
-VM, drawn from a generator of its own so runs without Spot draw exactly as before): the core
-hears it as the gce backend reports it, a health report with the cause "preempted".
+A Spot pool's running VMs, and its Spot tier's, are preempted at its `spot_preemptions_per_hour` (a
+Poisson process per VM, drawn from a generator of its own so runs without Spot draw exactly as
+before): the core hears it as the gce backend reports it, a health report with the cause
+"preempted".
 
 How long each command takes and whether it fails is the physics' answer, one per core
 (`physics`, a provisioner.cloud.sim_physics.SimPhysics or anything with its methods: the tests'
@@ -62,7 +63,8 @@ class Engine:
         self.bytes_pulled = 0
         self.events = 0
         self.spot_preemptions = 0  # Spot VMs the simulated cloud took back
-        self._spot_rng = random.Random(seed * 104729 + 17)
+        # Each core's own, as its physics: a run's draws do not depend on which clusters share a process (--jobs).
+        self._spot_rng = {c.name: random.Random((c.config.sim.seed * 7919 + seed) * 104729 + 17) for c in self.cores}
         self._spot_run: dict[str, int] = {}  # vm id -> its current run (a start is a new one)
         # How each kind of command is carried out: looked up by type, not matched case by case.
         self._kinds = {Launch: self._run_launch, Pull: self._run_pull, Wipe: self._run_wipe, Delete: self._run_delete,
@@ -219,10 +221,10 @@ class Engine:
     def _spot_run_from(self, core: ClusterCore, vm_id: str, pool: str, up: float) -> None:
         """A Spot VM up from `up` is preempted after an exponential time, unless it is gone first."""
         config = core.pools[pool].config
-        if not config.spot or config.spot_preemptions_per_hour <= 0:
+        if not (config.spot or config.spot_tier and core.vms[vm_id].spot) or config.spot_preemptions_per_hour <= 0:
             return
         run = self._spot_run[vm_id] = self._spot_run.get(vm_id, 0) + 1
-        self.at(up + self._spot_rng.expovariate(config.spot_preemptions_per_hour / 3600.0), self._preempt,
+        self.at(up + self._spot_rng[core.name].expovariate(config.spot_preemptions_per_hour / 3600.0), self._preempt,
                 core, vm_id, run)
 
     def _preempt(self, core: ClusterCore, vm_id: str, run: int, now: float) -> None:

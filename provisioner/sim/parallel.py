@@ -20,7 +20,7 @@ from provisioner.sim.policies import with_policy, with_priority
 from provisioner.sim.replay import Replay
 from provisioner.sim.tally import Tally
 from provisioner.sim.trace import first_days, peak_concurrency, read_trace, superimpose, trace_end, with_flood
-from provisioner.sim.spot import with_spot
+from provisioner.sim.spot import with_spot, with_spot_tier
 
 # Progress of each worker (fraction done), shared with the parent. Set in each worker process.
 _progress = None
@@ -46,12 +46,14 @@ class Run:
     grace_period_s: float | None = None  # a preemption's grace period (None: the fleet's)
     requeue: bool = False  # batch sessions ask to be queued again if preempted
     spot_preemptions_per_hour: float | None = None  # every pool on Spot VMs, preempted this often (None: as configured)
+    spot_tier: float | None = None  # a Spot tier in every pool, its VMs preempted this often (None: as configured)
     days: float | None = None  # only the sessions arriving in the trace's first days (None: all)
 
     def fleet(self) -> FleetConfig:
         fleet = with_policy(load_fleet(self.clusters_dir), self.policy, self.headroom_fraction, self.warm_vms,
                             self.wait_probability, self.standby, self.max_vms)
-        return with_spot(with_priority(fleet, self.share_gpus, self.grace_period_s), self.spot_preemptions_per_hour)
+        fleet = with_spot(with_priority(fleet, self.share_gpus, self.grace_period_s), self.spot_preemptions_per_hour)
+        return with_spot_tier(fleet, self.spot_tier)
 
     def base_rows(self):
         return first_days(read_trace(self.trace), self.days)
@@ -67,7 +69,7 @@ class Run:
                  ("--policy", self.policy), ("--headroom", self.headroom_fraction), ("--warm-vms", self.warm_vms),
                  ("--wait-probability", self.wait_probability), ("--flood", self.flood or None),
                  ("--max-vms", self.max_vms), ("--share-gpus", self.share_gpus), ("--grace", self.grace_period_s),
-                 ("--spot", self.spot_preemptions_per_hour)]
+                 ("--spot", self.spot_preemptions_per_hour), ("--spot-tier", self.spot_tier)]
         parts = ["provisioner simulate", *(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
                                            for flag, value in flags if value is not None)]
         parts += [flag for flag, on in (("--quotas", self.quotas), ("--requeue", self.requeue)) if on]

@@ -24,7 +24,7 @@ from provisioner.sim.engine import Engine
 from provisioner.sim.quotas import QuotaMeter
 from provisioner.sim.tally import PoolSample, Sample, Tally
 from provisioner.sim.trace import TraceError, TraceRow, peak_concurrency, trace_end
-from provisioner.sim.vm_time import VmMeter
+from provisioner.sim.vm_time import BILLED_RUNNING, VmMeter
 
 # Touch this long before the idle deadline, well over a tick, so the cull never sees it idle.
 TOUCH_MARGIN_S = 60.0
@@ -54,7 +54,8 @@ class Replay(Engine):
         self.idle_timeout_s = settings.idle_timeout_s
         self.end_s = trace_end(rows, self.idle_timeout_s) if end_s is None else end_s
         self.price = prices(fleet)
-        self.vm_time = VmMeter(self.price)
+        self.vm_time = VmMeter(self.price, [(c.name, p.name) for c in fleet.clusters for p in c.pools
+                                            if p.spot or p.spot_tier])
         q = fleet.settings.quotas
         self.quotas = QuotaMeter(q, {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
                                      for c in fleet.clusters for p in c.pools}) if quotas else None
@@ -147,10 +148,13 @@ class Replay(Engine):
                 billed = sum(c[state] for state in VM_ACTIVE)
                 price = self.price[(core.name, name)]
                 stopped = c[V.STANDBY]
+                usd = (billed + c[V.STOPPING_STANDBY]) * price.running_usd_per_h + stopped * price.stopped_usd_per_h
+                if pool.config.spot_tier:  # its Spot VMs run at the Spot price
+                    spot = sum(pool.spot_count[state] for state in BILLED_RUNNING)
+                    usd -= spot * (price.running_usd_per_h - price.spot_usd_per_h)
                 self.pool_samples[key].append(PoolSample(
                     now, c[V.ASSIGNED], c[V.WARM], c[V.CREATING] + c[V.BOOTING] + c[V.STARTING],
-                    stopped + c[V.STOPPING_STANDBY], len(pool.queue), self._wait_max.pop(key, 0.0),
-                    (billed + c[V.STOPPING_STANDBY]) * price.running_usd_per_h + stopped * price.stopped_usd_per_h))
+                    stopped + c[V.STOPPING_STANDBY], len(pool.queue), self._wait_max.pop(key, 0.0), usd))
         self.samples.append(Sample(now, demand, assigned, warm, starting, self.vm_time.live))
         if now + SAMPLE_S <= self.end_s:
             self.at(now + SAMPLE_S, self._sample)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from provisioner.model.records import StartKind
-from provisioner.sim.cost import Price, PoolKey, VmTime, costs
+from provisioner.sim.cost import Price, PoolKey, VmTime, costs, spot_costs
 
 FAST_START_S = 60.0
 
@@ -108,6 +108,7 @@ class Tally:
             "fixed_peak_vms": self.fixed_peak_vms,
             "idle_vm_hours": round((self.vm_s - self.assigned_vm_s) / 3600.0, 3),
             **costs(self.pool_time, self.price),
+            **spot_costs(self.pool_time, self.price),
             "pools": {f"{c}/{p}": {"assigned_vm_hours": round(t.assigned_s / 3600.0, 3),
                                    "idle_vm_hours": round((t.running_s - t.assigned_s) / 3600.0, 3),
                                    "standby_vm_hours": round(t.standby_s / 3600.0, 3)}

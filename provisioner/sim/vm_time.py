@@ -18,14 +18,19 @@ _ASSIGNED, _STANDBY, _DELETED = V.ASSIGNED, V.STANDBY, V.DELETED
 
 
 class VmMeter:
-    def __init__(self, pools: Iterable[PoolKey]):
+    def __init__(self, pools: Iterable[PoolKey], spot_pools: Iterable[PoolKey] = ()):
+        """`spot_pools`: the pools that may have Spot VMs (a Spot pool, or one with a Spot tier)."""
         self._state: dict[str, VmState] = {}  # each VM not deleted -> its state as last reported
         self.live = 0  # VMs billed at the running price now
         self._assigned = 0
-        # Per pool: [running, assigned, standby] VMs now, and their VM-seconds so far.
+        # Per pool: [running, assigned, standby] VMs now, and their VM-seconds so far; the Spot
+        # VMs of a pool that may have them apart.
         self._counts: dict[PoolKey, list[int]] = {key: [0, 0, 0] for key in pools}
         self._seconds: dict[PoolKey, list[float]] = {key: [0.0, 0.0, 0.0] for key in self._counts}
+        self._spot_counts: dict[PoolKey, list[int]] = {key: [0, 0, 0] for key in spot_pools}
+        self._spot_seconds: dict[PoolKey, list[float]] = {key: [0.0, 0.0, 0.0] for key in self._spot_counts}
         self._pairs = [(self._counts[key], self._seconds[key]) for key in self._counts]  # integrated at every change
+        self._pairs += [(self._spot_counts[key], self._spot_seconds[key]) for key in self._spot_counts]
         self._t = 0.0
         self.vm_s = self.assigned_vm_s = 0.0
 
@@ -37,7 +42,7 @@ class VmMeter:
             old, new = known.get(vm.id), vm.state
             if old is new:
                 continue
-            counts = self._counts[(cluster, vm.pool)]
+            counts = (self._spot_counts if vm.spot else self._counts)[(cluster, vm.pool)]
             was, is_ = old in BILLED_RUNNING, new in BILLED_RUNNING
             self.live += is_ - was
             counts[0] += is_ - was
@@ -63,4 +68,7 @@ class VmMeter:
             self._t = now
 
     def pool_time(self) -> dict[PoolKey, VmTime]:
-        return {k: VmTime(*v) for k, v in self._seconds.items()}
+        """Each pool's VM time; a pool's Spot VMs' time is in its totals and apart."""
+        spot = self._spot_seconds
+        return {k: VmTime(*v) if k not in spot else VmTime(*(a + b for a, b in zip(v, spot[k])), *spot[k])
+                for k, v in self._seconds.items()}
