@@ -11,13 +11,32 @@ import sys
 # the command says what went wrong in its own words. GRPC_VERBOSITY set by the user still wins.
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
-import grpc  # noqa: E402 (after the verbosity, which the C core reads once)
+from provisioner.cli import flag_order  # noqa: E402
+# The API client's modules (grpc and all) are imported by the commands that use them: `simulate`,
+# a replay on the simulator, runs without them (a replay's start-up is much of a short one's CPU).
 
-from provisioner.agent import cli as agent_cli
-from provisioner.cli import admin_commands, client, flag_order, session_commands
-from provisioner.client import ProvisionerError
-from provisioner.client.credentials import ca_source
-from provisioner.client.errors import from_rpc_error
+
+def _client_error(e: Exception, args: argparse.Namespace) -> int | None:
+    """An API client's error (a refused or failed call, a bad flag) reported; its exit code. None
+    for any other error. Only a command that imported the client can raise one."""
+    if "provisioner.cli.client" not in sys.modules:
+        return None
+    import grpc
+
+    from provisioner.cli import client
+    from provisioner.client import ProvisionerError
+    from provisioner.client.credentials import ca_source
+    from provisioner.client.errors import from_rpc_error
+
+    if isinstance(e, (ProvisionerError, grpc.RpcError)):
+        err = from_rpc_error(e) if isinstance(e, grpc.RpcError) else e
+        trusted = ca_source(getattr(args, "ca", None), getattr(args, "data_dir", None))
+        print(client.describe_error(err, client.front_address(args), trusted), file=sys.stderr)
+        return 1
+    if isinstance(e, client.CliError):
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return None
 
 
 def _servers():
@@ -31,6 +50,9 @@ def _servers():
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from provisioner.agent import cli as agent_cli
+    from provisioner.cli import admin_commands, client, session_commands
+
     parser = argparse.ArgumentParser(
         prog="provisioner", description="GPU notebook sessions from warm GPU VM pools.")
     client.add_trace_flag(parser)
@@ -49,11 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def simulate_parser() -> argparse.ArgumentParser:
+    """The command line of `simulate` alone (the whole parser imports the API client's modules)."""
+    from provisioner.cli import simulate_command
+
+    parser = argparse.ArgumentParser(prog="provisioner")
+    simulate_command.register(parser.add_subparsers(dest="command", required=True), simulate_command.CLUSTERS_HELP)
+    parser.set_defaults(json_first=False)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs one command; returns the exit code (1 on errors, 2 on usage errors, 130 on Ctrl-C)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = simulate_parser() if argv[:1] == ["simulate"] else build_parser()
     try:
-        args = parser.parse_args(flag_order.hoist(parser, sys.argv[1:] if argv is None else list(argv)))
+        args = parser.parse_args(flag_order.hoist(parser, argv))
     except SystemExit as e:  # argparse exits for --help (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     if args.json_first:
@@ -67,14 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: this command needs the server's packages ({e.name} is missing): "
               "pip install 'provisioner[server]'", file=sys.stderr)
         return 1
-    except (ProvisionerError, grpc.RpcError) as e:
-        err = from_rpc_error(e) if isinstance(e, grpc.RpcError) else e
-        trusted = ca_source(getattr(args, "ca", None), getattr(args, "data_dir", None))
-        print(client.describe_error(err, client.front_address(args), trusted), file=sys.stderr)
-        return 1
-    except client.CliError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -82,3 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (`... | head`): stop quietly, as other command-line tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as e:  # noqa: BLE001 - the API client's errors, told in its words; others raise
+        if (code := _client_error(e, args)) is None:
+            raise
+        return code

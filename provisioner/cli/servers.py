@@ -21,8 +21,7 @@ UP_TIME_SCALE = 30.0
 # this long (wall time) before it refuses new ones: calls that arrived with the signal, or were
 # sent before the senders heard of the drain, are served instead of refused.
 DRAIN_SETTLE_S = 0.5
-CLUSTERS_HELP = ("fleet config directory (default: $PROVISIONER_CLUSTERS, else /etc/provisioner, else a source "
-                 "checkout's clusters/)")
+CLUSTERS_HELP = simulate_command.CLUSTERS_HELP
 
 
 def register(sub: argparse._SubParsersAction) -> None:

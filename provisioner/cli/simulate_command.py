@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 
 
+CLUSTERS_HELP = ("fleet config directory (default: $PROVISIONER_CLUSTERS, else /etc/provisioner, else a source "
+                 "checkout's clusters/)")
+
+
 def register(sub: argparse._SubParsersAction, clusters_help: str) -> None:
     sim = sub.add_parser("simulate", help="replay a session trace through the cluster logic on a virtual clock")
     sim.add_argument("--trace", required=True, help="session trace CSV (arrival_s,user,kind,accelerator,...)")

@@ -70,6 +70,9 @@ class ScalePlan(NamedTuple):
     delete: int = 0
 
 
+_NOTHING = ScalePlan()  # most looks' plan: made once (a NamedTuple by keyword is made slowly)
+
+
 def queued_demand(queued: Mapping[str, int], holding: Mapping[str, int], ceiling: int) -> int:
     """Queued sessions counted as demand when no user may hold more than `ceiling` VMs of a pool:
     each user's queued sessions count up to the ceiling less the VMs the user holds (a flooder's
@@ -105,9 +108,9 @@ def plan_scale(s: PoolSnapshot, hold: int, idle_long_enough: int, want: int | No
     if want is None:
         want = desired_vms(s)
     if have < want:
-        return ScalePlan(launch=want - have)
+        return ScalePlan(want - have, 0)
     surplus = min(have - max(want, min(hold, s.max_vms)), idle_long_enough)
-    return ScalePlan(delete=max(0, surplus))
+    return ScalePlan(0, surplus) if surplus > 0 else _NOTHING
 
 
 def standby_target(s: PoolSnapshot, day_peak: int, want: int | None = None) -> int:

@@ -76,22 +76,14 @@ class InFlight:
         self._next_id = max(self._next_id, int(now * 1e6))
 
     def limit_s(self, cmd: Command) -> float:
-        limits = self.limits
-        match cmd:
-            case Launch():
-                return limits.launch_s
-            case Pull():
-                return limits.pull_s(sum(layer.size_bytes for layer in cmd.layers))
-            case Wipe():
-                return limits.wipe_s
-            case Delete():
-                return limits.delete_s
-            case Stop():
-                return limits.stop_s
-            case Start():
-                return limits.start_s
-            case StartNotebook():
-                return limits.notebook_start_s
-            case StopNotebook():
-                return limits.notebook_stop_s
-        raise TypeError(cmd)
+        kind = type(cmd)
+        if kind is Pull:
+            return self.limits.pull_s(sum(layer.size_bytes for layer in cmd.layers))
+        if (name := _LIMIT_OF.get(kind)) is None:
+            raise TypeError(cmd)
+        return getattr(self.limits, name)
+
+
+# Each command's limit (decide/deadlines.py: Limits), by the command's type: asked at every issue.
+_LIMIT_OF = {Launch: "launch_s", Wipe: "wipe_s", Delete: "delete_s", Stop: "stop_s", Start: "start_s",
+             StartNotebook: "notebook_start_s", StopNotebook: "notebook_stop_s"}

@@ -76,7 +76,7 @@ class Sizing:
         return PoolSnapshot(  # by position, in PoolSnapshot's order: made for every pool every tick
             c[_WARM], c[_CREATING] + c[_BOOTING] + c[_STARTING], c[_ASSIGNED], c[_RECYCLING], len(pool.queue),
             p.min_vms, p.max_vms, p.headroom_fraction, p.autoscaler, p.warm_vms, pool.forecast_warm, p.standby,
-            pool.standby_total, pool.forecast_cover, self._queued_demand(pool))
+            pool.standby_total, pool.forecast_cover, self._queued_demand(pool) if pool.queue else 0)
 
     def can_launch(self, pool: PoolState, now: float) -> bool:
         return pool.total < pool.policy.max_vms and zones_available(pool.config.zones, pool.stocked_out_until, now)

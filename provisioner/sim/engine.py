@@ -59,6 +59,7 @@ class Engine:
         # are few: a tick runs after all other work due at its time, the cores' in their order.
         self._ticks = [(now + c.config.tick_s, i) for i, c in enumerate(self.cores)] if ticking else []
         heapq.heapify(self._ticks)
+        self._tick_s = [c.config.tick_s for c in self.cores]
         self.bytes_pulled = 0
         self.events = 0
         self.spot_preemptions = 0  # Spot VMs the simulated cloud took back
@@ -101,7 +102,7 @@ class Engine:
         core = self.cores[i]
         self.now = now
         self.events += 1
-        heapq.heapreplace(self._ticks, (now + core.config.tick_s, i))
+        heapq.heapreplace(self._ticks, (now + self._tick_s[i], i))
         if core.tick_due(now):  # a tick with nothing due changes nothing: counted, not handled
             self.handle(core, Tick(now))
 
