@@ -19,10 +19,14 @@ from provisioner.cli.serve import start_front
 from provisioner.v1 import session_service_pb2 as s_pb
 from provisioner.v1 import session_service_pb2_grpc as s_grpc
 from provisioner.v1 import types_pb2 as pb
-from gce_fixtures import PROJECT, TIME_SCALE, until
+from gce_fixtures import PROJECT, until
 from gce_fixtures import fake, loopback_only  # noqa: F401 (fixtures)
 
 FIRST, SECOND = "us-central1", "europe-west4"
+
+# The quota is remembered for 15 model minutes: at 60x that is 15 s of wall time, which outlasts a
+# second front's start on a loaded machine (at 300x it was 3 s, and a slow start let it lapse).
+TIME_SCALE = 60.0
 
 
 def two_clusters(tmp_path, fake: FakeCompute):
