@@ -176,13 +176,14 @@ def standby(d: Driver) -> None:
     after a stockout (the VM stays stopped), after a failed start (deleted); a stop that fails;
     standby beyond the target deleted."""
     d.set_policy(standby=True, max_vms=6)
-    a, b, c, e = d.make_standby(4)
+    d.make_standby(4)
     s = d.allocate(image="gpu:v160")  # standby -> starting -> warm; provisioning -> running
     d.run_until(lambda: s.state is S.RUNNING, 600)
-    d.fail_zones = {a.zone: "stockout"}  # the pool's zones alternate: a and b are in different ones
-    t = d.allocate(image="gpu:v141")  # starting -> standby; provisioning -> provisioning on another
+    d.fail_zones = {ZONE_C: "stockout", ZONE_F: "stockout"}  # whichever stopped VM it starts
+    t = d.allocate(image="gpu:v141")  # starting -> standby; the session queued, every zone out
     d.run_until(lambda: t.state is not S.PROVISIONING, 600)
     d.fail_zones = {}
+    d.run_until(lambda: t.state is S.RUNNING, 3600)  # once the pool tries the zones again
     d.raising = {Start}
     u = d.allocate(image="gpu:v160")  # starting -> deleting
     d.run_until(lambda: u.vm_id == "" or d.vms[u.vm_id].state is not V.STARTING, 600)
