@@ -163,7 +163,9 @@ async def test_a_session_with_an_endpoint_outside_the_fleet_is_not_passed_on(tmp
     fake = FakeCluster(_capacity(warm=5), [], endpoint="https://evil.example.com/login")
     server, front, data = await _front_with_fake(tmp_path, fake)
     try:
-        await front.fleet.wait_until_ready(timeout_s=5)
+        # The fake's first report (the other clusters have nothing there: waiting for all of them
+        # would end at the timeout, with the fake not yet heard from on a loaded machine).
+        await asyncio.wait_for(front.fleet.clients[CLUSTER].updated.wait(), timeout=60)
         async with front_channel(data, front.address) as ch:
             sessions = s_grpc.SessionServiceStub(ch)
             spec = pb.SessionSpec(user_id="alice", accelerator="gpu-p100", image="gpu:v154", region_hint=CLUSTER,
