@@ -179,6 +179,8 @@ def standby(d: Driver) -> None:
     d.make_standby(4)
     s = d.allocate(image="gpu:v160")  # standby -> starting -> warm; provisioning -> running
     d.run_until(lambda: s.state is S.RUNNING, 600)
+    # The VM started beside s's (assignment.hedge_worth) is stopped again once idle: t finds no warm VM.
+    d.run_until(lambda: not any(vm.state is V.WARM for vm in d.core.vms.values()), 1800)
     d.fail_zones = {ZONE_C: "stockout", ZONE_F: "stockout"}  # whichever stopped VM it starts
     t = d.allocate(image="gpu:v141")  # starting -> standby; the session queued, every zone out
     d.run_until(lambda: t.state is not S.PROVISIONING, 600)
@@ -199,9 +201,10 @@ def standby(d: Driver) -> None:
 def standby_lost(d: Driver) -> None:
     """VMs gone from the cloud while stopping, stopped and starting."""
     d.set_policy(standby=True)
-    a, b = d.make_standby(2)
-    d.allocate(image="gpu:v160")
-    starting, stopped = (a, b) if a.state is V.STARTING else (b, a)
+    vms = d.make_standby(3)
+    d.allocate(image="gpu:v160")  # two of them started (assignment.hedge_worth), one left stopped
+    starting = next(vm for vm in vms if vm.state is V.STARTING)
+    stopped = next(vm for vm in vms if vm.state is V.STANDBY)
     lost(d, stopped.id)
     lost(d, starting.id)
     s = d.allocate(user="bob", image="gpu:v160")

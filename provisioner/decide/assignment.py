@@ -1,8 +1,9 @@
 """Which VM a session gets, and in what order queued sessions are served. Pure functions.
 
 Preference: a warm VM that holds the exact image (running at once), else the warm VM missing the
-fewest bytes (a partial pull), else the standby VM missing the fewest bytes (started, its disk
-kept), else a new VM (cold). Candidates come most preferred first and
+fewest bytes (a partial pull) unless the standby VM missing the fewest bytes is ready sooner
+(started, its disk kept: `standby_sooner`), else that standby VM (with a second one holding the
+image started beside it: `hedge_worth`), else a new VM (cold). Candidates come most preferred first and
 ties go to the earlier one, so the same inputs always give the same answer. (The core offers the
 most recently warmed VMs first: the longest idle then stay idle and are the ones scale-down
 takes.)
@@ -61,6 +62,22 @@ def choose_standby(image: str, standby: Iterable[Vm], catalog: ImageCatalog,
             if missing == 0:
                 break
     return best[1] if best else None
+
+
+def standby_sooner(warm_missing: int | None, standby_missing: int, start_s: float, bandwidth: float) -> bool:
+    """Whether a standby VM missing `standby_missing` bytes of an image, started (`start_s`, its
+    median), serves a session sooner than the warm VM missing `warm_missing` bytes of it (None: no
+    warm VM is free). A warm VM still filling its disk may lack minutes of pulls where a stopped
+    VM kept the whole image."""
+    return warm_missing is None or start_s + standby_missing / bandwidth < warm_missing / bandwidth
+
+
+def hedge_worth(image: str, vm: Vm, catalog: ImageCatalog) -> bool:
+    """Whether a second standby VM is started beside the one started for a session, the first of
+    the two up serving it (the other joins the pool): one holding the session's whole image. A
+    start's tail is long (lognormal, sigma 0.6: a third of starts take over 4/3 of the median, a
+    tenth of the first of two do), and a pool that had no warm VM free wants more anyway."""
+    return not catalog.missing_bytes(image, vm.cache.layer_ids)
 
 
 def choose_waiting(vm: Vm, waiting: Iterable[Session], catalog: ImageCatalog, bandwidth_bytes_per_s: float,

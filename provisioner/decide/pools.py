@@ -30,12 +30,15 @@ RANKING_REFRESH_S = 300.0
 RANKING_ORDER_MATTERS = 3
 # How often the predictive autoscaler redoes its forecast.
 FORECAST_REFRESH_S = 60.0
-# With a standby tier, the warm VMs bridge a standby start of up to this many times its median
-# (about the 94th percentile of the start's lognormal at sigma 0.6); a session that arrives later
-# in a longer start waits for it. Chosen on openb, rollout and genai at --scale 50: at 4 (the
-# start's p99, the deadline's multiple) every trace paid for 99.9% fast starts and openb 1.16x
-# its assigned cost; at 2 rollout's fast starts fell to 99.59% (docs/simulator.md: Results).
-STANDBY_START_COVER = 2.5
+# With a standby tier, the warm VMs bridge a standby start of up to this many times its median; a
+# session that arrives later waits for a start. It is served by the first of two (a second VM
+# holding its image is started beside its own: assignment.hedge_worth), whose median is about 0.72
+# times one start's (lognormal, sigma 0.6), so the warm VMs cover about that median. Chosen on
+# genai, openb and rollout, whole, at --scale 50 (docs/economics.md): 2.5 (a single start's 94th
+# percentile, before the hedge) cost openb 1.124x its assigned cost; 1.0 and 0.7 kept their fast
+# starts within 0.05 points of it once a session no longer pulled for minutes onto a VM still
+# filling its disk (assignment.standby_sooner).
+STANDBY_START_COVER = 0.7
 # A pool whose VMs and queue did not change is reconsidered this often (for what only time
 # changes: VMs idle long enough to go, the peak window, the forecast).
 AUTOSCALE_QUIET_S = 30.0

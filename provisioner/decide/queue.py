@@ -12,8 +12,20 @@ from typing import Callable, Iterator, Mapping
 
 from provisioner.decide.changes import Changes
 from provisioner.decide.pools import PoolState
+from provisioner.model.errors import quote
 from provisioner.model.records import Session
 from provisioner.model.states import SessionState as S
+
+
+def why_waiting(pool: PoolState, s: Session, at_ceiling: bool) -> str:
+    """Why a session its pool could not place waits (`at_ceiling`: its user holds the pool's
+    per-user ceiling)."""
+    if at_ceiling:
+        return (f"waiting for one of its user's sessions to end: user {quote(s.spec.user_id)} holds the "
+                f"pool's per-user ceiling of {pool.policy.max_vms_per_user} VMs")
+    if pool.total >= pool.policy.max_vms:
+        return f"waiting for capacity: the pool is at its maximum of {pool.policy.max_vms} VMs"
+    return "waiting for capacity: every zone of the pool is stocked out"
 
 
 class Queue:

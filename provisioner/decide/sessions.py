@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from provisioner.config import SessionsConfig
 from provisioner.config.policy import PriorityConfig
-from provisioner.decide.assignment import choose_standby, choose_vm, choose_waiting
+from provisioner.decide.assignment import choose_standby, choose_vm, choose_waiting, hedge_worth, standby_sooner
 from provisioner.decide.changes import Changes
 from provisioner.decide.culling import Culling, minutes
 from provisioner.decide.holdings import HOLDING, Holdings
 from provisioner.decide.ids import IdSource
 from provisioner.decide.pools import PoolState
 from provisioner.decide.preemption import PREEMPTION
-from provisioner.decide.queue import Queue
+from provisioner.decide.queue import Queue, why_waiting
 from provisioner.decide.sizing import Sizing
 from provisioner.decide.spot_tier import choose_in_tier, standby_in_tier
 from provisioner.model.errors import FailedPrecondition, NotFound, ProvisionerError, UserBlocked, quote
@@ -114,7 +114,7 @@ class Sessions:
         pool = self._pools[s.pool]
         self._sizing.arrived(pool, image, now, spec.kind is SessionKind.BATCH)
         if not self._place(s, now):
-            self._wait(s, self._why_waiting(pool, s), now)
+            self._wait(s, why_waiting(pool, s, self._holdings.at_ceiling(pool, s)), now)
         return s
 
     def _new_session_id(self) -> str:
@@ -313,30 +313,42 @@ class Sessions:
             choice = choose_in_tier(s.image, reversed(pool.ready.values()), catalog, batch)
         else:
             choice = choose_vm(s.image, reversed(pool.ready.values()), catalog)  # newest warm first
-        if choice.vm_id:
+        if choice.vm_id and not choice.missing_bytes:
             self.assign(s, self._vms[choice.vm_id], choice.start, now)
             return True
-        if sizing.can_start(pool):
-            usable = lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now  # noqa: E731
-            standby = (standby_in_tier(s.image, pool.standby.values(), catalog, usable, batch, either=batch) if tier
-                       else choose_standby(s.image, pool.standby.values(), catalog, usable))
-            if standby is not None:
-                self._vm_side.start(standby, now, reserved_for=s)
-                s.vm_id = standby.id
-                s.start = StartKind.PARTIAL
-                missing = catalog.missing_bytes(s.image, standby.cache.layer_ids)
-                s.estimated_ready_at = now + sizing.start_estimate_s(pool) + missing / sizing.bandwidth()
-                self._set_state(s, S.PROVISIONING, f"starting standby VM {standby.id} in {standby.zone}", now)
-                return True
+        if self._start_standby(s, pool, tier, batch, choice.missing_bytes if choice.vm_id else None, now):
+            return True
+        if choice.vm_id:  # a partial pull onto a warm VM beats waiting for one
+            self.assign(s, self._vms[choice.vm_id], choice.start, now)
+            return True
         if not sizing.can_launch(pool, now):
             return False
         vm = self._vm_side.launch(pool, now, images=(s.image,), reserved_for=s, spot=tier and batch)
         if vm is None:
             return False
-        s.vm_id = vm.id
-        s.start = StartKind.COLD
-        s.estimated_ready_at = now + sizing.cold_start_s(s.image)
+        s.vm_id, s.start, s.estimated_ready_at = vm.id, StartKind.COLD, now + sizing.cold_start_s(s.image)
         self._set_state(s, S.PROVISIONING, f"creating VM {vm.id} in {vm.zone}", now)
+        return True
+
+    def _start_standby(self, s: Session, pool: PoolState, tier: bool, batch: bool, warm_missing: int | None,
+                       now: float) -> bool:
+        """Starts a standby VM for the session if it serves sooner than a warm VM missing `warm_missing`
+        bytes of its image (None: none free), and maybe a second beside it (assignment.hedge_worth)."""
+        sizing, catalog = self._sizing, self._catalog()
+        usable = lambda v: pool.stocked_out_until.get(v.zone, 0.0) <= now  # noqa: E731
+        pick = lambda: (standby_in_tier(s.image, pool.standby.values(), catalog, usable, batch, either=batch)  # noqa: E731
+                        if tier else choose_standby(s.image, pool.standby.values(), catalog, usable))
+        if not sizing.can_start(pool) or (standby := pick()) is None:
+            return False
+        missing, start_s, bandwidth = catalog.missing_bytes(s.image, standby.cache.layer_ids), \
+            sizing.start_estimate_s(pool), sizing.bandwidth()
+        if not standby_sooner(warm_missing, missing, start_s, bandwidth):
+            return False
+        self._vm_side.start(standby, now, reserved_for=s)
+        if sizing.can_start(pool) and (hedge := pick()) is not None and hedge_worth(s.image, hedge, catalog):
+            self._vm_side.start(hedge, now)  # the pool's when up, unless it is up first: see _serve_waiting
+        s.vm_id, s.start, s.estimated_ready_at = standby.id, StartKind.PARTIAL, now + start_s + missing / bandwidth
+        self._set_state(s, S.PROVISIONING, f"starting standby VM {standby.id} in {standby.zone}", now)
         return True
 
     def _serve_waiting(self, pool: PoolState, vm: Vm, now: float) -> None:
@@ -394,14 +406,6 @@ class Sessions:
     def _wait(self, s: Session, why: str, now: float) -> None:
         """Queues a session its pool cannot place now, after preempting others for it if it may."""
         self._enqueue(s, self._preemption.preempt_for(s, now) or why, now)
-
-    def _why_waiting(self, pool: PoolState, s: Session) -> str:
-        if self._holdings.at_ceiling(pool, s):
-            return (f"waiting for one of its user's sessions to end: user {quote(s.spec.user_id)} holds the "
-                    f"pool's per-user ceiling of {pool.policy.max_vms_per_user} VMs")
-        if pool.total >= pool.policy.max_vms:
-            return f"waiting for capacity: the pool is at its maximum of {pool.policy.max_vms} VMs"
-        return "waiting for capacity: every zone of the pool is stocked out"
 
     # ---- the queue -----------------------------------------------------------------------
 
