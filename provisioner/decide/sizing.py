@@ -218,7 +218,8 @@ class Sizing:
                                      lambda v: self._prewarming.held_of_ranking(pool, v)):
                 vms.delete(vm, "standby beyond the pool's standby target", now)
         # A look that asked for nothing is remembered: the next, if nothing it reads has changed
-        # but time, gives the same answer (_same_as_last_look).
+        # but time, gives the same answer (_same_as_last_look). Whatever a look comes to read
+        # must be compared there (tests/test_quiet_looks.py checks against looks made in full).
         nothing = plan.launch == 0 and plan.delete == 0 and extra <= 0 and (
             tier is None or policy.autoscaler == "predictive")  # else _spot_warm read (and decayed) rates
         self._idle_looks[pool.config.name] = (snap, len(pool.ready), len(pool.standby), wanted, hold, day_hold) \
