@@ -36,7 +36,7 @@ def fleet() -> FleetConfig:
 
 
 def make_core(cluster: str = "us-central1", pool: str = POOL, sessions: dict | None = None, seed: int = 0,
-              priority: dict | None = None, abuse: dict | None = None,
+              priority: dict | None = None, abuse: dict | None = None, live_records: bool = False,
               **pool_changes) -> ClusterCore:
     """A core for one shipped cluster, cut down to one pool (so other pools add no noise).
 
@@ -51,7 +51,7 @@ def make_core(cluster: str = "us-central1", pool: str = POOL, sessions: dict | N
     classes = f.settings.priority.model_copy(update=priority or {})
     detection = f.settings.abuse.model_copy(update=abuse or {})
     return ClusterCore(c, f.catalog, settings, IdSource(c.name, seed), event_log=EventLog(), priority=classes,
-                       abuse=detection)
+                       abuse=detection, live_records=live_records)
 
 
 def _failure(what: str, zone: str) -> CloudFailure:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 from core_driver import Driver, busy, make_core
 
+from provisioner.decide.core import ClusterCore
+
 from provisioner.decide import events as ev
-from provisioner.model.records import SessionSpec, SessionState as S, vm_copy
+from provisioner.model.records import FrozenSession, FrozenVm, SessionSpec, SessionState as S, vm_copy
 from provisioner.model.states import VmState as V
 
 
@@ -70,3 +72,30 @@ def test_a_restored_record_is_copied_in_and_never_changed():
     s = fresh.send(request(fresh, 1)).reply
     fresh.run_until(lambda: fresh.core.get(s.id).state is S.RUNNING, 600)
     assert fresh.core.vms[record.id].state is V.ASSIGNED and record.to_dict() == before
+
+
+class Recording(Driver):
+    """Reads each step's records at once, as the replay does, and keeps what they said."""
+
+    def __init__(self, core: ClusterCore):
+        super().__init__(core)
+        self.read: list[dict] = []
+        self.values: list[bool] = []  # whether each record read was a frozen value
+
+    def changes(self, core: ClusterCore, sessions, vms) -> None:
+        super().changes(core, sessions, vms)
+        for r in [*sessions, *vms]:
+            self.read.append(r.to_dict())
+            self.values.append(isinstance(r, (FrozenSession, FrozenVm)))
+
+
+def test_a_core_giving_its_records_live_reads_as_one_giving_values():
+    """A shell that reads each step's records at once reads the same with `live_records` (no
+    values made) as without, step by step; only the records themselves are handed out."""
+    frozen, live = Recording(make_core(min_vms=2, max_vms=6)), Recording(make_core(min_vms=2, max_vms=6,
+                                                                                    live_records=True))
+    for d in (frozen, live):
+        busy(d)
+        d.advance(900)
+    assert len(live.read) > 100 and live.read == frozen.read
+    assert all(frozen.values) and not any(live.values)

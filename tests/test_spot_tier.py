@@ -186,3 +186,13 @@ def test_a_vm_s_spot_flag_is_kept_in_its_record_and_an_older_record_is_on_demand
     assert Record.from_dict(spot.to_dict()).spot is True
     older = {k: v for k, v in spot.to_dict().items() if k != "spot"}  # written before the tier
     assert Record.from_dict(older).spot is False
+
+
+def test_operators_see_which_vms_are_spot():
+    from provisioner.api.convert import vm_to_pb
+    from provisioner.cli import render_admin
+
+    spot, on_demand = vm_to_pb(vm("s-x", True, IMAGE), [IMAGE], 0.0), vm_to_pb(vm("d-x", False, IMAGE), [IMAGE], 0.0)
+    assert spot.spot and not on_demand.spot
+    assert render_admin.vm_to_json(spot)["spot"] is True and render_admin.vm_to_json(on_demand)["spot"] is False
+    assert "spot:" in render_admin.vm_detail(spot) and "spot:" not in render_admin.vm_detail(on_demand)

@@ -132,7 +132,7 @@ def vm_to_pb(vm: Vm, images: list[str], now: float) -> pb.Vm:
         id=vm.id, cluster=vm.cluster, pool=vm.pool, zone=vm.zone, state=vm_state_to_pb(vm.state),
         reason=vm.reason, images=images, cache_bytes=vm.cache.used_bytes, session_id=vm.session_id,
         healthy=vm.healthy, health_detail=vm.health_detail, create_time=timestamp(vm.created_at),
-        history=_history(vm.history), read_time=timestamp(now),
+        history=_history(vm.history), read_time=timestamp(now), spot=vm.spot,
     )
 
 

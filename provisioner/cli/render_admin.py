@@ -78,6 +78,7 @@ def vm_to_json(v: types_pb2.Vm) -> dict[str, Any]:
         "session_id": v.session_id,
         "healthy": v.healthy,
         "health_detail": v.health_detail,
+        "spot": v.spot,
         "create_time": ts(v, "create_time"),
         "history": history_to_json(v.history),
     }
@@ -202,6 +203,7 @@ def vm_detail(v: types_pb2.Vm, wide: bool = False) -> str:
         ("cluster", v.cluster),
         ("pool", v.pool),
         ("zone", v.zone),
+        ("spot", _yes(v.spot) if v.spot else ""),  # said only of Spot VMs: most are on demand
         ("state", enum_short(types_pb2.VmState, v.state)),
         ("reason", v.reason),
         ("session", v.session_id),

@@ -55,7 +55,10 @@ class ClusterCore:
 
     def __init__(self, cluster: ClusterConfig, catalog: ImageCatalog, sessions: SessionsConfig,
                  ids: IdSource | None = None, event_log: EventLog | None = None,
-                 priority: PriorityConfig | None = None, abuse: AbuseConfig | None = None):
+                 priority: PriorityConfig | None = None, abuse: AbuseConfig | None = None,
+                 live_records: bool = False):
+        """`live_records`: steps, reads and replies give the core's records themselves, not frozen
+        values, for a shell that reads them at once and keeps none (decide/changes.py)."""
         self.config = cluster
         self.name = cluster.name
         self.catalog = catalog  # the images sessions may ask for; replaced by CatalogChanged
@@ -66,7 +69,7 @@ class ClusterCore:
         self.dropped = 0  # answers to commands no longer in flight
         current = lambda: self.catalog  # noqa: E731 - the parts read the catalog as it is now
         self._in_flight = InFlight(cluster)
-        self._changes = Changes()
+        self._changes = Changes(live_records)
         # The parts, each owning its state. The records' owners first: pools, VMs, sessions.
         self._sizing = Sizing(cluster, current)
         self._vms = Vms(self.name, self.ids, current, self._sizing, self._in_flight, self._changes)

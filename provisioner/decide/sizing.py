@@ -55,6 +55,8 @@ class Sizing:
             p.name: PoolState(p, p, batch_share=BatchShare(), interactive_forecast=Forecast()) if p.spot_tier
             else PoolState(p, p) for p in cluster.pools}
         self.project_quota: ProjectQuota | None = None  # the project's GPU quota, last found exhausted
+        # Per pool, the last look's inputs and windows' maxima if it asked for nothing (else None).
+        self._idle_looks: dict[str, tuple | None] = {}
 
     def connect(self, vms: Vms, prewarming: Prewarming, queued_demand: Callable[[PoolState], int],
                 dispatch: Callable[[PoolState, float], None]) -> None:
@@ -168,6 +170,7 @@ class Sizing:
         return False
 
     def _autoscale(self, pool: PoolState, now: float) -> None:
+        quiet = not pool.changed and not pool.queue
         pool.changed, pool.scaled_at = False, now
         policy, vms = pool.policy, self._vms
         if pool.interactive_forecast is None:
@@ -180,6 +183,8 @@ class Sizing:
         if policy.autoscaler == "predictive" and due:
             self._forecast(pool, now)
         snap = self.snapshot(pool)
+        if quiet and self._same_as_last_look(pool, snap, now):
+            return
         pool.peak.window_s = stabilization_s(policy.autoscaler, policy.standby)
         wanted = desired_vms(snap)
         hold = pool.peak.add(now, wanted)
@@ -204,13 +209,34 @@ class Sizing:
             if vms.launch(pool, now, images=pool.ranking[:1], spot=spot > 0) is None:
                 break
             spot -= 1
-        keep = standby_target(snap, pool.day_peak.add(now, wanted), wanted) if policy.standby else 0
+        day_hold = pool.day_peak.add(now, wanted) if policy.standby else 0
+        keep = standby_target(snap, day_hold, wanted) if policy.standby else 0
         if plan.delete:
             self._scale_down(pool, plan.delete, keep, now, tier)
         if (extra := len(pool.standby) - keep) > 0:
             for vm in pick_deletions(list(pool.standby.values()), extra,
                                      lambda v: self._prewarming.held_of_ranking(pool, v)):
                 vms.delete(vm, "standby beyond the pool's standby target", now)
+        # A look that asked for nothing is remembered: the next, if nothing it reads has changed
+        # but time, gives the same answer (_same_as_last_look). Whatever a look comes to read
+        # must be compared there (tests/test_quiet_looks.py checks against looks made in full).
+        nothing = plan.launch == 0 and plan.delete == 0 and extra <= 0 and (
+            tier is None or policy.autoscaler == "predictive")  # else _spot_warm read (and decayed) rates
+        self._idle_looks[pool.config.name] = (snap, len(pool.ready), len(pool.standby), wanted, hold, day_hold) \
+            if nothing else None
+
+    def _same_as_last_look(self, pool: PoolState, snap: PoolSnapshot, now: float) -> bool:
+        """Whether a look at a pool whose VMs and queue have not changed since the last would ask
+        for nothing, as the last did: its inputs are the same, and so are the most VMs wanted over
+        the windows scale-down holds to (which time alone moves: an old peak leaves them). The
+        windows take this look's value as the full look would. Decided exactly, so a quiet pool's
+        looks (every AUTOSCALE_QUIET_S) cost little."""
+        last = self._idle_looks.get(pool.config.name)
+        if last is None or last[0] != snap or last[1] != len(pool.ready) or last[2] != len(pool.standby):
+            return False
+        wanted, standby = last[3], pool.policy.standby
+        hold = pool.peak.add(now, wanted)  # the full look adds the same value at the same time: no harm
+        return hold == last[4] and (pool.day_peak.add(now, wanted) if standby else 0) == last[5]
 
     def _scale_down(self, pool: PoolState, surplus: int, keep: int, now: float, tier: int | None) -> None:
         """`tier`: the Spot tier's part (None: no tier), whose surplus tier goes first."""

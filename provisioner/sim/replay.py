@@ -45,8 +45,10 @@ class Replay(Engine):
         if fleet.catalog is None:
             raise ValueError("the simulator replays the synthetic catalog of images.yaml, not a registry's")
         settings = fleet.settings.sessions
+        # The records themselves, not frozen values: what changed is read at once (changes()) and
+        # no record is kept past its step.
         cores = [ClusterCore(c, fleet.catalog, settings, IdSource(c.name, seed), priority=fleet.settings.priority,
-                             abuse=fleet.settings.abuse) for c in fleet.clusters]
+                             abuse=fleet.settings.abuse, live_records=True) for c in fleet.clusters]
         super().__init__(cores, seed=seed)
         self.rows = rows
         self.by_region = {c.config.region: c for c in cores}

@@ -322,7 +322,7 @@ class Pool(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., name: _Optional[str] = ..., accelerator: _Optional[str] = ..., machine_type: _Optional[str] = ..., zones: _Optional[_Iterable[str]] = ..., hourly_price_usd: _Optional[float] = ..., policy: _Optional[_Union[PoolPolicy, _Mapping]] = ..., capacity: _Optional[_Union[PoolCapacity, _Mapping]] = ...) -> None: ...
 
 class Vm(_message.Message):
-    __slots__ = ("id", "cluster", "pool", "zone", "state", "reason", "images", "cache_bytes", "session_id", "healthy", "health_detail", "create_time", "history", "read_time")
+    __slots__ = ("id", "cluster", "pool", "zone", "state", "reason", "images", "cache_bytes", "session_id", "healthy", "health_detail", "create_time", "history", "read_time", "spot")
     ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -337,6 +337,7 @@ class Vm(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     READ_TIME_FIELD_NUMBER: _ClassVar[int]
+    SPOT_FIELD_NUMBER: _ClassVar[int]
     id: str
     cluster: str
     pool: str
@@ -351,7 +352,8 @@ class Vm(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     history: _containers.RepeatedCompositeFieldContainer[StateChange]
     read_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[VmState, str]] = ..., reason: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., cache_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_detail: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    spot: bool
+    def __init__(self, id: _Optional[str] = ..., cluster: _Optional[str] = ..., pool: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[VmState, str]] = ..., reason: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., cache_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_detail: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., read_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., spot: _Optional[bool] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("name", "region", "address", "healthy", "draining", "pools")
