@@ -34,10 +34,10 @@ FORECAST_REFRESH_S = 60.0
 # session that arrives later waits for a start. It is served by the first of two (a second VM
 # holding its image is started beside its own: assignment.hedge_worth), whose median is about 0.72
 # times one start's (lognormal, sigma 0.6), so the warm VMs cover about that median. Chosen on
-# genai, openb and rollout, whole, at --scale 50 (docs/economics.md): 2.5 (a single start's 94th
-# percentile, before the hedge) cost openb 1.124x its assigned cost; 1.0 and 0.7 kept their fast
-# starts within 0.05 points of it once a session no longer pulled for minutes onto a VM still
-# filling its disk (assignment.standby_sooner).
+# the tuning traces' asia-east1 cluster, whole, at --scale 50 (docs/economics.md): with the hedge
+# and assignment.standby_sooner, 1.0 and 0.7 kept fast starts within 0.05 points of 2.5's (a
+# single start's 94th percentile) and cut openb's cost there from 1.157x the assigned to 1.126x
+# and 1.122x; the whole fleet's openb then cost 1.094x, against 1.124x with 2.5.
 STANDBY_START_COVER = 0.7
 # A pool whose VMs and queue did not change is reconsidered this often (for what only time
 # changes: VMs idle long enough to go, the peak window, the forecast).
