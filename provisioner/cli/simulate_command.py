@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction, clusters_help: str) -> None:
     sim.add_argument("--plot", default=None, metavar="PNG",
                      help="draw each region and pool over time: VMs (assigned, warm, starting) and queue, waits, cost")
     sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
-                     help="replay groups of clusters in N processes (same results; default: one per CPU)")
+                     help="replay groups of clusters in N processes (same results, but for the count of "
+                          "events; default: one per CPU)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     sim.set_defaults(func=cmd_simulate)
 
