@@ -340,8 +340,8 @@ class Sessions:
                         if tier else choose_standby(s.image, pool.standby.values(), catalog, usable))
         if not sizing.can_start(pool) or (standby := pick()) is None:
             return False
-        missing, start_s, bandwidth = catalog.missing_bytes(s.image, standby.cache.layer_ids), \
-            sizing.start_estimate_s(pool), sizing.bandwidth()
+        missing = catalog.missing_bytes(s.image, standby.cache.layer_ids)
+        start_s, bandwidth = sizing.start_estimate_s(pool), sizing.bandwidth()
         if not standby_sooner(warm_missing, missing, start_s, bandwidth):
             return False
         self._vm_side.start(standby, now, reserved_for=s)

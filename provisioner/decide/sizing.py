@@ -8,7 +8,7 @@ the session side's (decide/sessions.py), the images its idle VMs should hold dec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from provisioner.cloud.base import CloudFailure
 from provisioner.config import ClusterConfig, PoolConfig
@@ -44,6 +44,17 @@ _WARM, _CREATING, _BOOTING, _STARTING, _ASSIGNED, _RECYCLING = (
     V.WARM, V.CREATING, V.BOOTING, V.STARTING, V.ASSIGNED, V.RECYCLING)
 
 
+class IdleLook(NamedTuple):
+    """What a look that asked for nothing read, and the most VMs its windows held to: the next
+    look, if all of it is the same, asks for nothing too (Sizing._same_as_last_look)."""
+    snap: PoolSnapshot
+    ready: int
+    standby: int
+    wanted: int
+    hold: int
+    day_hold: int
+
+
 class Sizing:
     """The pools: what they hold, what they cost in time, and how many VMs each should have."""
 
@@ -56,7 +67,7 @@ class Sizing:
             else PoolState(p, p) for p in cluster.pools}
         self.project_quota: ProjectQuota | None = None  # the project's GPU quota, last found exhausted
         # Per pool, the last look's inputs and windows' maxima if it asked for nothing (else None).
-        self._idle_looks: dict[str, tuple | None] = {}
+        self._idle_looks: dict[str, IdleLook | None] = {}
 
     def connect(self, vms: Vms, prewarming: Prewarming, queued_demand: Callable[[PoolState], int],
                 dispatch: Callable[[PoolState, float], None]) -> None:
@@ -222,8 +233,8 @@ class Sizing:
         # must be compared there (tests/test_quiet_looks.py checks against looks made in full).
         nothing = plan.launch == 0 and plan.delete == 0 and extra <= 0 and (
             tier is None or policy.autoscaler == "predictive")  # else _spot_warm read (and decayed) rates
-        self._idle_looks[pool.config.name] = (snap, len(pool.ready), len(pool.standby), wanted, hold, day_hold) \
-            if nothing else None
+        self._idle_looks[pool.config.name] = IdleLook(snap, len(pool.ready), len(pool.standby), wanted, hold,
+                                                       day_hold) if nothing else None
 
     def _same_as_last_look(self, pool: PoolState, snap: PoolSnapshot, now: float) -> bool:
         """Whether a look at a pool whose VMs and queue have not changed since the last would ask
@@ -232,11 +243,10 @@ class Sizing:
         windows take this look's value as the full look would. Decided exactly, so a quiet pool's
         looks (every AUTOSCALE_QUIET_S) cost little."""
         last = self._idle_looks.get(pool.config.name)
-        if last is None or last[0] != snap or last[1] != len(pool.ready) or last[2] != len(pool.standby):
+        if last is None or last.snap != snap or last.ready != len(pool.ready) or last.standby != len(pool.standby):
             return False
-        wanted, standby = last[3], pool.policy.standby
-        hold = pool.peak.add(now, wanted)  # the full look adds the same value at the same time: no harm
-        return hold == last[4] and (pool.day_peak.add(now, wanted) if standby else 0) == last[5]
+        hold = pool.peak.add(now, last.wanted)  # the full look adds the same value at the same time: no harm
+        return hold == last.hold and (pool.day_peak.add(now, last.wanted) if pool.policy.standby else 0) == last.day_hold
 
     def _scale_down(self, pool: PoolState, surplus: int, keep: int, now: float, tier: int | None) -> None:
         """`tier`: the Spot tier's part (None: no tier), whose surplus tier goes first."""
