@@ -103,7 +103,8 @@ def cmd_simulate(args) -> int:
             print(f"\rsimulating [{bar:<30}] {done:6.1%}  {now - started:5.1f}s", end="", file=sys.stderr, flush=True)
 
     try:
-        tally = simulate(run, args.jobs, progress)
+        inputs = run.inputs()  # the fleet and the trace, read once for the replay and the results
+        tally = simulate(run, args.jobs, progress, inputs)
     except ConfigError as e:
         print(f"error: bad fleet config:\n{e}", file=sys.stderr)
         return 1
@@ -112,7 +113,7 @@ def cmd_simulate(args) -> int:
         return 1
     print(file=sys.stderr)
     results = {"trace": Path(args.trace).name, "scale": args.scale, "policy": args.policy or "per pool",
-               **results_of(run, tally), "wall_s": round(time.monotonic() - started, 2)}
+               **results_of(run, tally, inputs), "wall_s": round(time.monotonic() - started, 2)}
     if args.plot:
         from provisioner.sim.plot import write_plot
 

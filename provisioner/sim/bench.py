@@ -51,7 +51,8 @@ def measure(run: Run, jobs: int) -> dict:
     def progress(done: float) -> None:
         print(f"\r  {label}: {done:6.1%}", end="", file=sys.stderr, flush=True)
 
-    results = results_of(run, simulate(run, jobs, progress))
+    inputs = run.inputs()
+    results = results_of(run, simulate(run, jobs, progress, inputs), inputs)
     results["wall_s"] = round(time.monotonic() - started, 1)
     print(f"\r  {label}: {results['wall_s']}s, {results['cost_usd'] / results['assigned_cost_usd']:.3f}x assigned cost, "
           f"fast starts {results['fast_start_ratio']:.2%}", file=sys.stderr, flush=True)

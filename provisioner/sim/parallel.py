@@ -8,22 +8,28 @@ seeded physics and ids, so the sum of the groups' tallies is exactly the one-pro
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from provisioner.config import FleetConfig, load_fleet
 from provisioner.sim.policies import with_policy, with_priority
 from provisioner.sim.replay import Replay
 from provisioner.sim.tally import Tally
-from provisioner.sim.trace import first_days, peak_concurrency, read_trace, superimpose, trace_end, with_flood
+from provisioner.sim.trace import TraceRow, first_days, peak_concurrency, read_trace, superimpose, trace_end, with_flood
 from provisioner.sim.spot import with_spot, with_spot_tier
 
 # Progress of each worker (fraction done), shared with the parent. Set in each worker process.
 _progress = None
+
+
+class Inputs(NamedTuple):
+    """What a run reads from files: the fleet (parsed and validated) and the base trace (its window,
+    before the copies and the flood). Read once, for the replay and for the results alike."""
+
+    fleet: FleetConfig
+    base_rows: list[TraceRow]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +61,16 @@ class Run:
         fleet = with_spot(with_priority(fleet, self.share_gpus, self.grace_period_s), self.spot_preemptions_per_hour)
         return with_spot_tier(fleet, self.spot_tier)
 
-    def base_rows(self):
+    def base_rows(self) -> list[TraceRow]:
         return first_days(read_trace(self.trace), self.days)
 
-    def rows(self):
-        return with_flood(superimpose(self.base_rows(), self.scale, self.seed), self.flood)
+    def inputs(self) -> Inputs:
+        return Inputs(self.fleet(), self.base_rows())
+
+    def rows(self, base_rows: list[TraceRow] | None = None) -> list[TraceRow]:
+        """The rows replayed: K shifted copies of the base rows (read from the trace unless given), and the flood."""
+        base_rows = self.base_rows() if base_rows is None else base_rows
+        return with_flood(superimpose(base_rows, self.scale, self.seed), self.flood)
 
     def command(self) -> str:
         """The `provisioner simulate` command line that makes this run (the defaults left out)."""
@@ -77,20 +88,22 @@ class Run:
             parts.append("--standby" if self.standby else "--no-standby")
         return " ".join(parts)
 
-    def scaled_peak_vms(self) -> int:
+    def scaled_peak_vms(self, inputs: Inputs | None = None) -> int:
         """K times the base trace's peak (per region and pool): a fixed fleet sized the way the
         base trace would size it, grown with the workload. The superimposed copies' own peak,
-        which random offsets flatten, is the harder baseline (`fixed_peak_vms`)."""
-        idle = self.fleet().settings.sessions.idle_timeout_s
-        return self.scale * sum(peak_concurrency(self.base_rows(), idle).values())
+        which random offsets flatten, is the harder baseline (`fixed_peak_vms`). From `inputs`
+        where given, else read anew."""
+        fleet, base_rows = self.inputs() if inputs is None else inputs
+        return self.scale * sum(peak_concurrency(base_rows, fleet.settings.sessions.idle_timeout_s).values())
 
 
-def results(run: Run, tally: Tally) -> dict:
-    """The tally's results plus the fixed fleet sized at K times the base trace's peak."""
+def results(run: Run, tally: Tally, inputs: Inputs | None = None) -> dict:
+    """The tally's results plus the fixed fleet sized at K times the base trace's peak (`inputs`:
+    the run's, as `simulate` was given them; read anew if None)."""
     out = tally.results()
     out["command"] = run.command()
     out["days"] = run.days
-    out["scaled_peak_vms"] = run.scaled_peak_vms()
+    out["scaled_peak_vms"] = run.scaled_peak_vms(inputs)
     out["scaled_peak_vm_hours"] = round(out["scaled_peak_vms"] * out["model_hours"], 3)
     return out
 
@@ -105,9 +118,12 @@ def split(sessions_per_cluster: dict[str, int], jobs: int) -> list[list[str]]:
     return [names for _, names in groups if names]
 
 
-def simulate(run: Run, jobs: int = 1, progress: Callable[[float], None] | None = None) -> Tally:
-    """Replays the run, over `jobs` processes when there is more than one cluster to share out."""
-    fleet, rows = run.fleet(), run.rows()
+def simulate(run: Run, jobs: int = 1, progress: Callable[[float], None] | None = None,
+             inputs: Inputs | None = None) -> Tally:
+    """Replays the run, over `jobs` processes when there is more than one cluster to share out
+    (`inputs`: the run's, if already read)."""
+    fleet, base_rows = run.inputs() if inputs is None else inputs
+    rows = run.rows(base_rows)
     replay = Replay(fleet, rows, seed=run.seed, quotas=run.quotas, requeue=run.requeue)  # checks every row has a home cluster and pool
     region_of = {c.name: c.region for c in fleet.clusters}
     counts = {c.name: 0 for c in fleet.clusters}
@@ -122,11 +138,19 @@ def simulate(run: Run, jobs: int = 1, progress: Callable[[float], None] | None =
         return replay.tally()
     del replay
     end_s = trace_end(rows, fleet.settings.sessions.idle_timeout_s)
+    return _in_processes(run, [[region_of[n] for n in names] for names in groups], end_s, progress)
+
+
+def _in_processes(run: Run, groups: list[list[str]], end_s: float, progress: Callable[[float], None] | None) -> Tally:
+    """Each group of regions replayed in a process of its own; the sum of their tallies."""
+    # Imported here: a run in one process (`--jobs 1`, one cluster) starts without them.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     shared = multiprocessing.get_context("spawn").Array("d", len(groups), lock=False)
     with ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("spawn"),
                              initializer=_init_worker, initargs=(shared,)) as pool:
-        futures = [pool.submit(_replay_part, run, [region_of[n] for n in names], end_s, i)
-                   for i, names in enumerate(groups)]
+        futures = [pool.submit(_replay_part, run, regions, end_s, i) for i, regions in enumerate(groups)]
         while not all(f.done() for f in futures):
             if progress is not None:
                 progress(min(shared))
