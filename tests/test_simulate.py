@@ -223,17 +223,3 @@ def test_pool_samples_add_up_to_the_fleet(tmp_path):
         assert sum(p.assigned + p.queued for p in pools) == fleet.demand
     assert max(p.wait_max_s for samples in tally.pools.values() for p in samples) >= 0
     assert sum(p.cost_usd_per_h for samples in tally.pools.values() for p in samples) > 0
-
-
-def test_simulate_starts_without_the_api_client(tmp_path):
-    """`provisioner simulate` imports none of the API client's modules (grpc and the stubs): a
-    short replay's start-up is a good part of its CPU. In a fresh process, as a user runs it."""
-    import subprocess
-    import sys
-
-    code = ("import sys; from provisioner.cli import main; rc = main(['simulate', '--trace', sys.argv[1], '--json', "
-            "'--jobs', '1']); print(rc, sorted(m for m in ('grpc', 'provisioner.client') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code, str(write_trace(tmp_path))], capture_output=True, text=True,
-                          timeout=120)
-    *_, last = done.stdout.strip().splitlines()
-    assert last == "0 []", done.stdout + done.stderr

@@ -8,7 +8,7 @@ before each idle deadline, so culling never stops a session that is in use.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from provisioner.cloud.base import PREEMPTED as SPOT_PREEMPTED
 from provisioner.config import FleetConfig
@@ -22,10 +22,12 @@ from provisioner.model.records import Session, SessionKind, SessionSpec, StartKi
 from provisioner.sim.cost import prices
 from provisioner.sim.engine import Engine
 from provisioner.sim.never_started import cause as never_started_cause
-from provisioner.sim.quotas import QuotaMeter
 from provisioner.sim.tally import PoolSample, Sample, Tally
 from provisioner.sim.trace import TraceError, TraceRow, peak_concurrency, trace_end
 from provisioner.sim.vm_time import BILLED_RUNNING, VmMeter
+
+if TYPE_CHECKING:
+    from provisioner.sim.quotas import QuotaMeter
 
 # Touch this long before the idle deadline, well over a tick, so the cull never sees it idle.
 TOUCH_MARGIN_S = 60.0
@@ -34,6 +36,15 @@ SAMPLE_S = 600.0
 
 V = VmState
 _RUNNING = SessionState.RUNNING
+
+
+def _quota_meter(fleet: FleetConfig) -> QuotaMeter:
+    """The fleet's quotas, kept as the front keeps them (weighted GPU-seconds per pool)."""
+    from provisioner.sim.quotas import QuotaMeter  # here: a replay without --quotas starts without it
+
+    q = fleet.settings.quotas
+    return QuotaMeter(q, {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
+                          for c in fleet.clusters for p in c.pools})
 
 
 class Replay(Engine):
@@ -60,9 +71,7 @@ class Replay(Engine):
         self._image_bytes = fleet.catalog.size_bytes
         self.vm_time = VmMeter(self.price, [(c.name, p.name) for c in fleet.clusters for p in c.pools
                                             if p.spot or p.spot_tier])
-        q = fleet.settings.quotas
-        self.quotas = QuotaMeter(q, {(c.name, p.name): p.accelerator_count * q.weight(p.accelerator)
-                                     for c in fleet.clusters for p in c.pools}) if quotas else None
+        self.quotas = _quota_meter(fleet) if quotas else None
         self._budget_moved: set[str] = set()  # users whose budget end is recomputed at this instant
         self.requeue = requeue
         self._ends: dict[str, float] = {}  # batch sessions that may be requeued -> when their trace ends them
