@@ -175,13 +175,24 @@ class Forecast:
 
     def arrival_rate(self, now: float, lead_s: float) -> float:
         """Expected arrivals per second over [now, now + lead_s]."""
-        seasonal = max(self.seasonal.per_s(now, now), self.seasonal.per_s(now + lead_s, now))
-        return max(self.arrivals.per_s(now), seasonal)
+        return max(self.arrivals.per_s(now), self._seasonal_over(now, lead_s))
+
+    def _seasonal_over(self, now: float, lead_s: float) -> float:
+        return max(self.seasonal.per_s(now, now), self.seasonal.per_s(now + lead_s, now))
 
     def warm_needed(self, now: float, lead_s: float, wait_probability: float) -> int:
-        lam = self.arrival_rate(now, lead_s)
-        mu = min(self.departures.per_s(now), lam)  # departures never count for more than arrivals
-        return warm_for(lam * lead_s, mu * lead_s, wait_probability, self.dispersion.index(now))
+        return self.warm_needed_each(now, (lead_s,), wait_probability)[0]
+
+    def warm_needed_each(self, now: float, leads_s: tuple[float, ...], wait_probability: float) -> list[int]:
+        """warm_needed for each lead time, the rates that do not depend on it read once."""
+        recent, departures = self.arrivals.per_s(now), self.departures.per_s(now)
+        dispersion = self.dispersion.index(now)
+        needed = []
+        for lead_s in leads_s:
+            lam = max(recent, self._seasonal_over(now, lead_s))
+            mu = min(departures, lam)  # departures never count for more than arrivals
+            needed.append(warm_for(lam * lead_s, mu * lead_s, wait_probability, dispersion))
+        return needed
 
 
 def warm_for(arrivals: float, departures: float, wait_probability: float, dispersion: float = 1.0) -> int:
