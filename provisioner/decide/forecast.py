@@ -173,23 +173,19 @@ class Forecast:
     def departure(self, now: float) -> None:
         self.departures.add(now)
 
-    def arrival_rate(self, now: float, lead_s: float) -> float:
-        """Expected arrivals per second over [now, now + lead_s]."""
-        return max(self.arrivals.per_s(now), self._seasonal_over(now, lead_s))
-
-    def _seasonal_over(self, now: float, lead_s: float) -> float:
-        return max(self.seasonal.per_s(now, now), self.seasonal.per_s(now + lead_s, now))
-
     def warm_needed(self, now: float, lead_s: float, wait_probability: float) -> int:
         return self.warm_needed_each(now, (lead_s,), wait_probability)[0]
 
     def warm_needed_each(self, now: float, leads_s: tuple[float, ...], wait_probability: float) -> list[int]:
-        """warm_needed for each lead time, the rates that do not depend on it read once."""
+        """The warm VMs needed for each lead time: the arrivals expected over [now, now + lead]
+        at the higher of the recent rate and the seasonal rates at both ends."""
         recent, departures = self.arrivals.per_s(now), self.departures.per_s(now)
         dispersion = self.dispersion.index(now)
+        seasonal = self.seasonal
+        at_now = seasonal.per_s(now, now)
         needed = []
         for lead_s in leads_s:
-            lam = max(recent, self._seasonal_over(now, lead_s))
+            lam = max(recent, at_now, seasonal.per_s(now + lead_s, now))
             mu = min(departures, lam)  # departures never count for more than arrivals
             needed.append(warm_for(lam * lead_s, mu * lead_s, wait_probability, dispersion))
         return needed
