@@ -23,7 +23,18 @@ class Culling:
         heapq.heappush(self._due, (cull_at(s), s.id))
 
     def due(self, now: float) -> bool:
-        return bool(self._due) and self._due[0][0] <= now
+        """Whether a running session is due for culling; entries cull() would pass over (the
+        session ended, or touched since: its deadline moved) are dealt with here, as it would."""
+        heap, sessions = self._due, self._sessions
+        while heap and heap[0][0] <= now:
+            s = sessions.get(heap[0][1])
+            if s is None or s.state is not S.RUNNING:
+                heapq.heappop(heap)
+            elif (due := cull_at(s)) > now:
+                heapq.heapreplace(heap, (due, s.id))
+            else:
+                return True
+        return False
 
     def cull(self, now: float) -> None:
         """Stops sessions idle too long or past their max runtime. A touch moves a deadline

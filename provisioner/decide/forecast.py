@@ -173,15 +173,22 @@ class Forecast:
     def departure(self, now: float) -> None:
         self.departures.add(now)
 
-    def arrival_rate(self, now: float, lead_s: float) -> float:
-        """Expected arrivals per second over [now, now + lead_s]."""
-        seasonal = max(self.seasonal.per_s(now, now), self.seasonal.per_s(now + lead_s, now))
-        return max(self.arrivals.per_s(now), seasonal)
-
     def warm_needed(self, now: float, lead_s: float, wait_probability: float) -> int:
-        lam = self.arrival_rate(now, lead_s)
-        mu = min(self.departures.per_s(now), lam)  # departures never count for more than arrivals
-        return warm_for(lam * lead_s, mu * lead_s, wait_probability, self.dispersion.index(now))
+        return self.warm_needed_each(now, (lead_s,), wait_probability)[0]
+
+    def warm_needed_each(self, now: float, leads_s: tuple[float, ...], wait_probability: float) -> list[int]:
+        """The warm VMs needed for each lead time: the arrivals expected over [now, now + lead]
+        at the higher of the recent rate and the seasonal rates at both ends."""
+        recent, departures = self.arrivals.per_s(now), self.departures.per_s(now)
+        dispersion = self.dispersion.index(now)
+        seasonal = self.seasonal
+        at_now = seasonal.per_s(now, now)
+        needed = []
+        for lead_s in leads_s:
+            lam = max(recent, at_now, seasonal.per_s(now + lead_s, now))
+            mu = min(departures, lam)  # departures never count for more than arrivals
+            needed.append(warm_for(lam * lead_s, mu * lead_s, wait_probability, dispersion))
+        return needed
 
 
 def warm_for(arrivals: float, departures: float, wait_probability: float, dispersion: float = 1.0) -> int:

@@ -55,7 +55,10 @@ class InFlight:
             del self._commands[cid]
 
     def due(self, now: float) -> bool:
-        return bool(self._due) and self._due[0][0] <= now
+        due, commands = self._due, self._commands
+        while due and due[0][1] not in commands:  # answered since: its deadline is nothing to wake for
+            heapq.heappop(due)
+        return bool(due) and due[0][0] <= now
 
     def next_expired(self, now: float) -> Command | None:
         """The next command past its deadline, settled; None when there is none. One at a time:

@@ -66,7 +66,10 @@ class Queue:
             heapq.heappush(self._due, (since + self._timeout_s, s.id))
 
     def due(self, now: float) -> bool:
-        return bool(self._due) and self._due[0][0] <= now
+        heap, sessions = self._due, self._sessions
+        while heap and ((s := sessions.get(heap[0][1])) is None or s.state is not S.QUEUED):
+            heapq.heappop(heap)  # no longer queued: if queued again, a later entry stands for it
+        return bool(heap) and heap[0][0] <= now
 
     def expired(self, now: float) -> Iterator[Session]:
         """Takes out, one at a time, the sessions queued longer than the queue allows; the caller

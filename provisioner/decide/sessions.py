@@ -374,7 +374,8 @@ class Sessions:
             total = sum(layer.size_bytes for layer in missing)
             s.pull_bytes_total, s.pull_bytes_done = total, 0
             s.estimated_ready_at = now + total / self._sizing.bandwidth()
-            self._set_state(s, S.PULLING_IMAGE, f"pulling {len(missing)} layers ({_gb(total)}) on VM {vm.id}", now)
+            pulling = f"pulling {len(missing)} layers ({total / 1e9:.1f} GB) on VM {vm.id}"
+            self._set_state(s, S.PULLING_IMAGE, pulling, now)
             self._vm_side.hold_image(vm, s.image, missing, s.id, now)
         else:
             self._vm_side.hold_image(vm, s.image, missing, s.id, now)
@@ -436,10 +437,6 @@ class Sessions:
             self._queue.renumber(pool)
 
 
-def _gb(nbytes: int) -> str:
-    return f"{nbytes / 1e9:.1f} GB"
-
-
 def tick_due(sessions: Sessions, now: float) -> bool:
     """Whether sessions.tick(now) has anything to do (beside the class, whose public methods are
     as many as a class may have)."""
@@ -447,4 +444,7 @@ def tick_due(sessions: Sessions, now: float) -> bool:
 
 
 def _forget_due(sessions: Sessions, now: float) -> bool:
-    return bool(sessions._forget_due) and sessions._forget_due[0][0] <= now
+    heap, records = sessions._forget_due, sessions.sessions
+    while heap and heap[0][1] not in records:  # forgotten already (a replay forgets at once)
+        heapq.heappop(heap)
+    return bool(heap) and heap[0][0] <= now

@@ -304,11 +304,11 @@ class Sizing:
         `standby` VMs stopped for them."""
         policy = pool.policy
         cold_s = self.cold_start_s(pool.ranking[0] if pool.ranking else self._catalog().latest)
-        cover = forecast.warm_needed(now, cold_s, policy.wait_probability)
         if not policy.standby:
+            cover = forecast.warm_needed(now, cold_s, policy.wait_probability)
             return cover, cover
         # A started standby VM is ready after its start (its disk holds the pool's images); the
         # start's tail is what the warm VMs must bridge.
-        warm = forecast.warm_needed(now, self.start_estimate_s(pool) * STANDBY_START_COVER, policy.wait_probability)
+        cover, warm = forecast.warm_needed_each(now, (cold_s, self.start_estimate_s(pool) * STANDBY_START_COVER),
+                                                policy.wait_probability)
         return max(warm, cover - standby), cover
-
