@@ -4,7 +4,6 @@ runs the command, except where a count of calls says it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -17,11 +16,11 @@ from test_simulate import write_trace
 UNUSED = ("grpc", "provisioner.client", "multiprocessing", "concurrent.futures", "provisioner.sim.quotas")
 
 
-def _simulate_in_a_fresh_process(trace, *flags: str, env: dict[str, str] | None = None) -> str:
+def _simulate_in_a_fresh_process(trace, *flags: str) -> str:
     code = ("import sys; from provisioner.cli import main; rc = main(['simulate', '--trace', sys.argv[1], '--json', "
             f"*sys.argv[2:]]); print(rc, sorted(m for m in {UNUSED!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code, str(trace), *flags], capture_output=True, text=True,
-                          timeout=120, env=env)
+                          timeout=120)
     *_, last = done.stdout.strip().splitlines() or [""]
     assert last.startswith("0 "), done.stdout + done.stderr
     return last
@@ -49,35 +48,3 @@ def test_simulate_reads_the_fleet_and_the_trace_once(tmp_path, monkeypatch, caps
     assert main(["simulate", "--trace", str(write_trace(tmp_path)), "--scale", "2", "--json", "--jobs", "1"]) == 0
     assert '"scaled_peak_vms": ' in capsys.readouterr().out
     assert calls == {"load_fleet": 1, "read_trace": 1}
-
-
-def _probe_plugin(tmp_path):
-    """An installed package with a pydantic plugin (an entry point in group `pydantic`) that marks
-    a file when pydantic loads it. Returns (its sys.path entry, the mark)."""
-    site = tmp_path / "site"
-    (site / "startup_probe-1.0.dist-info").mkdir(parents=True)
-    (site / "startup_probe-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: startup-probe\n"
-                                                                  "Version: 1.0\n")
-    (site / "startup_probe-1.0.dist-info" / "entry_points.txt").write_text("[pydantic]\nprobe = startup_probe:plugin\n")
-    mark = tmp_path / "loaded"
-    (site / "startup_probe.py").write_text(
-        "import os, pathlib\n"
-        "pathlib.Path(os.environ['STARTUP_PROBE_MARK']).touch()\n"
-        "class _Plugin:\n"
-        "    def new_schema_validator(self, *args, **kwargs):\n"
-        "        return None, None, None\n"
-        "plugin = _Plugin()\n")
-    return site, mark
-
-
-def test_simulate_looks_for_no_pydantic_plugin_unless_told_to(tmp_path):
-    site, mark = _probe_plugin(tmp_path)
-    trace = write_trace(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
-    env.update(PYTHONPATH=os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])]),
-               STARTUP_PROBE_MARK=str(mark))
-    _simulate_in_a_fresh_process(trace, "--jobs", "1", env=env)
-    assert not mark.exists()
-    # The user's setting wins: empty, every plugin is loaded.
-    _simulate_in_a_fresh_process(trace, "--jobs", "1", env={**env, "PYDANTIC_DISABLE_PLUGINS": ""})
-    assert mark.exists()

@@ -81,11 +81,6 @@ def cmd_simulate(args) -> int:
     import json
     import time
 
-    # A replay builds the fleet's config models and nothing else pydantic serves, so pydantic's
-    # plugins are not looked for: finding them reads every installed package's entry points, a
-    # few per cent of a short replay's CPU. Set before the models are built (the next import);
-    # PYDANTIC_DISABLE_PLUGINS set by the user (empty: load them all) still wins.
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     from provisioner.config import ConfigError
     from provisioner.sim.parallel import Run, simulate
     from provisioner.sim.parallel import results as results_of
