@@ -193,8 +193,10 @@ class Sizing:
                                    len(pool.ready) - spot_ready))
         if policy.autoscaler == "predictive" and due:
             self._forecast(pool, now)
-        snap = self.snapshot(pool)
-        if quiet and self._same_as_last_look(pool, snap, now):
+        snap = self._quiet_snapshot(pool) if quiet else None
+        if snap is None:
+            snap = self.snapshot(pool)
+        elif self._same_as_last_look(pool, snap, now):
             return
         pool.peak.window_s = stabilization_s(policy.autoscaler, policy.standby)
         wanted = desired_vms(snap)
@@ -235,6 +237,16 @@ class Sizing:
             tier is None or policy.autoscaler == "predictive")  # else _spot_warm read (and decayed) rates
         self._idle_looks[pool.config.name] = IdleLook(snap, len(pool.ready), len(pool.standby), wanted, hold,
                                                        day_hold) if nothing else None
+
+    def _quiet_snapshot(self, pool: PoolState) -> PoolSnapshot | None:
+        """A quiet pool's snapshot, if it is the last look's: its counts and policy are as they
+        were then (whatever changes them marks the pool changed), its queue is empty now and
+        was then, so only a forecast redone since can move it. None when it may have moved."""
+        last = self._idle_looks.get(pool.config.name)
+        if last is None or last.snap.queued or (last.snap.forecast_warm, last.snap.forecast_cover) != (
+                pool.forecast_warm, pool.forecast_cover):
+            return None
+        return last.snap
 
     def _same_as_last_look(self, pool: PoolState, snap: PoolSnapshot, now: float) -> bool:
         """Whether a look at a pool whose VMs and queue have not changed since the last would ask
