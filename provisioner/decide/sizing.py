@@ -193,11 +193,9 @@ class Sizing:
                                    len(pool.ready) - spot_ready))
         if policy.autoscaler == "predictive" and due:
             self._forecast(pool, now)
-        snap = self._quiet_snapshot(pool) if quiet else None
-        if snap is None:
-            snap = self.snapshot(pool)
-        elif self._same_as_last_look(pool, snap, now):
+        if quiet and self._same_as_last_look(pool, now):
             return
+        snap = self.snapshot(pool)
         pool.peak.window_s = stabilization_s(policy.autoscaler, policy.standby)
         wanted = desired_vms(snap)
         hold = pool.peak.add(now, wanted)
@@ -238,24 +236,18 @@ class Sizing:
         self._idle_looks[pool.config.name] = IdleLook(snap, len(pool.ready), len(pool.standby), wanted, hold,
                                                        day_hold) if nothing else None
 
-    def _quiet_snapshot(self, pool: PoolState) -> PoolSnapshot | None:
-        """A quiet pool's snapshot, if it is the last look's: its counts and policy are as they
-        were then (whatever changes them marks the pool changed), its queue is empty now and
-        was then, so only a forecast redone since can move it. None when it may have moved."""
+    def _same_as_last_look(self, pool: PoolState, now: float) -> bool:
+        """Whether a look at a quiet pool would ask for nothing, as the last did: its snapshot is
+        the last one's (its counts and policy are as they were, since whatever changes them marks
+        the pool changed; its queue is empty now and was then; so only a forecast redone since can
+        move it), as are its ready and standby VMs, and the most VMs wanted over the windows
+        scale-down holds to (which time alone moves: an old peak leaves them). The windows take
+        this look's value as the full look would. Decided exactly, so a quiet pool's looks (every
+        AUTOSCALE_QUIET_S) cost little."""
         last = self._idle_looks.get(pool.config.name)
-        if last is None or last.snap.queued or (last.snap.forecast_warm, last.snap.forecast_cover) != (
-                pool.forecast_warm, pool.forecast_cover):
-            return None
-        return last.snap
-
-    def _same_as_last_look(self, pool: PoolState, snap: PoolSnapshot, now: float) -> bool:
-        """Whether a look at a pool whose VMs and queue have not changed since the last would ask
-        for nothing, as the last did: its inputs are the same, and so are the most VMs wanted over
-        the windows scale-down holds to (which time alone moves: an old peak leaves them). The
-        windows take this look's value as the full look would. Decided exactly, so a quiet pool's
-        looks (every AUTOSCALE_QUIET_S) cost little."""
-        last = self._idle_looks.get(pool.config.name)
-        if last is None or last.snap != snap or last.ready != len(pool.ready) or last.standby != len(pool.standby):
+        if (last is None or last.snap.queued or last.snap.forecast_warm != pool.forecast_warm
+                or last.snap.forecast_cover != pool.forecast_cover
+                or last.ready != len(pool.ready) or last.standby != len(pool.standby)):
             return False
         hold = pool.peak.add(now, last.wanted)  # the full look adds the same value at the same time: no harm
         return hold == last.hold and (pool.day_peak.add(now, last.wanted) if pool.policy.standby else 0) == last.day_hold
