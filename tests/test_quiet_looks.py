@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from core_driver import Driver, busy, make_core
 
+from provisioner.decide import events as ev
+from provisioner.decide.core import ClusterCore
 from provisioner.decide.sizing import Sizing
 
 _SAME = Sizing._same_as_last_look
@@ -40,3 +42,28 @@ def test_a_quiet_pool_scales_as_if_every_look_were_made_in_full(monkeypatch, poo
     assert [(t, type(c).__name__, c.vm_id) for t, c in answered.log] == \
         [(t, type(c).__name__, c.vm_id) for t, c in full.log]
     assert {i: v.to_dict() for i, v in answered.core.vms.items()} == {i: v.to_dict() for i, v in full.core.vms.items()}
+
+
+@pytest.mark.parametrize("pool", [dict(autoscaler="predictive", standby=True, min_vms=0, max_vms=12),
+                                  dict(autoscaler="predictive", min_vms=1, max_vms=8)])
+def test_ticks_carried_out_quietly_change_nothing_a_handled_tick_would_not(monkeypatch, pool):
+    """The engine hands in only the ticks ClusterCore.tick_quietly leaves: the same run with every
+    tick handed in issues the same commands at the same times, and leaves the same forecasts."""
+    def run(quietly: bool) -> Driver:
+        with monkeypatch.context() as m:
+            if not quietly:
+                m.setattr(ClusterCore, "tick_quietly", lambda self, now: False)
+            d = Driver(make_core(**pool))
+            busy(d)
+            d.advance(12 * 3600)
+        return d
+
+    handed, quiet = run(False), run(True)
+    assert [(t, type(c).__name__, c.vm_id) for t, c in quiet.log] == \
+        [(t, type(c).__name__, c.vm_id) for t, c in handed.log]
+    assert {i: v.to_dict() for i, v in quiet.core.vms.items()} == {i: v.to_dict() for i, v in handed.core.vms.items()}
+    figures = lambda d: [(p.scaled_at, p.forecast_at, p.forecast_warm, p.forecast_cover)  # noqa: E731
+                         for p in d.core.pools.values()]
+    assert figures(quiet) == figures(handed)
+    ticks = lambda d: sum(isinstance(e, ev.Tick) for e in d.core.event_log.events)  # noqa: E731
+    assert ticks(quiet) == ticks(handed) > 12 * 3600 / 5  # each tick is logged, handed in or not

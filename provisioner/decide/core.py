@@ -113,12 +113,18 @@ class ClusterCore:
             reply = self._apply(event)
         return self._changes.step(self._in_flight.take_issued(), reply)
 
-    def tick_due(self, now: float) -> bool:
-        """Whether a Tick at `now` would do anything. When it would not, handling it changes
-        nothing and returns an empty step, so a shell may leave it out (the replay engine does:
-        most ticks of a quiet cluster have nothing due)."""
-        return (self._in_flight.due(now) or self.culling.due(now) or sessions_tick_due(self._sessions, now)
-                or self.budgets.due(now) or self.preemption.due(now) or self._sizing.tick_due(now))
+    def tick_quietly(self, now: float) -> bool:
+        """Carries out a Tick at `now` when it changes no record and issues no command: nothing is
+        due, or only looks at quiet pools that ask for nothing (decide/sizing.py: look_quietly).
+        Whether it did; if not, the Tick must be handled (what was done stands, and the rest is
+        done as the Tick's own order has it). Exactly as handle(Tick(now)) would, only without a
+        step: most of a replay's ticks are such, and the replay engine hands in only the others."""
+        if (self._in_flight.due(now) or self.culling.due(now) or sessions_tick_due(self._sessions, now)
+                or self.budgets.due(now) or self.preemption.due(now) or not self._sizing.look_quietly(now)):
+            return False
+        if self.event_log is not None:  # the looks made here, replayed
+            self.event_log.record(ev.Tick(now))
+        return True
 
     def _frequent(self) -> dict[type, Callable[[ev.Event], object]]:
         """The events a replay hands in by the hundred thousand, looked up by type (a match tries

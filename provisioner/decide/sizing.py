@@ -171,30 +171,25 @@ class Sizing:
             if pool.changed or pool.queue or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
                 self._autoscale(pool, now)
 
-    def tick_due(self, now: float) -> bool:
-        """Whether tick(now) has anything to do: a ranking to refresh, a queue to serve, a pool to
-        scale (tick()'s checks, in the same words: asked at every tick of a replay)."""
+    def look_quietly(self, now: float) -> bool:
+        """Makes the looks tick(now) would make at quiet pools (nothing changed since their last
+        look, nothing queued) while they ask for nothing, in the pools' order, as tick() would.
+        False at the first pool whose tick does more (a ranking to refresh, a queue to serve, a
+        changed pool, a look that asks for something): that pool and those after it are left to
+        tick(). True when tick(now) has nothing left to do."""
         for pool in self.pools.values():
-            if now - pool.ranking_at >= RANKING_REFRESH_S or pool.queue or pool.changed \
-                    or now - pool.scaled_at >= AUTOSCALE_QUIET_S:
-                return True
-        return False
+            if now - pool.ranking_at >= RANKING_REFRESH_S or pool.queue or pool.changed:
+                return False
+            if now - pool.scaled_at >= AUTOSCALE_QUIET_S and not self._quiet_look(pool, now):
+                return False
+        return True
 
     def _autoscale(self, pool: PoolState, now: float) -> None:
-        quiet = not pool.changed and not pool.queue
+        if not pool.changed and not pool.queue and self._quiet_look(pool, now):
+            return
         pool.changed, pool.scaled_at = False, now
         policy, vms = pool.policy, self._vms
-        if pool.interactive_forecast is None:
-            due = forecast_due(now, pool.forecast_at, pool.forecast_warm, len(pool.ready))
-        else:  # a burst that took every warm VM of either tier
-            spot_ready = sum(vm.spot for vm in pool.ready.values())
-            due = (forecast_due(now, pool.forecast_at, pool.forecast_spot_warm, spot_ready)
-                   or forecast_due(now, pool.forecast_at, pool.forecast_warm - pool.forecast_spot_warm,
-                                   len(pool.ready) - spot_ready))
-        if policy.autoscaler == "predictive" and due:
-            self._forecast(pool, now)
-        if quiet and self._same_as_last_look(pool, now):
-            return
+        self._forecast_if_due(pool, now)  # done already if the look began as a quiet one
         snap = self.snapshot(pool)
         pool.peak.window_s = stabilization_s(policy.autoscaler, policy.standby)
         wanted = desired_vms(snap)
@@ -235,6 +230,28 @@ class Sizing:
             tier is None or policy.autoscaler == "predictive")  # else _spot_warm read (and decayed) rates
         self._idle_looks[pool.config.name] = IdleLook(snap, len(pool.ready), len(pool.standby), wanted, hold,
                                                        day_hold) if nothing else None
+
+    def _quiet_look(self, pool: PoolState, now: float) -> bool:
+        """A look at a quiet pool, its forecast redone if due: made (True) if it asks for nothing,
+        as the last did; else the full look follows, its forecast up to date."""
+        self._forecast_if_due(pool, now)
+        if self._same_as_last_look(pool, now):
+            pool.scaled_at = now
+            return True
+        return False
+
+    def _forecast_if_due(self, pool: PoolState, now: float) -> None:
+        if pool.policy.autoscaler != "predictive":
+            return
+        if pool.interactive_forecast is None:
+            due = forecast_due(now, pool.forecast_at, pool.forecast_warm, len(pool.ready))
+        else:  # a burst that took every warm VM of either tier
+            spot_ready = sum(vm.spot for vm in pool.ready.values())
+            due = (forecast_due(now, pool.forecast_at, pool.forecast_spot_warm, spot_ready)
+                   or forecast_due(now, pool.forecast_at, pool.forecast_warm - pool.forecast_spot_warm,
+                                   len(pool.ready) - spot_ready))
+        if due:
+            self._forecast(pool, now)
 
     def _same_as_last_look(self, pool: PoolState, now: float) -> bool:
         """Whether a look at a quiet pool would ask for nothing, as the last did: its snapshot is
