@@ -9,6 +9,7 @@ from core_driver import Driver, busy, make_core
 
 from provisioner.decide import events as ev
 from provisioner.decide.core import ClusterCore
+from provisioner.decide.eventlog import replay
 from provisioner.decide.sizing import Sizing
 
 _SAME = Sizing._same_as_last_look
@@ -48,7 +49,8 @@ def test_a_quiet_pool_scales_as_if_every_look_were_made_in_full(monkeypatch, poo
                                   dict(autoscaler="predictive", min_vms=1, max_vms=8)])
 def test_ticks_carried_out_quietly_change_nothing_a_handled_tick_would_not(monkeypatch, pool):
     """The engine hands in only the ticks ClusterCore.tick_quietly leaves: the same run with every
-    tick handed in issues the same commands at the same times, and leaves the same forecasts."""
+    tick handed in issues the same commands at the same times, and leaves the same forecasts, and
+    so does the quiet run's event log replayed."""
     def run(quietly: bool) -> Driver:
         with monkeypatch.context() as m:
             if not quietly:
@@ -67,3 +69,8 @@ def test_ticks_carried_out_quietly_change_nothing_a_handled_tick_would_not(monke
     assert figures(quiet) == figures(handed)
     ticks = lambda d: sum(isinstance(e, ev.Tick) for e in d.core.event_log.events)  # noqa: E731
     assert ticks(quiet) == ticks(handed) > 12 * 3600 / 5  # each tick is logged, handed in or not
+    fresh = make_core(**pool)  # and the quiet run's log replays to the same pools
+    replay(quiet.core.event_log.events, fresh)
+    assert [(p.scaled_at, p.forecast_at, p.forecast_warm, p.forecast_cover) for p in fresh.pools.values()] == \
+        figures(quiet)
+    assert {i: v.to_dict() for i, v in fresh.vms.items()} == {i: v.to_dict() for i, v in quiet.core.vms.items()}
