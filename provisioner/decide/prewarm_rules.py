@@ -18,9 +18,8 @@ MIN_DEMAND = 0.2
 
 def rank_images(demand: Mapping[str, float], age: Mapping[str, int]) -> tuple[str, ...]:
     """Images worth holding, most demanded first; ties go to the newer (smaller `age`)."""
-    wanted = [i for i, d in demand.items() if d >= MIN_DEMAND]
-    wanted.sort(key=lambda i: (-demand[i], age.get(i, 0), i))
-    return tuple(wanted)
+    ranked = sorted([(-d, age.get(i, 0), i) for i, d in demand.items() if d >= MIN_DEMAND])  # no key to call
+    return tuple([i for _, _, i in ranked])
 
 
 def holdable(ranking: Sequence[str], layers: Callable[[str], Mapping[str, int]], capacity_bytes: int) -> tuple[str, ...]:
