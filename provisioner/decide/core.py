@@ -4,7 +4,8 @@
 with the time they happened go in; the commands for the cloud, the records to persist and the
 answer to a request come out. A thin shell carries the commands out and feeds the answers back
 as events: the live cluster runtime with real RPCs and a cloud backend, the simulator's engine
-on a virtual clock, the tests' driver. All three run exactly this code.
+on a virtual clock, the tests' driver. All three run exactly this code. (A shell may carry out a
+Tick that changes nothing with `tick_quietly` instead, as the replay engine does.)
 
 Each command has an id, and stays in flight until its final answer, its failure or its deadline
 (provisioner.decide.deadlines). An answer to a command no longer in flight (late, duplicated, for
