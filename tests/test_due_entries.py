@@ -1,10 +1,10 @@
 """A deadline that can no longer fall due wakes no tick.
 
 At every tick the cluster core asks its parts whether anything is due (ClusterCore.tick_quietly),
-and a shell may leave out a tick with nothing due (the replay engine does). A command answered since, or
-a session that no longer runs or was touched since, leaves an entry behind in its part's heap of
-deadlines; the part passes over such entries when asked, as its own pass would, so they wake
-nothing.
+and a shell may leave out a tick with nothing due (the replay engine does). A command answered
+since, or a session that no longer runs or was touched since, leaves an entry behind in its
+part's heap of deadlines; the part passes over such entries when asked, as its own pass would,
+so they wake nothing.
 """
 
 from __future__ import annotations

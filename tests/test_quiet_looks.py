@@ -60,17 +60,16 @@ def test_ticks_carried_out_quietly_change_nothing_a_handled_tick_would_not(monke
             d.advance(12 * 3600)
         return d
 
+    def state(core: ClusterCore) -> tuple:
+        return ({i: v.to_dict() for i, v in core.vms.items()},
+                [(p.scaled_at, p.forecast_at, p.forecast_warm, p.forecast_cover) for p in core.pools.values()])
+
     handed, quiet = run(False), run(True)
     assert [(t, type(c).__name__, c.vm_id) for t, c in quiet.log] == \
         [(t, type(c).__name__, c.vm_id) for t, c in handed.log]
-    assert {i: v.to_dict() for i, v in quiet.core.vms.items()} == {i: v.to_dict() for i, v in handed.core.vms.items()}
-    figures = lambda d: [(p.scaled_at, p.forecast_at, p.forecast_warm, p.forecast_cover)  # noqa: E731
-                         for p in d.core.pools.values()]
-    assert figures(quiet) == figures(handed)
+    assert state(quiet.core) == state(handed.core)
     ticks = lambda d: sum(isinstance(e, ev.Tick) for e in d.core.event_log.events)  # noqa: E731
     assert ticks(quiet) == ticks(handed) > 12 * 3600 / 5  # each tick is logged, handed in or not
     fresh = make_core(**pool)  # and the quiet run's log replays to the same pools
     replay(quiet.core.event_log.events, fresh)
-    assert [(p.scaled_at, p.forecast_at, p.forecast_warm, p.forecast_cover) for p in fresh.pools.values()] == \
-        figures(quiet)
-    assert {i: v.to_dict() for i, v in fresh.vms.items()} == {i: v.to_dict() for i, v in quiet.core.vms.items()}
+    assert state(fresh) == state(quiet.core)

@@ -18,7 +18,8 @@ MIN_DEMAND = 0.2
 
 def rank_images(demand: Mapping[str, float], age: Mapping[str, int]) -> tuple[str, ...]:
     """Images worth holding, most demanded first; ties go to the newer (smaller `age`)."""
-    ranked = sorted([(-d, age.get(i, 0), i) for i, d in demand.items() if d >= MIN_DEMAND])  # no key to call
+    # Sorted as tuples, calling no key per image (images are unique, so no tie reaches a later field).
+    ranked = sorted([(-d, age.get(i, 0), i) for i, d in demand.items() if d >= MIN_DEMAND])
     return tuple([i for _, _, i in ranked])
 
 

@@ -267,7 +267,8 @@ class Sizing:
                 or last.ready != len(pool.ready) or last.standby != len(pool.standby)):
             return False
         hold = pool.peak.add(now, last.wanted)  # the full look adds the same value at the same time: no harm
-        return hold == last.hold and (pool.day_peak.add(now, last.wanted) if pool.policy.standby else 0) == last.day_hold
+        day_hold = pool.day_peak.add(now, last.wanted) if pool.policy.standby else 0  # likewise
+        return hold == last.hold and day_hold == last.day_hold
 
     def _scale_down(self, pool: PoolState, surplus: int, keep: int, now: float, tier: int | None) -> None:
         """`tier`: the Spot tier's part (None: no tier), whose surplus tier goes first."""
