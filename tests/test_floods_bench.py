@@ -27,6 +27,7 @@ def test_a_short_run_measures_bob_beside_every_flood():
     for r in rows:
         if r["flood"] == "idle":
             assert len(r["ramps"]) == 2
-            assert all(x["client"]["ready_ms"] > 0 and x["client"]["create_ms"] > 0 and x["s"] > 0 for x in r["ramps"])
+            assert all(x["client"]["failed"] is None and x["client"]["ready_ms"] > 0 and x["client"]["create_ms"] > 0
+                       and x["s"] > 0 for x in r["ramps"]), r["ramps"]  # a failure says why
         else:
             assert r["ramps"] is None

@@ -100,7 +100,8 @@ async def new_client(front: str, data_dir: Path) -> dict:
     """A client arriving now, in ms: `tcp_ms`, a bare TCP connect to the port, closed at once (does
     the kernel take a connection); `ready_ms`, its channel's own connection until ready (TCP, TLS,
     HTTP/2 settings); `create_ms`, its first create; `ms`, the two together, what the client waits.
-    A phase that fails counts until it failed, and the phases after it are None (`tcp_ms` too)."""
+    A phase that fails counts until it failed, and the phases after it are None (`tcp_ms` too);
+    `failed` says why (a timeout, or the RPC's status), None when both phases went through."""
     host, port = front.rsplit(":", 1)
     began, tcp = time.monotonic(), None
     try:
@@ -109,18 +110,21 @@ async def new_client(front: str, data_dir: Path) -> dict:
     except OSError:
         pass
     marks = [time.monotonic()]  # the start, then the channel ready, then the create answered
+    failed = None
     channel, stub, md = _stubs(front, data_dir)
     async with channel:
         try:
             await asyncio.wait_for(channel.channel_ready(), PROBE_TIMEOUT_S)
             marks.append(time.monotonic())
             await create_and_stop(stub, md, f"bob-new-{time.time_ns()}", lambda: marks.append(time.monotonic()))
-        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
-            pass
+        except asyncio.TimeoutError:
+            failed = f"no channel within {PROBE_TIMEOUT_S:.0f}s"
+        except grpc.aio.AioRpcError as e:
+            failed = f"{e.code().name}: {e.details()}"
     ms = [round((later - earlier) * 1000, 1) for earlier, later in zip(marks, marks[1:])]
     ready, create = (ms + [None, None])[:2]
     total = (marks[-1] if len(marks) == 3 else time.monotonic()) - marks[0]
-    return {"ms": round(total * 1000, 1), "tcp_ms": tcp, "ready_ms": ready, "create_ms": create}
+    return {"ms": round(total * 1000, 1), "tcp_ms": tcp, "ready_ms": ready, "create_ms": create, "failed": failed}
 
 
 async def seed_mallory(front: str, data_dir: Path, count: int) -> None:
